@@ -1,0 +1,118 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+// Upcoming features every target opts into: explicit `any`, and no member visible
+// through a module the file did not import itself.
+let strictSettings: [SwiftSetting] = [
+    .enableUpcomingFeature("ExistentialAny"),
+    .enableUpcomingFeature("MemberImportVisibility"),
+]
+
+let package = Package(
+    name: "AuthBroker",
+    platforms: [.macOS(.v14)],
+    products: [
+        .executable(name: "authbrokerd", targets: ["authbrokerd"]),
+        .executable(name: "authbrokerctl", targets: ["authbrokerctl"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.3"),
+        .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
+        .package(url: "https://github.com/apple/swift-certificates.git", from: "1.21.1"),
+        .package(url: "https://github.com/apple/swift-asn1.git", from: "1.7.4"),
+        .package(url: "https://github.com/apple/swift-crypto.git", "3.12.3"..<"5.0.0"),
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
+    ],
+    targets: [
+        // Pure values and state machines: no sockets, no files, no NIOPosix.
+        .target(
+            name: "AuthBrokerCore",
+            dependencies: [
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        // Server-trust policy and evaluation (swift-certificates), plus the user's trust store.
+        .target(
+            name: "AuthBrokerTrust",
+            dependencies: [
+                "AuthBrokerCore",
+                .product(name: "X509", package: "swift-certificates"),
+                .product(name: "SwiftASN1", package: "swift-asn1"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        // Linux calls Swift cannot reach cleanly (struct ucred needs _GNU_SOURCE).
+        .target(name: "CAuthBrokerSystem"),
+        // The daemon: listener, data plane, upstream pool, control API.
+        .target(
+            name: "AuthBrokerDaemon",
+            dependencies: [
+                "AuthBrokerCore",
+                "AuthBrokerTrust",
+                "CAuthBrokerSystem",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "X509", package: "swift-certificates"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        // authbrokerctl's logic: a client of the daemon's socket.
+        .target(
+            name: "AuthBrokerCLI",
+            dependencies: [
+                "AuthBrokerCore",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        .executableTarget(name: "authbrokerd", dependencies: ["AuthBrokerDaemon"], swiftSettings: strictSettings),
+        .executableTarget(name: "authbrokerctl", dependencies: ["AuthBrokerCLI"], swiftSettings: strictSettings),
+
+        // Test-only helpers: a PKI made at run time, in-process origin servers, daemon launcher.
+        .target(
+            name: "TestSupport",
+            dependencies: [
+                "AuthBrokerCore",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "X509", package: "swift-certificates"),
+                .product(name: "SwiftASN1", package: "swift-asn1"),
+                .product(name: "Crypto", package: "swift-crypto"),
+            ],
+            path: "Tests/TestSupport",
+            swiftSettings: strictSettings
+        ),
+        .testTarget(name: "AuthBrokerCoreTests", dependencies: ["AuthBrokerCore"], swiftSettings: strictSettings),
+        .testTarget(
+            name: "AuthBrokerTrustTests",
+            dependencies: ["AuthBrokerTrust", "TestSupport"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "AuthBrokerDaemonTests",
+            dependencies: ["AuthBrokerDaemon", "AuthBrokerTrust", "TestSupport"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "AuthBrokerIntegrationTests",
+            dependencies: ["AuthBrokerCore", "TestSupport"],
+            swiftSettings: strictSettings
+        ),
+    ]
+)

@@ -1,0 +1,1 @@
+// Tests for the daemon's pieces that need no socket.
