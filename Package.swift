@@ -60,10 +60,13 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "NIOTLS", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "X509", package: "swift-certificates"),
+                .product(name: "SwiftASN1", package: "swift-asn1"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
             ],
             swiftSettings: strictSettings
         ),
@@ -79,7 +82,15 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
-        .executableTarget(name: "authbrokerd", dependencies: ["AuthBrokerDaemon"], swiftSettings: strictSettings),
+        .executableTarget(
+            name: "authbrokerd",
+            dependencies: [
+                "AuthBrokerDaemon", "AuthBrokerCore",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strictSettings
+        ),
         .executableTarget(name: "authbrokerctl", dependencies: ["AuthBrokerCLI"], swiftSettings: strictSettings),
 
         // Test-only helpers: a PKI made at run time, in-process origin servers, daemon launcher.
