@@ -1,0 +1,329 @@
+import AuthBrokerCore
+import AuthBrokerTrust
+import Foundation
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import NIOSSL
+
+/// An error the broker produces itself, on the data plane or the control API.
+///
+/// One value carries everything the one mapping needs: the HTTP status, the RFC 9209 error type
+/// for `Proxy-Status`, and the RFC 9457 problem body that tells the user what to do.
+package struct BrokerError: Error, CustomStringConvertible, Sendable {
+    /// Stable snake_case code; also the last part of the problem `type`.
+    package var code: String
+    package var status: HTTPResponseStatus
+    package var proxyErrorType: ProxyErrorType?
+    package var title: String
+    package var detail: String
+    package var host: String?
+    package var reasons: [String]?
+    package var chain: [CertificateInfo]?
+    package var fix: [String]?
+
+    package init(
+        code: String, status: HTTPResponseStatus, proxyErrorType: ProxyErrorType? = nil,
+        title: String, detail: String, host: String? = nil, reasons: [String]? = nil,
+        chain: [CertificateInfo]? = nil, fix: [String]? = nil
+    ) {
+        self.code = code
+        self.status = status
+        self.proxyErrorType = proxyErrorType
+        self.title = title
+        self.detail = detail
+        self.host = host
+        self.reasons = reasons
+        self.chain = chain
+        self.fix = fix
+    }
+
+    package var description: String { "\(self.code): \(self.detail)" }
+
+    package func problem(requestID: String?) -> ProblemDetails {
+        ProblemDetails(
+            code: self.code, title: self.title, status: Int(self.status.code), detail: self.detail,
+            instance: requestID, proxyStatus: self.proxyErrorType, host: self.host,
+            reasons: self.reasons, chain: self.chain, fix: self.fix
+        )
+    }
+
+    /// The response head and body for this error: status, `Proxy-Status` (upstream errors only),
+    /// `application/problem+json`.
+    package func response(requestID: String?) -> (HTTPResponseHead, ByteBuffer) {
+        let body = (try? BrokerJSON.encoder().encode(self.problem(requestID: requestID))) ?? Data()
+        var headers = HTTPHeaders()
+        headers.add(name: "Content-Type", value: ProblemDetails.mediaType)
+        headers.add(name: "Content-Length", value: String(body.count))
+        headers.add(name: "Cache-Control", value: "no-store")
+        if let proxyErrorType {
+            headers.add(
+                name: "Proxy-Status",
+                value: ProxyStatusField.render(error: proxyErrorType, details: self.detail)
+            )
+        }
+        if let requestID {
+            headers.add(name: BrokerHeaders.requestID, value: requestID)
+        }
+        return (
+            HTTPResponseHead(version: .http1_1, status: self.status, headers: headers),
+            ByteBuffer(bytes: body)
+        )
+    }
+}
+
+/// Names of the headers the broker itself adds.
+package enum BrokerHeaders {
+    package static let requestID = "Authbroker-Request-Id"
+}
+
+// MARK: - Client-side errors
+
+extension BrokerError {
+    package static func badRequest(_ error: RequestTargetError) -> BrokerError {
+        BrokerError(
+            code: error.code, status: .badRequest, title: "Bad request target",
+            detail: error.message
+        )
+    }
+
+    package static func badRequest(code: String, detail: String) -> BrokerError {
+        BrokerError(code: code, status: .badRequest, title: "Bad request", detail: detail)
+    }
+
+    package static func malformedRequest(_ error: any Error) -> BrokerError {
+        BrokerError(
+            code: "malformed_request", status: .badRequest, title: "Malformed HTTP request",
+            detail:
+                "The request could not be parsed as HTTP/1.1 (\(error)). Send `METHOD https://host/path HTTP/1.1` requests, or /v1/ control requests."
+        )
+    }
+
+    package static func requestHeadTooLarge(limit: Int) -> BrokerError {
+        BrokerError(
+            code: "request_head_too_large", status: .requestHeaderFieldsTooLarge,
+            title: "Request header section too large",
+            detail:
+                "The request line and headers exceed \(limit) bytes. Send fewer or smaller headers, or raise [limits] max_request_head_bytes in config.toml."
+        )
+    }
+
+    package static func connectNotSupported(host: String, port: Int) -> BrokerError {
+        BrokerError(
+            code: "connect_not_supported", status: .notImplemented, title: "CONNECT is not supported",
+            detail:
+                "authbrokerd does not open tunnels (CONNECT \(host):\(port)), because it must see each request to answer its challenges. Send the request itself in absolute form, e.g. `GET https://\(host)/path HTTP/1.1`.",
+            host: host
+        )
+    }
+
+    package static func shuttingDown() -> BrokerError {
+        BrokerError(
+            code: "shutting_down", status: .serviceUnavailable, title: "authbrokerd is shutting down",
+            detail: "The daemon is stopping and takes no new requests. Retry once it has restarted."
+        )
+    }
+}
+
+// MARK: - Upstream errors
+
+extension BrokerError {
+    /// The server's certificate chain failed the daemon's trust evaluation.
+    package static func untrustedServer(origin: CanonicalOrigin, decision: TrustDecision) -> BrokerError {
+        let reasons = decision.failures.map(\.summary)
+        let topmost = decision.chain.last
+        var fix: [String] = []
+        if let topmost {
+            fix.append(
+                "authbrokerctl anchors trust-server \(origin) --fingerprint \(topmost.sha256)"
+            )
+        }
+        let scope = HostScope.suggestedPattern(for: origin.host)
+        fix.append("authbrokerctl anchors add CA.pem --hosts '\(scope)'")
+        let summary = reasons.first ?? "the chain did not verify"
+        return BrokerError(
+            code: "untrusted_server", status: .badGateway, proxyErrorType: .tlsCertificateError,
+            title: "The server's certificate is not trusted",
+            detail:
+                "\(origin.hostHeader) presented a certificate chain that is not trusted: \(summary). If you trust this server, add its CA (or its own certificate) as an anchor for this host; see `fix`.",
+            host: origin.hostHeader, reasons: reasons, chain: decision.chain, fix: fix
+        )
+    }
+
+    package static func tlsHandshakeFailed(origin: CanonicalOrigin, underlying: any Error) -> BrokerError {
+        BrokerError(
+            code: "tls_handshake_failed", status: .badGateway, proxyErrorType: .tlsProtocolError,
+            title: "TLS handshake failed",
+            detail:
+                "The TLS handshake with \(origin.hostHeader) failed (\(underlying)). Check that the server speaks TLS 1.2 or later on this port and that the URL's scheme is right.",
+            host: origin.hostHeader
+        )
+    }
+
+    package static func tlsHandshakeTimeout(origin: CanonicalOrigin, milliseconds: Int) -> BrokerError {
+        BrokerError(
+            code: "tls_handshake_timeout", status: .gatewayTimeout, proxyErrorType: .connectionTimeout,
+            title: "TLS handshake timed out",
+            detail:
+                "\(origin.hostHeader) did not complete the TLS handshake within \(milliseconds) ms. Check that the server speaks TLS on this port, or raise [upstream] tls_handshake_timeout_ms.",
+            host: origin.hostHeader
+        )
+    }
+
+    package static func dnsFailed(origin: CanonicalOrigin, underlying: any Error) -> BrokerError {
+        BrokerError(
+            code: "dns_error", status: .badGateway, proxyErrorType: .dnsError,
+            title: "Host name did not resolve",
+            detail:
+                "\(origin.host) could not be resolved (\(underlying)). Check the spelling and your DNS; for test hosts, add an [upstream] resolve entry in config.toml.",
+            host: origin.hostHeader
+        )
+    }
+
+    package static func connectionRefused(origin: CanonicalOrigin) -> BrokerError {
+        BrokerError(
+            code: "connection_refused", status: .badGateway, proxyErrorType: .connectionRefused,
+            title: "Connection refused",
+            detail: "\(origin.hostHeader) refused the connection. Check that the server is running and the port is right.",
+            host: origin.hostHeader
+        )
+    }
+
+    package static func connectTimeout(origin: CanonicalOrigin, milliseconds: Int) -> BrokerError {
+        BrokerError(
+            code: "connection_timeout", status: .gatewayTimeout, proxyErrorType: .connectionTimeout,
+            title: "Connection timed out",
+            detail:
+                "No TCP connection to \(origin.hostHeader) within \(milliseconds) ms. Check the host and the network, or raise [upstream] connect_timeout_ms.",
+            host: origin.hostHeader
+        )
+    }
+
+    package static func connectFailed(origin: CanonicalOrigin, underlying: any Error) -> BrokerError {
+        BrokerError(
+            code: "destination_unavailable", status: .badGateway, proxyErrorType: .destinationUnavailable,
+            title: "Could not connect",
+            detail: "Connecting to \(origin.hostHeader) failed (\(underlying)). Check the host, the port and the network.",
+            host: origin.hostHeader
+        )
+    }
+
+    package static func responseHeadTimeout(origin: CanonicalOrigin, milliseconds: Int) -> BrokerError {
+        BrokerError(
+            code: "http_response_timeout", status: .gatewayTimeout, proxyErrorType: .httpResponseTimeout,
+            title: "The server did not answer in time",
+            detail:
+                "\(origin.hostHeader) sent no response head within \(milliseconds) ms of the request. Retry later, or raise [upstream] response_head_timeout_ms.",
+            host: origin.hostHeader
+        )
+    }
+
+    package static func idleTimeout(origin: CanonicalOrigin, milliseconds: Int) -> BrokerError {
+        BrokerError(
+            code: "idle_timeout", status: .gatewayTimeout, proxyErrorType: .httpResponseTimeout,
+            title: "The connection went idle",
+            detail:
+                "No bytes moved to or from \(origin.hostHeader) for \(milliseconds) ms. Retry, or raise [upstream] idle_timeout_ms.",
+            host: origin.hostHeader
+        )
+    }
+
+    package static func upstreamProtocolError(origin: CanonicalOrigin, underlying: any Error) -> BrokerError {
+        BrokerError(
+            code: "http_protocol_error", status: .badGateway, proxyErrorType: .httpProtocolError,
+            title: "The server's response was not valid HTTP/1.1",
+            detail: "\(origin.hostHeader) sent a response that could not be parsed (\(underlying)).",
+            host: origin.hostHeader
+        )
+    }
+
+    package static func responseHeadTooLarge(origin: CanonicalOrigin, limit: Int) -> BrokerError {
+        BrokerError(
+            code: "response_head_too_large", status: .badGateway,
+            proxyErrorType: .httpResponseHeaderSectionSize,
+            title: "The server's response head is too large",
+            detail:
+                "\(origin.hostHeader) sent a response head over \(limit) bytes. Raise [limits] max_response_head_bytes if this server is legitimate.",
+            host: origin.hostHeader
+        )
+    }
+
+    package static func connectionClosedEarly(origin: CanonicalOrigin) -> BrokerError {
+        BrokerError(
+            code: "connection_terminated", status: .badGateway, proxyErrorType: .connectionTerminated,
+            title: "The server closed the connection",
+            detail: "\(origin.hostHeader) closed the connection before sending a complete response head.",
+            host: origin.hostHeader
+        )
+    }
+
+    package static func tooManyPending(origin: CanonicalOrigin, limit: Int) -> BrokerError {
+        BrokerError(
+            code: "connection_limit_reached", status: .serviceUnavailable,
+            proxyErrorType: .connectionLimitReached,
+            title: "Too many requests waiting for this server",
+            detail:
+                "\(limit) requests are already waiting for a connection to \(origin.hostHeader). Retry later, or raise [upstream] max_pending_requests_per_origin / max_connections_per_origin.",
+            host: origin.hostHeader
+        )
+    }
+
+    package static func internalError(_ what: String) -> BrokerError {
+        BrokerError(
+            code: "internal_error", status: .internalServerError, proxyErrorType: .proxyInternalError,
+            title: "Internal error in authbrokerd",
+            detail: "\(what). This is a bug in authbrokerd; please report it with the daemon's log lines for this request id."
+        )
+    }
+}
+
+/// Turns the errors NIO raises while connecting into broker errors.
+extension BrokerError {
+    package static func fromConnectError(_ error: any Error, origin: CanonicalOrigin, settings: BrokerSettings) -> BrokerError {
+        if let broker = error as? BrokerError { return broker }
+        if let channelError = error as? ChannelError, case .connectTimeout = channelError {
+            return .connectTimeout(origin: origin, milliseconds: settings.upstream.connectTimeoutMilliseconds)
+        }
+        if let connectionError = error as? NIOConnectionError {
+            if connectionError.connectionErrors.isEmpty,
+                let dnsError = connectionError.dnsAError ?? connectionError.dnsAAAAError
+            {
+                return .dnsFailed(origin: origin, underlying: dnsError)
+            }
+            let errnos = connectionError.connectionErrors.compactMap { ($0.error as? IOError)?.errnoCode }
+            if !errnos.isEmpty, errnos.allSatisfy({ $0 == ECONNREFUSED }) {
+                return .connectionRefused(origin: origin)
+            }
+            if let first = connectionError.connectionErrors.first {
+                return fromConnectError(first.error, origin: origin, settings: settings)
+            }
+            return .dnsFailed(origin: origin, underlying: connectionError)
+        }
+        if let addressError = error as? SocketAddressError {
+            return .dnsFailed(origin: origin, underlying: addressError)
+        }
+        if let ioError = error as? IOError {
+            switch ioError.errnoCode {
+            case ECONNREFUSED: return .connectionRefused(origin: origin)
+            case ETIMEDOUT: return .connectTimeout(origin: origin, milliseconds: settings.upstream.connectTimeoutMilliseconds)
+            default: return .connectFailed(origin: origin, underlying: ioError)
+            }
+        }
+        if error is NIOSSLError || error is BoringSSLError {
+            return .tlsHandshakeFailed(origin: origin, underlying: error)
+        }
+        return .connectFailed(origin: origin, underlying: error)
+    }
+}
+
+/// How the broker suggests scoping a new anchor for a host.
+package enum HostScope {
+    /// `*.parent.domain` for a DNS name with at least three labels (an internal CA usually
+    /// serves a whole domain), the host itself for IP addresses and short names.
+    package static func suggestedPattern(for host: String) -> String {
+        let labels = host.split(separator: ".")
+        let isIP = host.contains(":") || labels.allSatisfy { $0.allSatisfy(\.isNumber) }
+        if isIP || labels.count < 3 { return host }
+        return "*." + labels.dropFirst().joined(separator: ".")
+    }
+}

@@ -1,0 +1,342 @@
+import AuthBrokerCore
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOHTTP1
+
+package typealias ClientRequestIterator = NIOAsyncChannelInboundStream<HTTPServerRequestPart>.AsyncIterator
+package typealias ClientResponseWriter = NIOAsyncChannelOutboundWriter<HTTPServerResponsePart>
+
+/// What the client connection does after a request.
+package enum ConnectionDisposition: Sendable {
+    case keepAlive
+    case close
+}
+
+/// The result of one request, for the access log line and the counters.
+package struct RequestOutcome: Sendable {
+    package var status: Int
+    package var bytes: Int
+    package var brokerError: String?
+    package var disposition: ConnectionDisposition
+}
+
+/// Fetches one absolute-form request upstream and streams the response back (the data plane).
+///
+/// The request body is pumped by the calling task (it owns the client's inbound iterator);
+/// the response by a child task, so an `Expect: 100-continue` from the origin reaches the
+/// client while the body is still to come.
+package struct Interceptor: Sendable {
+    package let pool: UpstreamPool<UpstreamConnection>
+    package let settings: BrokerSettings
+    package let counters: BrokerCounters
+
+    package func proxy(
+        head: HTTPRequestHead, origin: CanonicalOrigin, pathAndQuery: String, requestID: String,
+        logger: Logger, requests: inout ClientRequestIterator, writer: ClientResponseWriter,
+        closeClient: @escaping @Sendable () -> Void, draining: @escaping @Sendable () -> Bool
+    ) async -> RequestOutcome {
+        let upstreamHead = Self.upstreamHead(for: head, origin: origin, pathAndQuery: pathAndQuery)
+        let expectsContinue = head.headers["expect"].contains { $0.lowercased() == "100-continue" }
+        let clientWantsKeepAlive = head.isKeepAlive && head.version == .http1_1
+
+        // A request without a body may be retried once on a fresh connection when a pooled
+        // one turns out to have been closed by the origin before it answered.
+        let mayRetry = Self.hasNoBody(head)
+        var attempt = 0
+        var requestEnded = false
+        while true {
+            attempt += 1
+            let lease: PooledConnection<UpstreamConnection>
+            let exchange: UpstreamExchange
+            do {
+                lease = try await self.pool.lease(origin)
+            } catch {
+                let brokerError = self.mapLeaseError(error, origin: origin)
+                return await self.respondWithError(
+                    brokerError, requestID: requestID, logger: logger, requests: &requests, writer: writer,
+                    clientWantsKeepAlive: clientWantsKeepAlive, requestEnded: requestEnded
+                )
+            }
+            do {
+                exchange = try await lease.connection.startExchange(head: upstreamHead)
+            } catch {
+                self.pool.release(lease, reusable: false)
+                if mayRetry && attempt == 1 { continue }
+                return await self.respondWithError(
+                    .connectionClosedEarly(origin: origin), requestID: requestID, logger: logger,
+                    requests: &requests, writer: writer, clientWantsKeepAlive: clientWantsKeepAlive,
+                    requestEnded: requestEnded
+                )
+            }
+
+            let state = ExchangeState()
+            let retryAllowed = mayRetry && attempt == 1
+            let result = await withTaskGroup(of: ResponsePumpResult.self) { group in
+                group.addTask {
+                    await self.pumpResponse(
+                        exchange.responseParts, origin: origin, requestID: requestID, writer: writer,
+                        expectsContinue: expectsContinue, clientWantsKeepAlive: clientWantsKeepAlive,
+                        state: state, closeClient: closeClient, draining: draining,
+                        retryAllowed: retryAllowed
+                    )
+                }
+                let requestComplete: Bool
+                if requestEnded {
+                    // A retry: the (empty) request already ended on the first attempt.
+                    try? await exchange.finishRequest()
+                    state.markRequestComplete()
+                    requestComplete = true
+                } else {
+                    requestComplete = await self.pumpRequestBody(
+                        requests: &requests, exchange: exchange, state: state
+                    )
+                }
+                requestEnded = requestComplete
+                var response = await group.next() ?? .failedBeforeHead(nil)
+                if case .completed(var completed) = response {
+                    completed.requestComplete = requestComplete
+                    response = .completed(completed)
+                }
+                return response
+            }
+
+            switch result {
+            case .completed(let completed):
+                let reusable =
+                    completed.requestComplete && completed.upstreamKeepAlive && lease.connection.isActive
+                self.pool.release(lease, reusable: reusable)
+                let keepAlive =
+                    completed.requestComplete && completed.clientKeepAlive && !draining()
+                return RequestOutcome(
+                    status: completed.status, bytes: completed.bytes, brokerError: nil,
+                    disposition: keepAlive ? .keepAlive : .close
+                )
+            case .failedBeforeHead(let error):
+                self.pool.release(lease, reusable: false)
+                if case .connectionClosed? = error, mayRetry, attempt == 1 {
+                    logger.debug("pooled connection was closed by the origin; retrying once on a new one")
+                    continue
+                }
+                let brokerError = self.mapExchangeError(error, origin: origin)
+                let (errorHead, body) = brokerError.response(requestID: requestID)
+                var headWithClose = errorHead
+                let keepAlive = state.requestComplete && clientWantsKeepAlive && !draining()
+                if !keepAlive { headWithClose.headers.replaceOrAdd(name: "Connection", value: "close") }
+                try? await writer.write(contentsOf: [.head(headWithClose), .body(.byteBuffer(body)), .end(nil)])
+                if !keepAlive { closeClient() }
+                self.counters.brokerErrors.add(1)
+                return RequestOutcome(
+                    status: Int(brokerError.status.code), bytes: body.readableBytes, brokerError: brokerError.code,
+                    disposition: keepAlive ? .keepAlive : .close
+                )
+            case .abortedAfterHead(let status, let bytes):
+                self.pool.release(lease, reusable: false)
+                closeClient()
+                return RequestOutcome(status: status, bytes: bytes, brokerError: "aborted", disposition: .close)
+            }
+        }
+    }
+
+    // MARK: - Request side
+
+    static func upstreamHead(for head: HTTPRequestHead, origin: CanonicalOrigin, pathAndQuery: String) -> HTTPRequestHead {
+        var headers = ProxyHeaders.upstreamRequestHeaders(head.headers, origin: origin)
+        let chunked = head.headers["transfer-encoding"].contains { $0.lowercased().contains("chunked") }
+        if chunked {
+            // The body's framing is ours to redo (Transfer-Encoding is hop-by-hop); keep it chunked.
+            headers.remove(name: "content-length")
+            headers.replaceOrAdd(name: "Transfer-Encoding", value: "chunked")
+        } else if !headers.contains(name: "content-length"), [.POST, .PUT, .PATCH].contains(head.method) {
+            headers.add(name: "Content-Length", value: "0")
+        }
+        return HTTPRequestHead(version: .http1_1, method: head.method, uri: pathAndQuery, headers: headers)
+    }
+
+    static func hasNoBody(_ head: HTTPRequestHead) -> Bool {
+        let chunked = head.headers["transfer-encoding"].contains { $0.lowercased().contains("chunked") }
+        let length = head.headers.first(name: "content-length").flatMap { Int($0) } ?? 0
+        return !chunked && length == 0
+    }
+
+    /// Sends the client's body upstream as it arrives; after an upstream failure keeps reading
+    /// (and dropping) so the client connection stays in step. Returns whether the request ended.
+    private func pumpRequestBody(
+        requests: inout ClientRequestIterator, exchange: UpstreamExchange, state: ExchangeState
+    ) async -> Bool {
+        var upstreamOK = true
+        do {
+            while let part = try await requests.next() {
+                switch part {
+                case .body(let buffer):
+                    guard upstreamOK else { continue }
+                    do {
+                        try await exchange.writeBody(buffer)
+                        self.counters.bytesToUpstream.add(buffer.readableBytes)
+                    } catch {
+                        upstreamOK = false
+                    }
+                case .end:
+                    if upstreamOK {
+                        try? await exchange.finishRequest()
+                    }
+                    state.markRequestComplete()
+                    return true
+                case .head:
+                    // The decoder never yields a second head before .end; treat as broken framing.
+                    return false
+                }
+            }
+        } catch {
+            return false
+        }
+        return false
+    }
+
+    // MARK: - Response side
+
+    enum ResponsePumpResult: Sendable {
+        struct Completed: Sendable {
+            var status: Int
+            var bytes: Int
+            var upstreamKeepAlive: Bool
+            var clientKeepAlive: Bool
+            var requestComplete: Bool
+        }
+        case completed(Completed)
+        case failedBeforeHead(UpstreamExchangeError?)
+        case abortedAfterHead(status: Int, bytes: Int)
+    }
+
+    private func pumpResponse(
+        _ parts: UpstreamExchangeHandler.ResponseParts, origin: CanonicalOrigin, requestID: String,
+        writer: ClientResponseWriter, expectsContinue: Bool, clientWantsKeepAlive: Bool,
+        state: ExchangeState, closeClient: @Sendable () -> Void, draining: @Sendable () -> Bool,
+        retryAllowed: Bool
+    ) async -> ResponsePumpResult {
+        var status = 0
+        var bytes = 0
+        var headSent = false
+        var upstreamKeepAlive = false
+        var clientKeepAlive = clientWantsKeepAlive
+        do {
+            for try await part in parts {
+                switch part {
+                case .head(let head) where head.status.code < 200:
+                    // 100 only to a client that asked for it (RFC 9110 §10.1.1); 103 and others pass.
+                    if head.status == .continue && !expectsContinue { continue }
+                    if head.status == .switchingProtocols { continue }
+                    try await writer.write(.head(head))
+                case .head(let head):
+                    status = Int(head.status.code)
+                    upstreamKeepAlive = head.isKeepAlive
+                    var headers = ProxyHeaders.clientResponseHeaders(head.headers)
+                    headers.replaceOrAdd(name: BrokerHeaders.requestID, value: requestID)
+                    // A response that arrives before the request body ended ends this client
+                    // connection: the rest of that body may never come.
+                    if !state.requestComplete || draining() { clientKeepAlive = false }
+                    if !clientKeepAlive { headers.replaceOrAdd(name: "Connection", value: "close") }
+                    try await writer.write(
+                        .head(HTTPResponseHead(version: .http1_1, status: head.status, headers: headers))
+                    )
+                    headSent = true
+                case .body(let buffer):
+                    bytes += buffer.readableBytes
+                    self.counters.bytesFromUpstream.add(buffer.readableBytes)
+                    try await writer.write(.body(.byteBuffer(buffer)))
+                case .end:
+                    try await writer.write(.end(nil))
+                    if !state.requestComplete { closeClient() }
+                    return .completed(
+                        .init(
+                            status: status, bytes: bytes, upstreamKeepAlive: upstreamKeepAlive,
+                            clientKeepAlive: clientKeepAlive, requestComplete: state.requestComplete
+                        )
+                    )
+                }
+            }
+            // The sequence ended without .end: the origin closed mid-response.
+            if headSent { return .abortedAfterHead(status: status, bytes: bytes) }
+            if !retryAllowed, !state.requestComplete { closeClient() }
+            return .failedBeforeHead(.connectionClosed)
+        } catch let error as UpstreamExchangeError {
+            if headSent { return .abortedAfterHead(status: status, bytes: bytes) }
+            if !(retryAllowed && isConnectionClosed(error)), !state.requestComplete { closeClient() }
+            return .failedBeforeHead(error)
+        } catch {
+            // Writing to the client failed: it went away. Dropping the sequence closes upstream.
+            return .abortedAfterHead(status: status, bytes: bytes)
+        }
+    }
+
+    private func isConnectionClosed(_ error: UpstreamExchangeError) -> Bool {
+        if case .connectionClosed = error { return true }
+        return false
+    }
+
+    // MARK: - Errors
+
+    private func mapLeaseError(_ error: any Error, origin: CanonicalOrigin) -> BrokerError {
+        if let brokerError = error as? BrokerError { return brokerError }
+        if let poolError = error as? UpstreamPoolError {
+            switch poolError.failure {
+            case .tooManyPending(let limit): return .tooManyPending(origin: origin, limit: limit)
+            case .shuttingDown: return .shuttingDown()
+            case .connectFailed(let underlying):
+                return BrokerError.fromConnectError(underlying, origin: origin, settings: self.settings)
+            }
+        }
+        return BrokerError.fromConnectError(error, origin: origin, settings: self.settings)
+    }
+
+    private func mapExchangeError(_ error: UpstreamExchangeError?, origin: CanonicalOrigin) -> BrokerError {
+        switch error {
+        case .connectionClosed?, nil, .busy?:
+            return .connectionClosedEarly(origin: origin)
+        case .responseHeadTimeout?:
+            return .responseHeadTimeout(origin: origin, milliseconds: self.settings.upstream.responseHeadTimeoutMilliseconds)
+        case .idleTimeout?:
+            return .idleTimeout(origin: origin, milliseconds: self.settings.upstream.idleTimeoutMilliseconds)
+        case .responseHeadTooLarge?:
+            return .responseHeadTooLarge(origin: origin, limit: self.settings.limits.maxResponseHeadBytes)
+        case .protocolError(let underlying)?:
+            return .upstreamProtocolError(origin: origin, underlying: underlying)
+        }
+    }
+
+    /// Answers with a broker error, then reads the rest of the request body so the connection
+    /// stays usable (or closes it when the client did not want to keep it).
+    package func respondWithError(
+        _ error: BrokerError, requestID: String, logger: Logger, requests: inout ClientRequestIterator,
+        writer: ClientResponseWriter, clientWantsKeepAlive: Bool, requestEnded: Bool = false
+    ) async -> RequestOutcome {
+        self.counters.brokerErrors.add(1)
+        let requestComplete = requestEnded ? true : await drainRequestBody(&requests)
+        let keepAlive = clientWantsKeepAlive && requestComplete
+        var (head, body) = error.response(requestID: requestID)
+        if !keepAlive { head.headers.replaceOrAdd(name: "Connection", value: "close") }
+        try? await writer.write(contentsOf: [.head(head), .body(.byteBuffer(body)), .end(nil)])
+        return RequestOutcome(
+            status: Int(error.status.code), bytes: body.readableBytes, brokerError: error.code,
+            disposition: keepAlive ? .keepAlive : .close
+        )
+    }
+}
+
+/// Reads and drops the rest of a request body. Returns whether the request ended cleanly.
+package func drainRequestBody(_ requests: inout ClientRequestIterator) async -> Bool {
+    do {
+        while let part = try await requests.next() {
+            if case .end = part { return true }
+            if case .head = part { return false }
+        }
+    } catch {}
+    return false
+}
+
+/// Shared between the two pumps of one exchange.
+final class ExchangeState: Sendable {
+    private let box = NIOLockedValueBox(false)
+    var requestComplete: Bool { self.box.withLockedValue { $0 } }
+    func markRequestComplete() { self.box.withLockedValue { $0 = true } }
+}

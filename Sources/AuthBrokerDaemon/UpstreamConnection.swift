@@ -1,0 +1,270 @@
+import AuthBrokerCore
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOHTTP1
+
+/// Why an exchange on an upstream connection failed; mapped to a `BrokerError` by the interceptor,
+/// which knows the origin and the settings.
+package enum UpstreamExchangeError: Error, Sendable {
+    case connectionClosed
+    case responseHeadTimeout
+    case idleTimeout
+    case responseHeadTooLarge
+    case protocolError(any Error & Sendable)
+    case busy
+}
+
+/// One HTTP/1.1 connection to an origin, used by one exchange at a time (the pool leases it).
+///
+/// The channel pipeline ends in `UpstreamExchangeHandler`, which feeds response parts into a
+/// per-exchange async sequence with read backpressure: the origin is read only as fast as the
+/// client takes the bytes, so a 200 MiB download holds a few buffers, not the body.
+package final class UpstreamConnection: Sendable {
+    package let id: Int
+    package let origin: CanonicalOrigin
+    package let channel: any Channel
+    private let handler: NIOLoopBound<UpstreamExchangeHandler>
+
+    init(id: Int, origin: CanonicalOrigin, channel: any Channel, handler: NIOLoopBound<UpstreamExchangeHandler>) {
+        self.id = id
+        self.origin = origin
+        self.channel = channel
+        self.handler = handler
+    }
+
+    package var isActive: Bool { self.channel.isActive }
+
+    /// Writes the request head and returns the exchange through which the body is sent and
+    /// the response read.
+    package func startExchange(head: HTTPRequestHead) async throws -> UpstreamExchange {
+        let handler = self.handler
+        let responses = try await self.channel.eventLoop.submit {
+            try handler.value.beginExchange()
+        }.get()
+        try await self.channel.writeAndFlush(HTTPClientRequestPart.head(head)).get()
+        return UpstreamExchange(channel: self.channel, handler: handler, responseParts: responses)
+    }
+
+    package func close() {
+        self.channel.close(promise: nil)
+    }
+}
+
+/// The request and response of one exchange on an `UpstreamConnection`.
+package struct UpstreamExchange: Sendable {
+    let channel: any Channel
+    let handler: NIOLoopBound<UpstreamExchangeHandler>
+    package let responseParts: UpstreamExchangeHandler.ResponseParts
+
+    package func writeBody(_ buffer: ByteBuffer) async throws {
+        try await self.channel.writeAndFlush(HTTPClientRequestPart.body(.byteBuffer(buffer))).get()
+    }
+
+    /// Sends the end of the request; starts the response-head timer if no head came yet.
+    package func finishRequest() async throws {
+        try await self.channel.writeAndFlush(HTTPClientRequestPart.end(nil)).get()
+        let handler = self.handler
+        self.channel.eventLoop.execute { handler.value.requestFinished() }
+    }
+}
+
+/// Bridges an upstream channel to the exchange that currently owns it.
+package final class UpstreamExchangeHandler: ChannelDuplexHandler {
+    package typealias InboundIn = HTTPClientResponsePart
+    package typealias OutboundIn = HTTPClientRequestPart
+    package typealias OutboundOut = HTTPClientRequestPart
+
+    package typealias ResponseParts = NIOThrowingAsyncSequenceProducer<
+        HTTPClientResponsePart, any Error, NIOAsyncSequenceProducerBackPressureStrategies.HighLowWatermark,
+        ReadDemand
+    >
+    typealias Source = ResponseParts.Source
+
+    private struct Exchange {
+        var generation: Int
+        var source: Source
+        var headReceived = false
+        var headTimer: Scheduled<Void>?
+    }
+
+    private let responseHeadTimeout: TimeAmount
+    private let maxResponseHeadBytes: Int
+    private let onClose: @Sendable () -> Void
+    private var context: ChannelHandlerContext?
+    private var exchange: Exchange?
+    private var readPaused = false
+    private var readPending = false
+    private var isClosed = false
+    /// Counts exchanges, so a late signal from a finished exchange's sequence cannot touch the next.
+    private var generation = 0
+
+    init(responseHeadTimeout: TimeAmount, maxResponseHeadBytes: Int, onClose: @escaping @Sendable () -> Void) {
+        self.responseHeadTimeout = responseHeadTimeout
+        self.maxResponseHeadBytes = maxResponseHeadBytes
+        self.onClose = onClose
+    }
+
+    package func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+    }
+
+    package func handlerRemoved(context: ChannelHandlerContext) {
+        self.context = nil
+    }
+
+    func beginExchange() throws -> ResponseParts {
+        guard !self.isClosed, let context else { throw UpstreamExchangeError.connectionClosed }
+        guard self.exchange == nil else { throw UpstreamExchangeError.busy }
+        self.generation += 1
+        let demand = ReadDemand(handler: NIOLoopBound(self, eventLoop: context.eventLoop), generation: self.generation)
+        let result = ResponseParts.makeSequence(
+            backPressureStrategy: .init(lowWatermark: 2, highWatermark: 8),
+            finishOnDeinit: false,
+            delegate: demand
+        )
+        self.exchange = Exchange(generation: self.generation, source: result.source)
+        self.readPaused = false
+        context.read()
+        return result.sequence
+    }
+
+    func requestFinished() {
+        guard let context, var exchange = self.exchange, !exchange.headReceived, exchange.headTimer == nil else {
+            return
+        }
+        let loopBoundSelf = NIOLoopBound(self, eventLoop: context.eventLoop)
+        exchange.headTimer = context.eventLoop.scheduleTask(in: self.responseHeadTimeout) {
+            loopBoundSelf.value.fail(.responseHeadTimeout, close: true)
+        }
+        self.exchange = exchange
+    }
+
+    package func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let part = self.unwrapInboundIn(data)
+        guard var exchange = self.exchange else {
+            // Bytes from the origin with no request outstanding: the connection is unusable.
+            context.close(promise: nil)
+            return
+        }
+        if case .head(let head) = part, head.status.code >= 200 {
+            if Self.approximateSize(of: head) > self.maxResponseHeadBytes {
+                self.fail(.responseHeadTooLarge, close: true)
+                return
+            }
+            exchange.headReceived = true
+            exchange.headTimer?.cancel()
+            exchange.headTimer = nil
+            self.exchange = exchange
+        }
+        let isEnd: Bool
+        if case .end = part { isEnd = true } else { isEnd = false }
+        if isEnd {
+            self.exchange = nil
+        }
+        switch exchange.source.yield(part) {
+        case .stopProducing: self.readPaused = true
+        case .produceMore, .dropped: break
+        }
+        if isEnd {
+            exchange.source.finish()
+            // Keep reading while idle in the pool, so a close by the origin is noticed.
+            self.readPaused = false
+            if self.readPending {
+                self.readPending = false
+                context.read()
+            }
+        }
+    }
+
+    package func read(context: ChannelHandlerContext) {
+        if self.readPaused {
+            self.readPending = true
+        } else {
+            context.read()
+        }
+    }
+
+    package func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if let idle = event as? IdleStateHandler.IdleStateEvent, idle == .all, self.exchange != nil {
+            self.fail(.idleTimeout, close: true)
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    package func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        if let parserError = error as? HTTPParserError {
+            self.fail(.protocolError(parserError), close: true)
+        } else {
+            self.fail(.protocolError(SendableErrorBox(String(describing: error))), close: true)
+        }
+    }
+
+    package func channelInactive(context: ChannelHandlerContext) {
+        self.isClosed = true
+        self.fail(.connectionClosed, close: false)
+        self.onClose()
+        context.fireChannelInactive()
+    }
+
+    fileprivate func resumeReading(generation: Int) {
+        guard self.readPaused, self.exchange?.generation == generation else { return }
+        self.readPaused = false
+        if self.readPending, let context {
+            self.readPending = false
+            context.read()
+        }
+    }
+
+    /// The consumer went away before the response ended (client disconnected): the rest of
+    /// the response cannot be delivered, so the connection cannot be reused.
+    fileprivate func consumerTerminated(generation: Int) {
+        if self.exchange?.generation == generation {
+            self.fail(.connectionClosed, close: true)
+        }
+    }
+
+    private func fail(_ error: UpstreamExchangeError, close: Bool) {
+        if let exchange = self.exchange {
+            self.exchange = nil
+            exchange.headTimer?.cancel()
+            exchange.source.finish(error)
+        }
+        if close, let context {
+            self.isClosed = true
+            context.close(promise: nil)
+        }
+    }
+
+    /// The response head's size as it was on the wire, near enough for a limit check.
+    static func approximateSize(of head: HTTPResponseHead) -> Int {
+        var size = 12 + head.status.reasonPhrase.utf8.count + 2
+        for (name, value) in head.headers {
+            size += name.utf8.count + 2 + value.utf8.count + 2
+        }
+        return size + 2
+    }
+}
+
+/// The response sequence's delegate: resumes reading from the origin when the consumer
+/// wants more.
+package struct ReadDemand: NIOAsyncSequenceProducerDelegate {
+    let handler: NIOLoopBound<UpstreamExchangeHandler>
+    let generation: Int
+
+    package func produceMore() {
+        let (handler, generation) = (self.handler, self.generation)
+        handler.eventLoop.execute { handler.value.resumeReading(generation: generation) }
+    }
+
+    package func didTerminate() {
+        let (handler, generation) = (self.handler, self.generation)
+        handler.eventLoop.execute { handler.value.consumerTerminated(generation: generation) }
+    }
+}
+
+/// A non-Sendable error's description, carried across isolation domains.
+package struct SendableErrorBox: Error, Sendable, CustomStringConvertible {
+    package let description: String
+    package init(_ description: String) { self.description = description }
+}

@@ -1,0 +1,216 @@
+import AuthBrokerCore
+import AuthBrokerTrust
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import NIOSSL
+import NIOTLS
+import SwiftASN1
+import X509
+
+/// Opens connections to origins: TCP (with the config's `resolve` overrides), then TLS whose
+/// server trust is decided by our `TrustEvaluator` in NIOSSL's custom verification callback.
+package final class UpstreamConnector: Sendable {
+    private let group: any EventLoopGroup
+    private let settings: BrokerSettings
+    private let trust: TrustEvaluator
+    private let tlsContext: NIOSSLContext
+    private let logger: Logger
+
+    package init(group: any EventLoopGroup, settings: BrokerSettings, trust: TrustEvaluator, logger: Logger) throws {
+        self.group = group
+        self.settings = settings
+        self.trust = trust
+        self.logger = logger
+        var tls = TLSConfiguration.makeClientConfiguration()
+        tls.minimumTLSVersion = .tlsv12
+        tls.applicationProtocols = ["http/1.1"]
+        // Every check is ours (custom callback below); BoringSSL's own roots are never consulted.
+        tls.certificateVerification = .fullVerification
+        tls.trustRoots = .certificates([])
+        self.tlsContext = try NIOSSLContext(configuration: tls)
+    }
+
+    /// A TLS connection that completed its handshake, or the error explaining why not.
+    package struct Connected: Sendable {
+        package var channel: any Channel
+        package var handler: NIOLoopBound<UpstreamExchangeHandler>
+    }
+
+    /// Connects to `origin` and returns a connection ready for its first exchange.
+    /// - Throws: `BrokerError` naming what failed (DNS, refused, timeout, untrusted server, TLS).
+    package func connect(
+        origin: CanonicalOrigin, id: Int, onClose: @escaping @Sendable () -> Void
+    ) async throws -> UpstreamConnection {
+        try await self.open(origin: origin, id: id, onClose: onClose, observation: NIOLockedValueBox(nil))
+    }
+
+    /// Shakes hands with `origin` and reports the chain it presented and our verdict on it,
+    /// trusted or not (for `POST /v1/inspect` and `authbrokerctl anchors trust-server`).
+    package func inspect(origin: CanonicalOrigin) async throws -> Inspection {
+        let observation = NIOLockedValueBox<TrustObservation?>(nil)
+        do {
+            let connection = try await self.open(origin: origin, id: -1, onClose: {}, observation: observation)
+            connection.close()
+        } catch {
+            guard observation.withLockedValue({ $0 }) != nil else { throw error }
+        }
+        guard let seen = observation.withLockedValue({ $0 }) else {
+            throw BrokerError.internalError("The TLS handshake with \(origin.hostHeader) finished without a trust decision")
+        }
+        let pems = seen.chainDER.map { der in
+            (try? Certificate(derEncoded: der).serializeAsPEM().pemString) ?? ""
+        }
+        return Inspection(decision: seen.decision, chainPEM: pems)
+    }
+
+    private func open(
+        origin: CanonicalOrigin, id: Int, onClose: @escaping @Sendable () -> Void,
+        observation decisionBox: NIOLockedValueBox<TrustObservation?>
+    ) async throws -> UpstreamConnection {
+        let handshake = self.group.next().makePromise(of: Void.self)
+        let settings = self.settings
+        let channel: any Channel
+        do {
+            let bootstrap = ClientBootstrap(group: self.group)
+                .connectTimeout(.milliseconds(Int64(settings.upstream.connectTimeoutMilliseconds)))
+                .channelOption(.socketOption(.tcp_nodelay), value: 1)
+                .channelInitializer { [self] channel in
+                    channel.eventLoop.makeCompletedFuture {
+                        try self.configurePipeline(
+                            channel: channel, origin: origin, decisionBox: decisionBox,
+                            handshake: handshake, onClose: onClose
+                        )
+                    }
+                }
+            if let override = settings.upstream.resolve.first(where: { $0.matches(host: origin.host, port: origin.port) }) {
+                let address = try SocketAddress(ipAddress: override.address, port: origin.port)
+                channel = try await bootstrap.connect(to: address).get()
+            } else {
+                channel = try await bootstrap.connect(host: origin.host, port: origin.port).get()
+            }
+        } catch {
+            handshake.fail(error)
+            throw BrokerError.fromConnectError(error, origin: origin, settings: settings)
+        }
+
+        if origin.scheme == .https {
+            let timeoutMilliseconds = settings.upstream.tlsHandshakeTimeoutMilliseconds
+            let timer = channel.eventLoop.scheduleTask(in: .milliseconds(Int64(timeoutMilliseconds))) {
+                handshake.fail(BrokerError.tlsHandshakeTimeout(origin: origin, milliseconds: timeoutMilliseconds))
+                channel.close(promise: nil)
+            }
+            do {
+                try await handshake.futureResult.get()
+                timer.cancel()
+            } catch {
+                timer.cancel()
+                channel.close(promise: nil)
+                if let seen = decisionBox.withLockedValue({ $0 }), !seen.decision.isTrusted {
+                    throw BrokerError.untrustedServer(origin: origin, decision: seen.decision)
+                }
+                if let broker = error as? BrokerError { throw broker }
+                throw BrokerError.tlsHandshakeFailed(origin: origin, underlying: error)
+            }
+        } else {
+            handshake.succeed(())
+        }
+        let handler = try await channel.eventLoop.submit {
+            NIOLoopBound(
+                try channel.pipeline.syncOperations.handler(type: UpstreamExchangeHandler.self), eventLoop: channel.eventLoop
+            )
+        }.get()
+        return UpstreamConnection(id: id, origin: origin, channel: channel, handler: handler)
+    }
+
+    private func configurePipeline(
+        channel: any Channel, origin: CanonicalOrigin, decisionBox: NIOLockedValueBox<TrustObservation?>,
+        handshake: EventLoopPromise<Void>, onClose: @escaping @Sendable () -> Void
+    ) throws {
+        let sync = channel.pipeline.syncOperations
+        if origin.scheme == .https {
+            let trust = self.trust
+            let host = origin.host
+            let logger = self.logger
+            // SNI carries DNS names only (RFC 6066 §3); an IP target is checked against IP SANs.
+            let sniName = origin.isIPAddress ? nil : origin.host
+            let tlsHandler = try NIOSSLClientHandler(
+                context: self.tlsContext, serverHostname: sniName,
+                customVerificationCallback: { certificates, promise in
+                    let chainDER: [[UInt8]]
+                    do {
+                        chainDER = try certificates.map { try $0.toDERBytes() }
+                    } catch {
+                        promise.succeed(.failed)
+                        return
+                    }
+                    // Never block the event loop: the decision is made on a task and completes the promise.
+                    Task {
+                        let decision = await trust.evaluate(chainDER: chainDER, host: host)
+                        decisionBox.withLockedValue { $0 = TrustObservation(decision: decision, chainDER: chainDER) }
+                        logger.debug(
+                            "trust decision",
+                            metadata: [
+                                "host": "\(host)", "trusted": "\(decision.isTrusted)",
+                                "cached": "\(decision.fromCache)",
+                                "leaf_sha256": "\(decision.chain.first?.sha256 ?? "-")",
+                            ]
+                        )
+                        promise.succeed(decision.isTrusted ? .certificateVerified : .failed)
+                    }
+                }
+            )
+            try sync.addHandler(tlsHandler)
+            try sync.addHandler(HandshakeObserver(promise: handshake))
+        }
+        try sync.addHandler(HTTPRequestEncoder())
+        try sync.addHandler(
+            ByteToMessageHandler(HTTPResponseDecoder(leftOverBytesStrategy: .dropBytes, informationalResponseStrategy: .forward))
+        )
+        let idle = TimeAmount.milliseconds(Int64(self.settings.upstream.idleTimeoutMilliseconds))
+        try sync.addHandler(IdleStateHandler(allTimeout: idle))
+        try sync.addHandler(
+            UpstreamExchangeHandler(
+                responseHeadTimeout: .milliseconds(Int64(self.settings.upstream.responseHeadTimeoutMilliseconds)),
+                maxResponseHeadBytes: self.settings.limits.maxResponseHeadBytes,
+                onClose: onClose
+            )
+        )
+    }
+}
+
+/// The chain a server presented and the verdict on it.
+struct TrustObservation: Sendable {
+    var decision: TrustDecision
+    var chainDER: [[UInt8]]
+}
+
+/// Completes a promise when the TLS handshake finishes, or fails it when the channel errors
+/// or closes first.
+private final class HandshakeObserver: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = NIOAny
+    private let promise: EventLoopPromise<Void>
+
+    init(promise: EventLoopPromise<Void>) {
+        self.promise = promise
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if let tlsEvent = event as? TLSUserEvent, case .handshakeCompleted = tlsEvent {
+            self.promise.succeed(())
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        self.promise.fail(error)
+        context.fireErrorCaught(error)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        self.promise.fail(ChannelError.ioOnClosedChannel)
+        context.fireChannelInactive()
+    }
+}
