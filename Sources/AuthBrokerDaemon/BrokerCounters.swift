@@ -1,0 +1,39 @@
+import Synchronization
+
+/// A counter that any task may bump without a lock.
+package final class BrokerCounter: Sendable {
+    private let value = Atomic<Int>(0)
+    package init() {}
+    package func add(_ amount: Int) { self.value.add(amount, ordering: .relaxed) }
+    package func subtract(_ amount: Int) { self.value.subtract(amount, ordering: .relaxed) }
+    package var current: Int { self.value.load(ordering: .relaxed) }
+}
+
+/// The daemon's counters, reported by `GET /v1/status`.
+package final class BrokerCounters: Sendable {
+    package let clientConnectionsAccepted = BrokerCounter()
+    package let clientConnectionsRefused = BrokerCounter()
+    package let clientConnectionsOpen = BrokerCounter()
+    package let requestsTotal = BrokerCounter()
+    package let requestsInFlight = BrokerCounter()
+    package let brokerErrors = BrokerCounter()
+    package let upstreamConnectionsOpen = BrokerCounter()
+    package let bytesFromUpstream = BrokerCounter()
+    package let bytesToUpstream = BrokerCounter()
+
+    package init() {}
+
+    package var snapshot: [String: Int] {
+        [
+            "client_connections_accepted": self.clientConnectionsAccepted.current,
+            "client_connections_refused": self.clientConnectionsRefused.current,
+            "client_connections_open": self.clientConnectionsOpen.current,
+            "requests_total": self.requestsTotal.current,
+            "requests_in_flight": self.requestsInFlight.current,
+            "broker_errors_total": self.brokerErrors.current,
+            "upstream_connections_open": self.upstreamConnectionsOpen.current,
+            "bytes_from_upstream": self.bytesFromUpstream.current,
+            "bytes_to_upstream": self.bytesToUpstream.current,
+        ]
+    }
+}

@@ -1,0 +1,268 @@
+import AuthBrokerCore
+import AuthBrokerTrust
+import CAuthBrokerSystem
+import Foundation
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import ServiceLifecycle
+import UnixSignals
+
+/// What `authbrokerd`'s command line may override.
+package struct DaemonOptions: Sendable {
+    package var socketPath: String?
+    package var configPath: String?
+    package var logLevel: Logger.Level?
+
+    package init(socketPath: String? = nil, configPath: String? = nil, logLevel: Logger.Level? = nil) {
+        self.socketPath = socketPath
+        self.configPath = configPath
+        self.logLevel = logLevel
+    }
+}
+
+/// A startup failure: printed as one line to stderr, exit status 78 (EX_CONFIG) or 1.
+package struct StartupError: Error, CustomStringConvertible {
+    package var description: String
+    package var exitCode: Int32
+}
+
+/// Assembles the daemon: config, paths, trust, upstream pool, listener; runs until SIGTERM.
+package enum BrokerDaemon {
+    package static func run(_ options: DaemonOptions) async throws(StartupError) {
+        // Memory will hold keys and passwords: no core dumps, no ptrace by other processes.
+        _ = cab_disable_core_dumps()
+
+        let environment = ProcessInfo.processInfo.environment
+        let uid = getuid()
+        let configFile = BrokerPaths.configFile(explicit: options.configPath, environment: environment)
+        let loaded: BrokerSettings?
+        do {
+            loaded = try BrokerSettings.load(path: configFile)
+        } catch {
+            throw StartupError(description: "authbrokerd: bad config: \(error)", exitCode: 78)
+        }
+        if options.configPath != nil, loaded == nil {
+            throw StartupError(description: "authbrokerd: the config file \(configFile) does not exist.", exitCode: 78)
+        }
+        let settings = loaded ?? .defaults
+
+        let level = options.logLevel ?? Logger.Level(rawValue: settings.daemon.logLevel.rawValue) ?? .info
+        let forJournal = environment["JOURNAL_STREAM"] != nil
+        LoggingSystem.bootstrap { label in BrokerLogHandler(label: label, level: level, forJournal: forJournal) }
+        let logger = Logger(label: "authbrokerd")
+
+        let socketPath = BrokerPaths.socketPath(
+            explicit: options.socketPath, configured: settings.daemon.socketPath, environment: environment, uid: uid
+        )
+        let stateDirectory = BrokerPaths.stateDirectory(
+            configured: settings.daemon.stateDirectory, environment: environment, uid: uid
+        )
+        let store: TrustStore
+        do {
+            store = try TrustStore(path: (stateDirectory as NSString).appendingPathComponent("trust.json"))
+        } catch {
+            throw StartupError(description: "authbrokerd: \(error)", exitCode: 1)
+        }
+        let evaluator = TrustEvaluator(
+            systemAnchorsPath: settings.trust.systemAnchorsPath, store: store,
+            cacheSize: settings.trust.decisionCacheSize,
+            cacheTTL: .seconds(settings.trust.decisionCacheSeconds), logger: logger
+        )
+
+        let listening = ListeningSocket.choose(socketPath: socketPath, environment: environment)
+        if case .path(let path) = listening {
+            do {
+                try ListeningSocket.prepare(path: path)
+            } catch {
+                throw StartupError(description: "authbrokerd: \(error)", exitCode: 1)
+            }
+        }
+
+        let group = MultiThreadedEventLoopGroup.singleton
+        let counters = BrokerCounters()
+        let connector: UpstreamConnector
+        do {
+            connector = try UpstreamConnector(group: group, settings: settings, trust: evaluator, logger: logger)
+        } catch {
+            throw StartupError(description: "authbrokerd: cannot set up TLS: \(error)", exitCode: 1)
+        }
+        let poolBox = NIOLockedValueBox<UpstreamPool<UpstreamConnection>?>(nil)
+        let pool = UpstreamPool<UpstreamConnection>(
+            limits: .init(
+                maxConnections: settings.upstream.maxConnectionsPerOrigin,
+                maxIdleConnections: settings.upstream.maxIdleConnectionsPerOrigin,
+                maxPendingRequests: settings.upstream.maxPendingRequestsPerOrigin
+            ),
+            idleTimeout: .milliseconds(Int64(settings.upstream.poolIdleTimeoutMilliseconds)),
+            eventLoop: group.next(),
+            connect: { origin, id in
+                let connection = try await connector.connect(origin: origin, id: id) {
+                    counters.upstreamConnectionsOpen.subtract(1)
+                    poolBox.withLockedValue { $0 }?.connectionClosed(origin: origin, id: id)
+                }
+                counters.upstreamConnectionsOpen.add(1)
+                return connection
+            },
+            close: { connection in connection.close() }
+        )
+        poolBox.withLockedValue { $0 = pool }
+
+        let startedAt = Date()
+        let boundPath: String = if case .path(let path) = listening { path } else { socketPath }
+        let control = ControlAPI(
+            store: store,
+            status: {
+                StatusReport(
+                    version: AuthBrokerVersion.current, pid: Int(getpid()), startedAt: startedAt,
+                    uptimeSeconds: Date().timeIntervalSince(startedAt), socket: boundPath,
+                    configFile: configFile, configLoaded: loaded != nil, stateDirectory: stateDirectory,
+                    systemAnchors: .init(path: settings.trust.systemAnchorsPath, count: evaluator.systemAnchorCount),
+                    userAnchors: store.anchors().count, pins: store.pins().count,
+                    counters: counters.snapshot
+                )
+            },
+            inspect: { origin in try await connector.inspect(origin: origin) }
+        )
+        let registry = ClientConnectionRegistry()
+        let server = ClientConnectionServer(
+            interceptor: Interceptor(pool: pool, settings: settings, counters: counters),
+            control: control, registry: registry, counters: counters, settings: settings, logger: logger
+        )
+        let service = BrokerService(
+            listening: listening, displayPath: boundPath, server: server, registry: registry, pool: pool,
+            group: group, settings: settings, counters: counters, logger: logger
+        )
+        var configuration = ServiceGroupConfiguration(
+            services: [.init(service: service)],
+            gracefulShutdownSignals: [.sigterm, .sigint],
+            logger: logger
+        )
+        configuration.maximumGracefulShutdownDuration = settings.daemon.shutdownGrace + .seconds(5)
+        let serviceGroup = ServiceGroup(configuration: configuration)
+        logger.info(
+            "starting",
+            metadata: [
+                "version": "\(AuthBrokerVersion.current)", "config": "\(configFile)",
+                "config_loaded": "\(loaded != nil)", "state": "\(stateDirectory)",
+                "system_anchors": "\(evaluator.systemAnchorCount)",
+            ]
+        )
+        do {
+            try await serviceGroup.run()
+        } catch let error as ListenerError {
+            throw StartupError(description: "authbrokerd: \(error)", exitCode: 1)
+        } catch {
+            throw StartupError(description: "authbrokerd: \(error)", exitCode: 1)
+        }
+    }
+}
+
+/// The listener as a lifecycle service: accepts connections until graceful shutdown, then lets
+/// in-flight requests finish for up to `shutdown_grace_seconds`.
+struct BrokerService: Service, CustomStringConvertible {
+    var description: String { "BrokerService(\(self.displayPath))" }
+
+    let listening: ListeningSocket
+    let displayPath: String
+    let server: ClientConnectionServer
+    let registry: ClientConnectionRegistry
+    let pool: UpstreamPool<UpstreamConnection>
+    let group: any EventLoopGroup
+    let settings: BrokerSettings
+    let counters: BrokerCounters
+    let logger: Logger
+
+    func run() async throws {
+        let ownUID = getuid()
+        let logger = self.logger
+        let counters = self.counters
+        let maxConnections = self.settings.limits.maxClientConnections
+        let bootstrap = ServerBootstrap(group: self.group)
+            .serverChannelOption(.backlog, value: 256)
+        let initializer: @Sendable (any Channel) -> EventLoopFuture<NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>> = { channel in
+            // The peer's uid is checked before a single byte is read (SO_PEERCRED).
+            channel.peerCredentials().flatMapThrowing { credentials in
+                guard credentials.uid == ownUID else {
+                    counters.clientConnectionsRefused.add(1)
+                    logger.warning(
+                        "refused a connection from another user",
+                        metadata: ["peer_pid": "\(credentials.pid)", "peer_uid": "\(credentials.uid)"]
+                    )
+                    throw PeerRejected(credentials: credentials)
+                }
+                guard counters.clientConnectionsOpen.current < maxConnections else {
+                    counters.clientConnectionsRefused.add(1)
+                    logger.warning(
+                        "refused a connection: too many open client connections",
+                        metadata: ["limit": "\(maxConnections)", "peer_pid": "\(credentials.pid)"]
+                    )
+                    throw PeerRejected(credentials: credentials)
+                }
+                counters.clientConnectionsAccepted.add(1)
+                try channel.pipeline.syncOperations.configureHTTPServerPipeline(
+                    withPipeliningAssistance: true, withErrorHandling: false
+                )
+                return try NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>(
+                    wrappingChannelSynchronously: channel
+                )
+            }
+        }
+
+        let serverChannel: NIOAsyncChannel<NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>, Never>
+        switch self.listening {
+        case .systemd(let fd):
+            serverChannel = try await bootstrap.bind(fd, childChannelInitializer: initializer)
+        case .path(let path):
+            let oldMask = umask(0o177)  // the socket file is created 0600
+            defer { umask(oldMask) }
+            do {
+                serverChannel = try await bootstrap.bind(unixDomainSocketPath: path, childChannelInitializer: initializer)
+            } catch {
+                throw ListenerError(description: "cannot listen on \(path): \(error)")
+            }
+            chmod(path, 0o600)
+        }
+
+        let source: String = if case .systemd = self.listening { "systemd" } else { "bound" }
+        logger.info("listening", metadata: ["socket": "\(self.displayPath)", "source": "\(source)"])
+        _ = cab_sd_notify("READY=1\nSTATUS=Listening on \(self.displayPath)")
+
+        let graceSeconds = self.settings.daemon.shutdownGraceSeconds
+        let registry = self.registry
+        try await withGracefulShutdownHandler {
+            try await withThrowingDiscardingTaskGroup { group in
+                try await serverChannel.executeThenClose { connections in
+                    for try await connection in connections {
+                        group.addTask { await self.server.serve(connection) }
+                    }
+                }
+                // Listener closed: the remaining connections finish their current request.
+                let deadline = ContinuousClock.now + .milliseconds(Int64(graceSeconds * 1000))
+                group.addTask {
+                    try? await Task.sleep(until: deadline)
+                    if registry.count > 0 {
+                        logger.warning("grace period over; closing remaining client connections", metadata: ["open": "\(registry.count)"])
+                        registry.closeAll()
+                    }
+                }
+                while registry.count > 0, ContinuousClock.now < deadline {
+                    try? await Task.sleep(for: .milliseconds(20))
+                }
+                group.cancelAll()
+            }
+        } onGracefulShutdown: {
+            logger.info("stopping: no new connections; in-flight requests may finish", metadata: ["grace_seconds": "\(graceSeconds)"])
+            _ = cab_sd_notify("STOPPING=1\nSTATUS=Stopping")
+            registry.beginDraining()
+            serverChannel.channel.close(promise: nil)
+        }
+        await self.pool.shutdown()
+        if case .path(let path) = self.listening {
+            unlink(path)
+        }
+        logger.info("stopped")
+    }
+}

@@ -1,0 +1,265 @@
+import AuthBrokerCore
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOHTTP1
+
+/// Every open client connection, so that a graceful shutdown can close the idle ones at once
+/// and the busy ones as soon as their response ends.
+package final class ClientConnectionRegistry: Sendable {
+    private struct Entry {
+        var channel: any Channel
+        var busy: Bool
+    }
+    private struct State {
+        var nextID = 0
+        var draining = false
+        var entries: [Int: Entry] = [:]
+    }
+    private let state = NIOLockedValueBox(State())
+
+    package init() {}
+
+    package var isDraining: Bool { self.state.withLockedValue { $0.draining } }
+    package var count: Int { self.state.withLockedValue { $0.entries.count } }
+
+    /// Registers a connection; returns its id, or nil when the daemon is draining (close it).
+    package func register(_ channel: any Channel) -> Int? {
+        self.state.withLockedValue { state in
+            guard !state.draining else { return nil }
+            state.nextID += 1
+            state.entries[state.nextID] = Entry(channel: channel, busy: false)
+            return state.nextID
+        }
+    }
+
+    package func unregister(_ id: Int) {
+        self.state.withLockedValue { _ = $0.entries.removeValue(forKey: id) }
+    }
+
+    package func setBusy(_ id: Int, _ busy: Bool) {
+        self.state.withLockedValue { $0.entries[id]?.busy = busy }
+    }
+
+    /// Stops taking requests: idle connections close now, busy ones after their response.
+    package func beginDraining() {
+        let idle = self.state.withLockedValue { state -> [any Channel] in
+            state.draining = true
+            return state.entries.values.filter { !$0.busy }.map(\.channel)
+        }
+        for channel in idle { channel.close(promise: nil) }
+    }
+
+    package func closeAll() {
+        let all = self.state.withLockedValue { $0.entries.values.map(\.channel) }
+        for channel in all { channel.close(promise: nil) }
+    }
+}
+
+/// Serves one client connection: reads requests one at a time and answers each exactly once,
+/// from the control API (`/v1/...`) or the interceptor (absolute-form targets).
+package struct ClientConnectionServer: Sendable {
+    package let interceptor: Interceptor
+    package let control: ControlAPI
+    package let registry: ClientConnectionRegistry
+    package let counters: BrokerCounters
+    package let settings: BrokerSettings
+    package let logger: Logger
+
+    package func serve(_ connection: NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>) async {
+        let channel = connection.channel
+        guard let id = self.registry.register(channel) else {
+            channel.close(promise: nil)
+            return
+        }
+        self.counters.clientConnectionsOpen.add(1)
+        defer {
+            self.registry.unregister(id)
+            self.counters.clientConnectionsOpen.subtract(1)
+        }
+        let closeClient: @Sendable () -> Void = { channel.close(promise: nil) }
+        let registry = self.registry
+        let draining: @Sendable () -> Bool = { registry.isDraining }
+
+        try? await connection.executeThenClose { inbound, outbound in
+            var requests = inbound.makeAsyncIterator()
+            while true {
+                let part: HTTPServerRequestPart?
+                do {
+                    part = try await requests.next()
+                } catch {
+                    // Garbage or an oversized head: answer 400 once and close; the daemon carries on.
+                    let brokerError: BrokerError =
+                        if case HTTPParserError.headerOverflow = error {
+                            .requestHeadTooLarge(limit: self.settings.limits.maxRequestHeadBytes)
+                        } else {
+                            .malformedRequest(error)
+                        }
+                    var (head, body) = brokerError.response(requestID: RequestIDs.make())
+                    head.headers.replaceOrAdd(name: "Connection", value: "close")
+                    try? await outbound.write(contentsOf: [.head(head), .body(.byteBuffer(body)), .end(nil)])
+                    self.counters.brokerErrors.add(1)
+                    self.logger.notice(
+                        "malformed request from client; connection closed",
+                        metadata: ["error": "\(brokerError.code)"]
+                    )
+                    return
+                }
+                guard case .head(let head)? = part else { return }
+                self.registry.setBusy(id, true)
+                let outcome = await self.handle(
+                    head, requests: &requests, writer: outbound, closeClient: closeClient, draining: draining
+                )
+                self.registry.setBusy(id, false)
+                if outcome.disposition == .close || self.registry.isDraining { return }
+            }
+        }
+    }
+
+    private func handle(
+        _ head: HTTPRequestHead, requests: inout ClientRequestIterator, writer: ClientResponseWriter,
+        closeClient: @escaping @Sendable () -> Void, draining: @escaping @Sendable () -> Bool
+    ) async -> RequestOutcome {
+        let requestID = RequestIDs.make()
+        let started = ContinuousClock.now
+        var logger = self.logger
+        logger[metadataKey: "request_id"] = "\(requestID)"
+        self.counters.requestsTotal.add(1)
+        self.counters.requestsInFlight.add(1)
+        defer { self.counters.requestsInFlight.subtract(1) }
+        let keepAlive = head.isKeepAlive && head.version == .http1_1
+
+        var target = "-"
+        let outcome: RequestOutcome
+        if Self.approximateSize(of: head) > self.settings.limits.maxRequestHeadBytes {
+            outcome = await self.interceptor.respondWithError(
+                .requestHeadTooLarge(limit: self.settings.limits.maxRequestHeadBytes), requestID: requestID,
+                logger: logger, requests: &requests, writer: writer, clientWantsKeepAlive: false
+            )
+        } else {
+            switch RequestTarget.parse(method: head.method.rawValue, uri: head.uri) {
+            case .failure(let error):
+                outcome = await self.interceptor.respondWithError(
+                    .badRequest(error), requestID: requestID, logger: logger, requests: &requests,
+                    writer: writer, clientWantsKeepAlive: keepAlive
+                )
+            case .success(.authority(let host, let port)):
+                target = "\(host):\(port)"
+                outcome = await self.interceptor.respondWithError(
+                    .connectNotSupported(host: host, port: port), requestID: requestID, logger: logger,
+                    requests: &requests, writer: writer, clientWantsKeepAlive: false
+                )
+            case .success(.asterisk):
+                outcome = await self.interceptor.respondWithError(
+                    .badRequest(
+                        code: "asterisk_not_supported",
+                        detail: "OPTIONS * asks about the broker itself, which has nothing to say; send OPTIONS https://host/path for an origin."
+                    ),
+                    requestID: requestID, logger: logger, requests: &requests, writer: writer,
+                    clientWantsKeepAlive: keepAlive
+                )
+            case .success(.control(let path, let query)):
+                target = path
+                outcome = await self.serveControl(
+                    head, path: path, query: query, requestID: requestID, logger: logger,
+                    requests: &requests, writer: writer, keepAlive: keepAlive
+                )
+            case .success(.absolute(let origin, let pathAndQuery)):
+                // Only the origin is logged: paths and queries can carry tokens.
+                target = origin.description
+                if self.registry.isDraining {
+                    outcome = await self.interceptor.respondWithError(
+                        .shuttingDown(), requestID: requestID, logger: logger, requests: &requests,
+                        writer: writer, clientWantsKeepAlive: false
+                    )
+                } else {
+                    outcome = await self.interceptor.proxy(
+                        head: head, origin: origin, pathAndQuery: pathAndQuery, requestID: requestID,
+                        logger: logger, requests: &requests, writer: writer, closeClient: closeClient,
+                        draining: draining
+                    )
+                }
+            }
+        }
+        let elapsed = ContinuousClock.now - started
+        var metadata: Logger.Metadata = [
+            "method": "\(head.method.rawValue)", "target": "\(target)", "status": "\(outcome.status)",
+            "bytes": "\(outcome.bytes)",
+            "duration_ms": "\(elapsed.components.seconds * 1000 + elapsed.components.attoseconds / 1_000_000_000_000_000)",
+        ]
+        if let code = outcome.brokerError { metadata["error"] = "\(code)" }
+        logger.info("request", metadata: metadata)
+        return outcome
+    }
+
+    private func serveControl(
+        _ head: HTTPRequestHead, path: String, query: String?, requestID: String, logger: Logger,
+        requests: inout ClientRequestIterator, writer: ClientResponseWriter, keepAlive: Bool
+    ) async -> RequestOutcome {
+        var body = ByteBuffer()
+        var complete = false
+        do {
+            while let part = try await requests.next() {
+                switch part {
+                case .body(var chunk):
+                    guard body.readableBytes + chunk.readableBytes <= ControlAPI.maxBodyBytes else {
+                        let error = BrokerError(
+                            code: "body_too_large", status: .payloadTooLarge, title: "Request body too large",
+                            detail: "Control requests take at most \(ControlAPI.maxBodyBytes) bytes of JSON."
+                        )
+                        return await self.interceptor.respondWithError(
+                            error, requestID: requestID, logger: logger, requests: &requests, writer: writer,
+                            clientWantsKeepAlive: false, requestEnded: true
+                        )
+                    }
+                    body.writeBuffer(&chunk)
+                case .end:
+                    complete = true
+                case .head:
+                    break
+                }
+                if complete { break }
+            }
+        } catch {}
+        guard complete else {
+            return RequestOutcome(status: 0, bytes: 0, brokerError: "client_closed", disposition: .close)
+        }
+        let response = await self.control.handle(
+            method: head.method, path: path, query: query, body: body, requestID: requestID
+        )
+        var headers = response.headers
+        headers.replaceOrAdd(name: BrokerHeaders.requestID, value: requestID)
+        let keep = keepAlive && !self.registry.isDraining
+        if !keep { headers.replaceOrAdd(name: "Connection", value: "close") }
+        if response.status.code >= 400 { self.counters.brokerErrors.add(1) }
+        try? await writer.write(
+            contentsOf: [
+                .head(HTTPResponseHead(version: .http1_1, status: response.status, headers: headers)),
+                .body(.byteBuffer(response.body)), .end(nil),
+            ]
+        )
+        return RequestOutcome(
+            status: Int(response.status.code), bytes: response.body.readableBytes,
+            brokerError: response.status.code >= 400 ? "control_error" : nil, disposition: keep ? .keepAlive : .close
+        )
+    }
+
+    /// The request head's size as it was on the wire, near enough for the configured limit.
+    static func approximateSize(of head: HTTPRequestHead) -> Int {
+        var size = head.method.rawValue.utf8.count + 1 + head.uri.utf8.count + 11
+        for (name, value) in head.headers {
+            size += name.utf8.count + 2 + value.utf8.count + 2
+        }
+        return size + 2
+    }
+}
+
+/// Request ids: 16 random hex digits, enough to find one request's log lines.
+package enum RequestIDs {
+    package static func make() -> String {
+        var generator = SystemRandomNumberGenerator()
+        let value = generator.next() as UInt64
+        let hex = String(value, radix: 16)
+        return String(repeating: "0", count: 16 - hex.count) + hex
+    }
+}
