@@ -1,0 +1,47 @@
+# AuthBroker: `make run` builds and runs the daemon in the foreground; `make test` runs every test.
+SHELL := /bin/sh
+export PATH := /opt/swift/usr/bin:$(PATH)
+SWIFT ?= swift
+PREFIX ?= $(HOME)/.local
+UNIT_DIR ?= $(HOME)/.config/systemd/user
+
+.PHONY: run test build release install uninstall verify-units clean
+
+## Installs what is missing, builds, and runs authbrokerd in the foreground (Ctrl-C stops it).
+run:
+	scripts/install-deps run
+	$(SWIFT) build -c release --product authbrokerd
+	$(SWIFT) build -c release --product authbrokerctl
+	exec .build/release/authbrokerd
+
+## Installs what is missing, builds, and runs all tests (unit and integration).
+test:
+	scripts/install-deps test
+	$(SWIFT) build --build-tests
+	$(SWIFT) test --skip-build
+
+build:
+	$(SWIFT) build
+
+release:
+	$(SWIFT) build -c release
+
+## Installs the binaries into $(PREFIX)/bin and the systemd user units, then enables the socket.
+install: release
+	install -d $(PREFIX)/bin $(UNIT_DIR) $(HOME)/.local/share/doc/authbroker
+	install -m 0755 .build/release/authbrokerd .build/release/authbrokerctl $(PREFIX)/bin/
+	install -m 0644 systemd/authbrokerd.socket systemd/authbrokerd.service $(UNIT_DIR)/
+	install -m 0644 README.md etc/authbroker/config.toml $(HOME)/.local/share/doc/authbroker/
+	systemctl --user daemon-reload && systemctl --user enable --now authbrokerd.socket || \
+		echo "make install: no user systemd manager here; run authbrokerd by hand"
+
+uninstall:
+	-systemctl --user disable --now authbrokerd.socket authbrokerd.service
+	rm -f $(PREFIX)/bin/authbrokerd $(PREFIX)/bin/authbrokerctl
+	rm -f $(UNIT_DIR)/authbrokerd.socket $(UNIT_DIR)/authbrokerd.service
+
+verify-units:
+	systemd-analyze verify systemd/authbrokerd.socket systemd/authbrokerd.service
+
+clean:
+	rm -rf .build
