@@ -1,0 +1,603 @@
+import Foundation
+import NIOCore
+
+/// A log level as the configuration names it; the raw value is the word in the file.
+///
+/// The same seven levels as swift-log's `Logger.Level`, so the daemon maps them one to one.
+package enum LogLevelName: String, Sendable, Equatable, CaseIterable {
+    case trace, debug, info, notice, warning, error, critical
+}
+
+/// Every setting of `authbrokerd`, read from `config.toml` (see `etc/authbroker/config.toml`).
+///
+/// Missing settings keep their defaults, so an empty or absent file is a valid configuration.
+/// Parsing is strict: an unknown table or key, a wrong type or an out-of-range number is a
+/// `ConfigError` naming the line, rather than a silently ignored typo.
+package struct BrokerSettings: Sendable, Equatable {
+    /// `[daemon]`: the process itself.
+    package struct Daemon: Sendable, Equatable {
+        /// `socket_path`: where to listen; nil means the XDG default (`BrokerPaths.socketPath`).
+        package var socketPath: String? = nil
+        /// `log_level`.
+        package var logLevel: LogLevelName = .info
+        /// `shutdown_grace_seconds`: how long in-flight requests may run after SIGTERM.
+        package var shutdownGraceSeconds: Double = 10
+        /// `state_dir`: where state lives; nil means the XDG default (`BrokerPaths.stateDirectory`).
+        package var stateDirectory: String? = nil
+
+        package init() {}
+
+        /// `shutdownGraceSeconds` as a `Duration`, for the service group's shutdown bound.
+        package var shutdownGrace: Duration { .milliseconds(Int64((shutdownGraceSeconds * 1000).rounded())) }
+    }
+
+    /// `[trust]`: server-trust evaluation.
+    package struct Trust: Sendable, Equatable {
+        /// `system_anchors`: the PEM bundle of system trust anchors.
+        package var systemAnchorsPath: String = "/etc/ssl/certs/ca-certificates.crt"
+        /// `decision_cache_size`: trust decisions kept per (chain, host); 0 disables the cache.
+        package var decisionCacheSize: Int = 1024
+        /// `decision_cache_seconds`: how long a cached decision stays valid.
+        package var decisionCacheSeconds: Int = 300
+
+        package init() {}
+    }
+
+    /// `[upstream]`: connections to origin servers.
+    package struct Upstream: Sendable, Equatable {
+        /// `connect_timeout_ms`: TCP connect, per address tried.
+        package var connectTimeoutMilliseconds: Int = 10_000
+        /// `tls_handshake_timeout_ms`: the TLS handshake, including the trust decision.
+        package var tlsHandshakeTimeoutMilliseconds: Int = 10_000
+        /// `response_head_timeout_ms`: from the end of the request to the response head.
+        package var responseHeadTimeoutMilliseconds: Int = 60_000
+        /// `idle_timeout_ms`: an active exchange with no bytes either way for this long fails.
+        package var idleTimeoutMilliseconds: Int = 60_000
+        /// `pool_idle_timeout_ms`: a kept-alive connection unused for this long is closed.
+        package var poolIdleTimeoutMilliseconds: Int = 30_000
+        /// `max_connections_per_origin`.
+        package var maxConnectionsPerOrigin: Int = 8
+        /// `max_idle_connections_per_origin`: at most `maxConnectionsPerOrigin`; 0 disables reuse.
+        package var maxIdleConnectionsPerOrigin: Int = 4
+        /// `max_pending_requests_per_origin`: requests waiting for a connection; more fail at once.
+        package var maxPendingRequestsPerOrigin: Int = 256
+        /// `resolve`: curl `--resolve` style pins of host:port to an address.
+        package var resolve: [ResolveOverride] = []
+
+        package init() {}
+
+        package var connectTimeout: TimeAmount { .milliseconds(Int64(connectTimeoutMilliseconds)) }
+        package var tlsHandshakeTimeout: TimeAmount { .milliseconds(Int64(tlsHandshakeTimeoutMilliseconds)) }
+        package var responseHeadTimeout: TimeAmount { .milliseconds(Int64(responseHeadTimeoutMilliseconds)) }
+        package var idleTimeout: TimeAmount { .milliseconds(Int64(idleTimeoutMilliseconds)) }
+        package var poolIdleTimeout: TimeAmount { .milliseconds(Int64(poolIdleTimeoutMilliseconds)) }
+
+        /// The pinned address for `host:port`, if a `resolve` entry names it (first match wins).
+        package func resolveOverride(host: String, port: Int) -> ResolveOverride? {
+            resolve.first { $0.matches(host: host, port: port) }
+        }
+    }
+
+    /// `[limits]`: bounds on what one peer can make the daemon hold.
+    package struct Limits: Sendable, Equatable {
+        /// `max_request_head_bytes`: request line plus header fields from a client.
+        package var maxRequestHeadBytes: Int = 65_536
+        /// `max_response_head_bytes`: status line plus header fields from an origin.
+        package var maxResponseHeadBytes: Int = 65_536
+        /// `request_body_buffer_bytes`: bound on buffering a request body to replay it after a
+        /// 401; a longer body streams and its 401 goes to the app.
+        package var requestBodyBufferBytes: Int = 1_048_576
+        /// `max_client_connections`: open connections on the daemon's socket.
+        package var maxClientConnections: Int = 256
+
+        package init() {}
+    }
+
+    package var daemon = Daemon()
+    package var trust = Trust()
+    package var upstream = Upstream()
+    package var limits = Limits()
+
+    /// Every setting at its default.
+    package init() {}
+
+    /// Every setting at its default: what an absent or empty file means.
+    package static let defaults = BrokerSettings()
+
+    /// The tables and keys the file may contain, in the order the sample documents them.
+    package static let knownKeys: KeyValuePairs<String, [String]> = [
+        "daemon": ["socket_path", "log_level", "shutdown_grace_seconds", "state_dir"],
+        "trust": ["system_anchors", "decision_cache_size", "decision_cache_seconds"],
+        "upstream": [
+            "connect_timeout_ms", "tls_handshake_timeout_ms", "response_head_timeout_ms", "idle_timeout_ms",
+            "pool_idle_timeout_ms", "max_connections_per_origin", "max_idle_connections_per_origin",
+            "max_pending_requests_per_origin", "resolve",
+        ],
+        "limits": ["max_request_head_bytes", "max_response_head_bytes", "request_body_buffer_bytes", "max_client_connections"],
+    ]
+
+    /// The longest Unix socket path Linux accepts: `sun_path` is 108 bytes with the NUL.
+    package static let maxSocketPathBytes = 107
+
+    // MARK: Parsing
+
+    /// Reads settings from the text of a configuration file.
+    ///
+    /// - Parameter file: the file's path, used only in error messages.
+    /// - Throws: the first problem in line order: syntax, then unknown or misplaced tables and
+    ///   keys (with the nearest known name), then wrong types and out-of-range values.
+    package static func parse(_ text: String, file: String) throws(ConfigError) -> BrokerSettings {
+        let document: TOMLDocument
+        do {
+            document = try TOMLSubset.parse(text)
+        } catch {
+            throw ConfigError(
+                error.code == .inputTooLarge ? .tooLarge : .syntax,
+                file: file, line: error.line, message: error.message
+            )
+        }
+        try checkNames(document, file: file)
+
+        var settings = BrokerSettings()
+        let hour = 3_600_000
+        let milliseconds = ValueUnit(expected: "an integer number of milliseconds", plural: "milliseconds")
+        let seconds = ValueUnit(expected: "an integer number of seconds", plural: "seconds")
+        let count = ValueUnit(expected: "an integer count", plural: "")
+        let bytes = ValueUnit(expected: "an integer number of bytes", plural: "bytes")
+
+        let daemon = TableReader(file: file, table: "daemon", document: document)
+        if let value = try daemon.path("socket_path", maxBytes: maxSocketPathBytes) { settings.daemon.socketPath = value }
+        if let value = try daemon.logLevel("log_level") { settings.daemon.logLevel = value }
+        if let value = try daemon.seconds("shutdown_grace_seconds", in: 0...3600) {
+            settings.daemon.shutdownGraceSeconds = value
+        }
+        if let value = try daemon.path("state_dir") { settings.daemon.stateDirectory = value }
+
+        let trust = TableReader(file: file, table: "trust", document: document)
+        if let value = try trust.path("system_anchors") { settings.trust.systemAnchorsPath = value }
+        if let value = try trust.integer("decision_cache_size", in: 0...1_000_000, unit: count, note: " (0 disables the cache)") {
+            settings.trust.decisionCacheSize = value
+        }
+        if let value = try trust.integer(
+            "decision_cache_seconds", in: 1...86_400, unit: seconds,
+            note: " (up to one day; set decision_cache_size = 0 to disable caching)"
+        ) {
+            settings.trust.decisionCacheSeconds = value
+        }
+
+        let upstream = TableReader(file: file, table: "upstream", document: document)
+        let timeoutNote = " (1 ms to 1 hour)"
+        if let value = try upstream.integer("connect_timeout_ms", in: 1...hour, unit: milliseconds, note: timeoutNote) {
+            settings.upstream.connectTimeoutMilliseconds = value
+        }
+        if let value = try upstream.integer("tls_handshake_timeout_ms", in: 1...hour, unit: milliseconds, note: timeoutNote) {
+            settings.upstream.tlsHandshakeTimeoutMilliseconds = value
+        }
+        if let value = try upstream.integer("response_head_timeout_ms", in: 1...hour, unit: milliseconds, note: timeoutNote) {
+            settings.upstream.responseHeadTimeoutMilliseconds = value
+        }
+        if let value = try upstream.integer("idle_timeout_ms", in: 1...hour, unit: milliseconds, note: timeoutNote) {
+            settings.upstream.idleTimeoutMilliseconds = value
+        }
+        if let value = try upstream.integer("pool_idle_timeout_ms", in: 1...hour, unit: milliseconds, note: timeoutNote) {
+            settings.upstream.poolIdleTimeoutMilliseconds = value
+        }
+        if let value = try upstream.integer("max_connections_per_origin", in: 1...1024, unit: count) {
+            settings.upstream.maxConnectionsPerOrigin = value
+        }
+        if let value = try upstream.integer(
+            "max_idle_connections_per_origin", in: 0...1024, unit: count, note: " (0 closes each connection after use)"
+        ) {
+            settings.upstream.maxIdleConnectionsPerOrigin = value
+        }
+        if let value = try upstream.integer("max_pending_requests_per_origin", in: 1...65_536, unit: count) {
+            settings.upstream.maxPendingRequestsPerOrigin = value
+        }
+        if let value = try upstream.resolveOverrides("resolve") { settings.upstream.resolve = value }
+        if settings.upstream.maxIdleConnectionsPerOrigin > settings.upstream.maxConnectionsPerOrigin {
+            let key =
+                document.line(of: "max_idle_connections_per_origin", in: "upstream") != nil
+                ? "max_idle_connections_per_origin" : "max_connections_per_origin"
+            throw upstream.error(
+                key, .outOfRange,
+                "max_idle_connections_per_origin (\(settings.upstream.maxIdleConnectionsPerOrigin)) must not exceed "
+                    + "max_connections_per_origin (\(settings.upstream.maxConnectionsPerOrigin)); "
+                    + "lower the first or raise the second"
+            )
+        }
+
+        let limits = TableReader(file: file, table: "limits", document: document)
+        if let value = try limits.integer("max_request_head_bytes", in: 1024...1_048_576, unit: bytes, note: " (1 KiB to 1 MiB)") {
+            settings.limits.maxRequestHeadBytes = value
+        }
+        if let value = try limits.integer("max_response_head_bytes", in: 1024...1_048_576, unit: bytes, note: " (1 KiB to 1 MiB)") {
+            settings.limits.maxResponseHeadBytes = value
+        }
+        if let value = try limits.integer(
+            "request_body_buffer_bytes", in: 1...268_435_456, unit: bytes, note: " (up to 256 MiB)"
+        ) {
+            settings.limits.requestBodyBufferBytes = value
+        }
+        if let value = try limits.integer("max_client_connections", in: 1...65_536, unit: count) {
+            settings.limits.maxClientConnections = value
+        }
+        return settings
+    }
+
+    /// Rejects unknown tables, unknown keys and keys in the wrong place, earliest line first,
+    /// suggesting the nearest known name.
+    private static func checkNames(_ document: TOMLDocument, file: String) throws(ConfigError) {
+        let known = Dictionary(uniqueKeysWithValues: knownKeys.map { ($0.key, $0.value) })
+        let tableNames = knownKeys.map(\.key)
+        let allKeys = knownKeys.flatMap(\.value)
+        func homeTable(of key: String) -> String? { knownKeys.first { $0.value.contains(key) }?.key }
+        /// The nearest key of any table, qualified: `upstream.resolve`.
+        func nearestQualified(_ key: String) -> String? {
+            guard let suggestion = nearest(key, in: allKeys), let table = homeTable(of: suggestion) else { return nil }
+            return "\(table).\(suggestion)"
+        }
+
+        var entries: [(line: Int, table: String, key: String?)] = []
+        for (table, line) in document.tableLines { entries.append((line, table, nil)) }
+        for (table, lines) in document.keyLines {
+            for (key, line) in lines { entries.append((line, table, key)) }
+        }
+        entries.sort { $0.line < $1.line }
+
+        for entry in entries {
+            guard let key = entry.key else {
+                guard known[entry.table] == nil else { continue }
+                var message = "unknown table [\(entry.table)]"
+                if let suggestion = nearest(entry.table, in: tableNames) {
+                    message += "; did you mean [\(suggestion)]?"
+                } else {
+                    message += "; the tables are " + tableNames.map { "[\($0)]" }.joined(separator: ", ")
+                }
+                throw ConfigError(.unknownTable, file: file, line: entry.line, message: message)
+            }
+            if entry.table.isEmpty {
+                if let home = homeTable(of: key) {
+                    throw ConfigError(
+                        .misplacedKey, file: file, line: entry.line, key: key,
+                        message: "settings must be inside a table; put this line under [\(home)]"
+                    )
+                }
+                var message = "unknown setting outside any table"
+                if let suggestion = nearestQualified(key) {
+                    message += "; did you mean \(suggestion) (under [\(suggestion.prefix { $0 != "." })])?"
+                } else {
+                    message += "; settings go under " + tableNames.map { "[\($0)]" }.joined(separator: ", ")
+                }
+                throw ConfigError(.unknownKey, file: file, line: entry.line, key: key, message: message)
+            }
+            // Keys of unknown tables are reported through their table header, which comes first.
+            guard let keys = known[entry.table], !keys.contains(key) else { continue }
+            let qualified = "\(entry.table).\(key)"
+            if let home = homeTable(of: key) {
+                throw ConfigError(
+                    .misplacedKey, file: file, line: entry.line, key: qualified,
+                    message: "this setting belongs in [\(home)], not [\(entry.table)]; move it there"
+                )
+            }
+            var message = "unknown setting"
+            if let suggestion = nearest(key, in: keys) {
+                message += "; did you mean \(suggestion)?"
+            } else if let suggestion = nearestQualified(key) {
+                message += "; did you mean \(suggestion)?"
+            } else {
+                message += "; [\(entry.table)] accepts " + keys.joined(separator: ", ")
+            }
+            throw ConfigError(.unknownKey, file: file, line: entry.line, key: qualified, message: message)
+        }
+    }
+
+    /// The candidate closest to `name` by edit distance, if it is close enough to be a typo
+    /// (at most a third of its length, and at least 2, edits away); failing that, a candidate
+    /// that `name` (of 4 or more characters) abbreviates, like `warn` for `warning`.
+    package static func nearest(_ name: String, in candidates: [String]) -> String? {
+        let lowered = name.lowercased()
+        let target = Array(lowered.unicodeScalars)
+        var best: (candidate: String, distance: Int)?
+        for candidate in candidates {
+            let other = Array(candidate.unicodeScalars)
+            let limit = max(2, other.count / 3)
+            guard abs(other.count - target.count) <= limit else { continue }
+            let distance = editDistance(target, other)
+            if distance <= limit, distance < (best?.distance ?? .max) { best = (candidate, distance) }
+        }
+        if let best { return best.candidate }
+        guard target.count >= 4 else { return nil }
+        return candidates.first { $0.hasPrefix(lowered) }
+    }
+
+    /// Levenshtein distance; callers bound the lengths, so the quadratic table stays small.
+    private static func editDistance(_ a: [Unicode.Scalar], _ b: [Unicode.Scalar]) -> Int {
+        if a.isEmpty { return b.count }
+        if b.isEmpty { return a.count }
+        var previous = Array(0...b.count)
+        var current = [Int](repeating: 0, count: b.count + 1)
+        for i in 1...a.count {
+            current[0] = i
+            for j in 1...b.count {
+                let substitution = previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)
+                current[j] = min(previous[j] + 1, current[j - 1] + 1, substitution)
+            }
+            swap(&previous, &current)
+        }
+        return previous[b.count]
+    }
+
+    // MARK: Loading
+
+    /// Reads and parses the file at `path`.
+    ///
+    /// - Returns: nil when no file exists there (the defaults then apply).
+    /// - Throws: `ConfigError` when the file exists but is a directory, cannot be read, is larger
+    ///   than `TOMLSubset.maxInputBytes`, is not UTF-8, or does not parse.
+    package static func load(path: String) throws(ConfigError) -> BrokerSettings? {
+        var isDirectory: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) else { return nil }
+        if isDirectory.boolValue {
+            throw ConfigError(.unreadable, file: path, message: "this is a directory; the configuration must be a TOML file")
+        }
+        let data: Data
+        do {
+            let handle = try FileHandle(forReadingFrom: URL(fileURLWithPath: path))
+            defer { try? handle.close() }
+            // One byte more than the limit tells "too large" apart without reading a huge file.
+            data = try handle.read(upToCount: TOMLSubset.maxInputBytes + 1) ?? Data()
+        } catch let error as CocoaError where error.code == .fileReadNoSuchFile || error.code == .fileNoSuchFile {
+            return nil  // Removed between the check and the open: same as absent.
+        } catch {
+            throw ConfigError(
+                .unreadable, file: path,
+                message: "cannot read the file (\(error.localizedDescription)); check that it is a regular file readable by this user"
+            )
+        }
+        guard data.count <= TOMLSubset.maxInputBytes else {
+            throw ConfigError(
+                .tooLarge, file: path,
+                message: "the file is larger than \(TOMLSubset.maxInputBytes) bytes; check that this is the right file"
+            )
+        }
+        guard let text = String(validating: data, as: UTF8.self) else {
+            // 0x0A never occurs inside a multi-byte UTF-8 sequence, so lines can be checked alone.
+            let line = data.split(separator: 0x0A, omittingEmptySubsequences: false)
+                .firstIndex { String(validating: $0, as: UTF8.self) == nil }
+                .map { $0 + 1 }
+            throw ConfigError(.notUTF8, file: path, line: line, message: "the file is not valid UTF-8 text; save it as UTF-8")
+        }
+        return try parse(text, file: path)
+    }
+}
+
+// MARK: - Reading typed values out of a table
+
+private struct ValueUnit {
+    /// "an integer number of milliseconds"
+    var expected: String
+    /// "milliseconds", or "" for plain counts.
+    var plural: String
+}
+
+private struct TableReader {
+    let file: String
+    let table: String
+    let values: [String: TOMLValue]
+    let lines: [String: Int]
+
+    init(file: String, table: String, document: TOMLDocument) {
+        self.file = file
+        self.table = table
+        self.values = document.tables[table] ?? [:]
+        self.lines = document.keyLines[table] ?? [:]
+    }
+
+    func error(_ key: String, _ code: ConfigError.Code, _ message: String) -> ConfigError {
+        ConfigError(code, file: file, line: lines[key], key: "\(table).\(key)", message: message)
+    }
+
+    func integer(_ key: String, in range: ClosedRange<Int>, unit: ValueUnit, note: String = "") throws(ConfigError) -> Int? {
+        guard let value = values[key] else { return nil }
+        guard case .integer(let number) = value else {
+            throw error(key, .wrongType, "expected \(unit.expected), got \(value.messageDescription)")
+        }
+        guard range.contains(number) else {
+            let unitText = unit.plural.isEmpty ? "" : " \(unit.plural)"
+            throw error(
+                key, .outOfRange,
+                "\(number) is out of range; use \(range.lowerBound) to \(range.upperBound)\(unitText)\(note)"
+            )
+        }
+        return number
+    }
+
+    /// An integer or a float, as a number of seconds.
+    func seconds(_ key: String, in range: ClosedRange<Double>) throws(ConfigError) -> Double? {
+        guard let value = values[key] else { return nil }
+        let number: Double
+        switch value {
+        case .integer(let integer): number = Double(integer)
+        case .float(let float): number = float
+        default: throw error(key, .wrongType, "expected a number of seconds, got \(value.messageDescription)")
+        }
+        guard range.contains(number) else {
+            throw error(
+                key, .outOfRange,
+                "\(number) is out of range; use \(Int(range.lowerBound)) to \(Int(range.upperBound)) seconds"
+            )
+        }
+        return number
+    }
+
+    func string(_ key: String, expected: String) throws(ConfigError) -> String? {
+        guard let value = values[key] else { return nil }
+        guard case .string(let text) = value else {
+            throw error(key, .wrongType, "expected \(expected), got \(value.messageDescription)")
+        }
+        return text
+    }
+
+    /// An absolute path with no control characters (paths with a newline or NUL are mistakes
+    /// that would surface later, far from the line that caused them).
+    func path(_ key: String, maxBytes: Int = 4095) throws(ConfigError) -> String? {
+        guard let text = try string(key, expected: "a path as a quoted string") else { return nil }
+        guard !text.isEmpty else {
+            throw error(key, .invalidValue, "the path is empty; remove the line to use the default")
+        }
+        if text.hasPrefix("~") {
+            throw error(key, .invalidValue, "\"~\" is not expanded here; write the full path, like /home/you/…")
+        }
+        guard text.hasPrefix("/") else {
+            throw error(
+                key, .invalidValue,
+                "\"\(TOMLValue.escapedForMessage(text))\" is a relative path; write an absolute path starting with /"
+            )
+        }
+        if text.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) {
+            throw error(key, .invalidValue, "the path contains a control character; remove it")
+        }
+        guard text.utf8.count <= maxBytes else {
+            throw error(key, .invalidValue, "the path is \(text.utf8.count) bytes long; the limit is \(maxBytes), so choose a shorter one")
+        }
+        return text
+    }
+
+    func logLevel(_ key: String) throws(ConfigError) -> LogLevelName? {
+        let names = LogLevelName.allCases.map(\.rawValue)
+        guard let text = try string(key, expected: "one of \(names.joined(separator: ", ")) as a quoted string") else {
+            return nil
+        }
+        if let level = LogLevelName(rawValue: text) { return level }
+        var message = "unknown log level \"\(TOMLValue.escapedForMessage(text))\""
+        if let suggestion = BrokerSettings.nearest(text, in: names) { message += "; did you mean \"\(suggestion)\"?" }
+        throw error(key, .invalidValue, message + " The levels are \(names.joined(separator: ", ")).")
+    }
+
+    func resolveOverrides(_ key: String) throws(ConfigError) -> [ResolveOverride]? {
+        guard let value = values[key] else { return nil }
+        let expected = "an array of \"host:port:address\" strings, like [\"example.com:443:127.0.0.1\"]"
+        guard case .array(let elements) = value else {
+            throw error(key, .wrongType, "expected \(expected), got \(value.messageDescription)")
+        }
+        var result: [ResolveOverride] = []
+        for (offset, element) in elements.enumerated() {
+            guard case .string(let text) = element else {
+                throw error(key, .wrongType, "entry \(offset + 1): expected \(expected), got \(element.messageDescription)")
+            }
+            let entry: ResolveOverride
+            do {
+                entry = try ResolveOverride(parsing: text)
+            } catch {
+                throw self.error(key, .invalidValue, "entry \(offset + 1): \(error.description)")
+            }
+            if let earlier = result.firstIndex(where: { $0.host == entry.host && $0.port == entry.port }) {
+                throw self.error(
+                    key, .invalidValue,
+                    "entries \(earlier + 1) and \(offset + 1) both pin \(entry.host):\(entry.port); keep one"
+                )
+            }
+            result.append(entry)
+        }
+        return result
+    }
+}
+
+// MARK: - Resolve overrides
+
+/// A pin of `host:port` to one address, written as curl's `--resolve` is:
+/// `example.com:443:127.0.0.1` or `example.com:443:[::1]`.
+///
+/// It changes only where the connection goes; the request, SNI and the certificate check still
+/// use the host name, exactly as curl does. Used for testing and split-horizon setups.
+package struct ResolveOverride: Sendable, Hashable, CustomStringConvertible {
+    /// Lower-cased, without a trailing dot.
+    package var host: String
+    package var port: Int
+    /// A numeric IPv4 or IPv6 address, IPv6 without brackets.
+    package var address: String
+
+    package init(host: String, port: Int, address: String) {
+        self.host = ResolveOverride.normalised(host)
+        self.port = port
+        self.address = address
+    }
+
+    /// Why an override string was refused.
+    package struct ParseError: Error, Sendable, Equatable, CustomStringConvertible {
+        package var input: String
+        package var message: String
+
+        package var description: String {
+            "\"\(TOMLValue.escapedForMessage(input))\": \(message)"
+        }
+    }
+
+    /// Parses `host:port:address`; the host is a DNS name or IPv4 address, the address is a
+    /// numeric IPv4 address or a bracketed IPv6 address.
+    package init(parsing text: String) throws(ParseError) {
+        func failure(_ message: String) -> ParseError {
+            ParseError(input: text, message: message + "; write host:port:address, like example.com:443:127.0.0.1")
+        }
+        let parts = text.split(separator: ":", maxSplits: 2, omittingEmptySubsequences: false)
+        guard parts.count == 3 else { throw failure("expected three parts separated by ':'") }
+        let host = ResolveOverride.normalised(String(parts[0]))
+        guard !host.isEmpty, host.utf8.count <= 253 else {
+            throw failure("the host must be a name of 1 to 253 characters")
+        }
+        let hostCharacters = host.unicodeScalars.allSatisfy {
+            ("a"..."z").contains($0) || ("0"..."9").contains($0) || $0 == "-" || $0 == "." || $0 == "_"
+        }
+        guard hostCharacters else {
+            throw failure("the host may hold only letters, digits, '-', '_' and '.' (wildcards and IPv6 hosts are not supported)")
+        }
+        let portText = parts[1]
+        guard !portText.isEmpty, portText.count <= 5, portText.allSatisfy({ $0.isASCII && $0.isNumber }),
+            let port = Int(portText), (1...65_535).contains(port)
+        else {
+            throw failure("the port must be a number from 1 to 65535")
+        }
+        var address = String(parts[2])
+        let bracketed = address.hasPrefix("[") && address.hasSuffix("]") && address.count >= 2
+        if bracketed { address = String(address.dropFirst().dropLast()) }
+        guard !address.isEmpty else { throw failure("the address is missing") }
+        if address.contains(",") {
+            throw failure("only one address per entry is supported")
+        }
+        // Checked before inet_pton, which would stop at an embedded NUL and accept the prefix.
+        guard address.unicodeScalars.allSatisfy({ $0.properties.isASCIIHexDigit || $0 == "." || $0 == ":" }) else {
+            throw failure("the address must be a numeric IPv4 or IPv6 address (no names, no zone ids)")
+        }
+        // NIOCore's parser is inet_pton: numeric addresses only, no names, no zone ids.
+        guard let parsed = try? SocketAddress(ipAddress: address, port: port) else {
+            throw failure(bracketed ? "[\(address)] is not an IPv6 address" : "\(address) is not a numeric IP address")
+        }
+        switch parsed {
+        case .v4 where bracketed:
+            throw failure("an IPv4 address must not be in brackets")
+        case .v6 where !bracketed:
+            throw failure("an IPv6 address must be in brackets, like [::1]")
+        default:
+            break
+        }
+        self.host = host
+        self.port = port
+        self.address = address
+    }
+
+    /// Whether this override applies to a connection to `host:port` (host compared
+    /// case-insensitively, a trailing dot ignored).
+    package func matches(host: String, port: Int) -> Bool {
+        self.port == port && self.host == ResolveOverride.normalised(host)
+    }
+
+    /// `host:port:address`, with brackets around an IPv6 address: the form it was written in.
+    package var description: String {
+        address.contains(":") ? "\(host):\(port):[\(address)]" : "\(host):\(port):\(address)"
+    }
+
+    private static func normalised(_ host: String) -> String {
+        let lower = host.lowercased()
+        return lower.hasSuffix(".") ? String(lower.dropLast()) : lower
+    }
+}

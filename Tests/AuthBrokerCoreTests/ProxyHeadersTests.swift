@@ -1,0 +1,134 @@
+import AuthBrokerCore
+import NIOHTTP1
+import Testing
+
+@Suite("ProxyHeaders")
+struct ProxyHeadersTests {
+    static func pairs(_ headers: HTTPHeaders) -> [String] { headers.map { "\($0.name): \($0.value)" } }
+
+    @Test func upstreamRequestDropsHopByHopAndSteering() throws {
+        let origin = try CanonicalOrigin(scheme: .https, host: "Example.com", port: 8443)
+        let input = HTTPHeaders([
+            ("Host", "evil.test"),
+            ("Connection", "close"),
+            ("X-Custom", "1"),
+            ("connection", "Keep-Alive, X-Hop ,, "),
+            ("Keep-Alive", "timeout=5"),
+            ("X-Hop", "secret-for-this-hop"),
+            ("Proxy-Connection", "keep-alive"),
+            ("Proxy-Authorization", "Basic cHJveHk6cHc="),
+            ("TE", "trailers"),
+            ("Trailer", "X-Checksum"),
+            ("Transfer-Encoding", "chunked"),
+            ("Upgrade", "h2c"),
+            ("Authbroker-Identity", "work"),
+            ("AUTHBROKER-Request-Id", "42"),
+            ("Content-Length", "4"),
+            ("Expect", "100-continue"),
+            ("Authorization", "Basic dXNlcjpwdw=="),
+            ("Via", "1.0 fred"),
+            ("X-Keep", "a"),
+            ("via", "1.1 p.example (Proxy/1.0)"),
+            ("X-Keep", "b"),
+        ])
+        #expect(
+            Self.pairs(ProxyHeaders.upstreamRequestHeaders(input, origin: origin)) == [
+                "Host: example.com:8443",
+                "X-Custom: 1",
+                "Content-Length: 4",
+                "Expect: 100-continue",
+                "Authorization: Basic dXNlcjpwdw==",
+                "X-Keep: a",
+                "X-Keep: b",
+                "Via: 1.0 fred, 1.1 p.example (Proxy/1.0), 1.1 authbrokerd",
+            ]
+        )
+    }
+
+    @Test func upstreamRequestAddsHostAndViaWhenAbsent() throws {
+        let origin = try CanonicalOrigin(parsing: "http://[::1]:8080/")
+        let output = ProxyHeaders.upstreamRequestHeaders(["Accept": "*/*"], origin: origin)
+        #expect(Self.pairs(output) == ["Host: [::1]:8080", "Accept: */*", "Via: 1.1 authbrokerd"])
+        let https = try CanonicalOrigin(parsing: "https://example.com:443/")
+        #expect(ProxyHeaders.upstreamRequestHeaders([:], origin: https)["Host"] == ["example.com"])
+    }
+
+    @Test(
+        "each hop-by-hop request field is dropped",
+        arguments: [
+            "Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authorization", "TE", "Trailer",
+            "Transfer-Encoding", "Upgrade", "Authbroker-Anything", "authbroker-", "CONNECTION", "te",
+        ]
+    )
+    func hopByHopRequestField(_ name: String) throws {
+        let origin = try CanonicalOrigin(parsing: "https://example.com/")
+        let output = ProxyHeaders.upstreamRequestHeaders([name: "x", "Accept": "*/*"], origin: origin)
+        #expect(Self.pairs(output) == ["Host: example.com", "Accept: */*", "Via: 1.1 authbrokerd"])
+    }
+
+    /// `Connection: content-length` would unframe the body upstream (request smuggling); naming a
+    /// protected field in `Connection` removes only `Connection` itself.
+    @Test func connectionCannotRemoveFraming() throws {
+        let origin = try CanonicalOrigin(parsing: "https://example.com/")
+        let input: HTTPHeaders = ["Connection": "Content-Length, Host", "Content-Length": "4", "Host": "x"]
+        #expect(
+            Self.pairs(ProxyHeaders.upstreamRequestHeaders(input, origin: origin)) == [
+                "Host: example.com", "Content-Length: 4", "Via: 1.1 authbrokerd",
+            ]
+        )
+        #expect(
+            Self.pairs(ProxyHeaders.clientResponseHeaders(["Connection": "content-length", "Content-Length": "9"])) == [
+                "Content-Length: 9", "Via: 1.1 authbrokerd",
+            ]
+        )
+    }
+
+    @Test func clientResponseDropsHopByHop() {
+        let input = HTTPHeaders([
+            ("Content-Type", "text/plain"),
+            ("Connection", "keep-alive, X-Internal"),
+            ("X-Internal", "1"),
+            ("Keep-Alive", "timeout=5, max=100"),
+            ("Proxy-Connection", "keep-alive"),
+            ("Proxy-Authenticate", "Basic realm=\"proxy\""),
+            ("WWW-Authenticate", "Basic realm=\"site\""),
+            ("Trailer", "X-Checksum"),
+            ("Transfer-Encoding", "chunked"),
+            ("Upgrade", "websocket"),
+            ("Set-Cookie", "a=1, b"),
+            ("Set-Cookie", "c=2"),
+            ("TE", "kept (not a response field, passed as is)"),
+            ("Authbroker-Echo", "upstream may send it; only requests are steering"),
+            ("Via", "1.1 origin-cache"),
+        ])
+        #expect(
+            Self.pairs(ProxyHeaders.clientResponseHeaders(input)) == [
+                "Content-Type: text/plain",
+                "WWW-Authenticate: Basic realm=\"site\"",
+                "Set-Cookie: a=1, b",
+                "Set-Cookie: c=2",
+                "TE: kept (not a response field, passed as is)",
+                "Authbroker-Echo: upstream may send it; only requests are steering",
+                "Via: 1.1 origin-cache, 1.1 authbrokerd",
+            ]
+        )
+    }
+
+    @Test func brokerDirectivesAreLowerCasedInOrder() {
+        let input = HTTPHeaders([
+            ("Accept", "*/*"),
+            ("Authbroker-Identity", "Work"),
+            ("X-Authbroker-Not", "no"),
+            ("AUTHBROKER-TIMEOUT", "5"),
+            ("authbroker-identity", "second"),
+        ])
+        let directives = ProxyHeaders.brokerDirectives(input)
+        #expect(directives.map(\.name) == ["authbroker-identity", "authbroker-timeout", "authbroker-identity"])
+        #expect(directives.map(\.value) == ["Work", "5", "second"])
+        #expect(ProxyHeaders.brokerDirectives(["Accept": "*/*"]).isEmpty)
+    }
+
+    @Test func viaToken() {
+        #expect(ProxyHeaders.via == "1.1 authbrokerd")
+    }
+}
