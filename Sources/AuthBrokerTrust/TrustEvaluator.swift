@@ -1,0 +1,481 @@
+import AuthBrokerCore
+import Crypto
+import Foundation
+import Logging
+import SwiftASN1
+import Synchronization
+@_spi(FixedExpiryValidationTime) import X509
+
+/// Decides whether a server's certificate chain is trusted for a host.
+///
+/// The root store for a host is the system roots plus the user's anchors that apply to it.
+/// Validation is swift-certificates' `Verifier` with `RFC5280Policy` at `now` and
+/// `ServerIdentityPolicy` (RFC 6125 §6) for the host; NIOSSL's custom verification callback
+/// skips BoringSSL's own checks, so this is the only check the chain gets. Pins then restrict
+/// the validated chain further. Decisions are cached per (chain, host, store generation).
+package final class TrustEvaluator: Sendable {
+    /// Most certificates a chain may have; real chains have 2 to 4.
+    package static let maxChainLength = 16
+    /// Largest DER certificate looked at.
+    package static let maxCertificateBytes = 64 << 10
+
+    private let systemAnchorsPath: String
+    private let store: TrustStore
+    private let logger: Logger
+    private let systemRoots: Mutex<SystemRoots>
+
+    /// The system bundle, indexed once per load rather than once per evaluation.
+    struct SystemRoots: Sendable {
+        var count: Int
+        var store: CertificateStore
+        var criticalExtensions: Set<ASN1ObjectIdentifier>
+
+        init(_ certificates: [Certificate]) {
+            self.count = certificates.count
+            self.store = CertificateStore(certificates)
+            self.criticalExtensions = TrustEvaluator.criticalExtensions(of: certificates)
+        }
+    }
+    private let cache: Mutex<DecisionCache>
+
+    /// `systemAnchorsPath`: a PEM bundle such as `/etc/ssl/certs/ca-certificates.crt`. A missing
+    /// or unreadable bundle is logged and leaves only the user's anchors (see `systemAnchorCount`).
+    package init(systemAnchorsPath: String, store: TrustStore, cacheSize: Int, cacheTTL: Duration, logger: Logger) {
+        self.systemAnchorsPath = systemAnchorsPath
+        self.store = store
+        self.logger = logger
+        self.systemRoots = Mutex(SystemRoots(Self.loadSystemAnchors(path: systemAnchorsPath, logger: logger)))
+        self.cache = Mutex(DecisionCache(capacity: max(0, cacheSize), ttl: cacheTTL))
+    }
+
+    /// How many system roots were loaded (0 when the bundle is missing: worth showing in status).
+    /// Bumps on every change to the user's anchors or pins. A connection verified under an
+    /// older generation must not be reused: its chain might no longer be trusted.
+    package var storeGeneration: UInt64 { self.store.generation }
+
+    package var systemAnchorCount: Int {
+        self.systemRoots.withLock { $0.count }
+    }
+
+    /// Reads the system bundle again (after a distribution update) and forgets cached decisions.
+    package func reloadSystemAnchors() {
+        let roots = SystemRoots(Self.loadSystemAnchors(path: self.systemAnchorsPath, logger: self.logger))
+        self.systemRoots.withLock { $0 = roots }
+        self.cache.withLock { $0.removeAll() }
+    }
+
+    /// Evaluates `chainDER` (leaf first, as the server sent it) for `host`.
+    ///
+    /// `host`: canonical (lower-case DNS name, or IP literal without brackets). Fails closed:
+    /// anything that cannot be parsed or checked is a failure.
+    package func evaluate(chainDER: [[UInt8]], host: String, now: Date = Date()) async -> TrustDecision {
+        guard !chainDER.isEmpty else {
+            return TrustDecision(
+                isTrusted: false,
+                failures: [.malformedCertificate("The server presented no certificate.")],
+                chain: [],
+                fromCache: false
+            )
+        }
+        guard chainDER.count <= Self.maxChainLength else {
+            return TrustDecision(
+                isTrusted: false,
+                failures: [
+                    .malformedCertificate(
+                        "The server presented \(chainDER.count) certificates; at most \(Self.maxChainLength) are accepted."
+                    )
+                ],
+                chain: [],
+                fromCache: false
+            )
+        }
+        var certificates: [Certificate] = []
+        var infos: [CertificateInfo] = []
+        for (index, der) in chainDER.enumerated() {
+            let position = index == 0 ? "The server's certificate" : "Certificate \(index + 1) of the server's chain"
+            guard der.count <= Self.maxCertificateBytes else {
+                return TrustDecision(
+                    isTrusted: false,
+                    failures: [
+                        .malformedCertificate(
+                            "\(position) is \(der.count) bytes, more than the \(Self.maxCertificateBytes) accepted."
+                        )
+                    ],
+                    chain: infos,
+                    fromCache: false
+                )
+            }
+            do {
+                let certificate = try Certificate(derEncoded: der)
+                certificates.append(certificate)
+                infos.append(CertificateInfo(certificate, der: der))
+            } catch {
+                return TrustDecision(
+                    isTrusted: false,
+                    failures: [.malformedCertificate("\(position) could not be parsed: \(error).")],
+                    chain: infos,
+                    fromCache: false
+                )
+            }
+        }
+
+        let snapshot = self.store.snapshot()
+        let key = DecisionCache.Key(
+            chainDigest: Self.chainDigest(chainDER),
+            host: host,
+            generation: snapshot.generation
+        )
+        let clockNow = ContinuousClock.now
+        if var cached = self.cache.withLock({ $0.lookup(key, now: now, clockNow: clockNow) }) {
+            cached.fromCache = true
+            self.log(cached, host: host)
+            return cached
+        }
+
+        let failures = await self.decide(certificates: certificates, host: host, now: now, snapshot: snapshot)
+        let decision = TrustDecision(isTrusted: failures.isEmpty, failures: failures, chain: infos, fromCache: false)
+        let validFrom = certificates.map(\.notValidBefore).max() ?? now
+        let validUntil = certificates.map(\.notValidAfter).min() ?? now
+        self.cache.withLock {
+            $0.insert(decision, for: key, validFrom: validFrom, validUntil: validUntil, clockNow: clockNow)
+        }
+        self.log(decision, host: host)
+        return decision
+    }
+
+    private func log(_ decision: TrustDecision, host: String) {
+        self.logger.debug(
+            "server trust evaluated",
+            metadata: [
+                "host": "\(host)",
+                "leaf_sha256": "\(decision.chain.first?.sha256 ?? "-")",
+                "trusted": "\(decision.isTrusted)",
+                "failures": "\(decision.failures.map(\.code).joined(separator: ","))",
+                "cached": "\(decision.fromCache)",
+            ]
+        )
+    }
+
+    // MARK: - Deciding
+
+    private func decide(
+        certificates: [Certificate],
+        host: String,
+        now: Date,
+        snapshot: TrustStore.Snapshot
+    ) async -> [TrustFailure] {
+        guard let leaf = certificates.first else {
+            return [.malformedCertificate("The server presented no certificate.")]
+        }
+        let isIP = HostPattern.ipAddressBytes(host) != nil
+        let intermediates = CertificateStore(certificates.dropFirst())
+        let systemRoots = self.systemRoots.withLock { $0 }
+        let inScope = snapshot.anchors.filter { $0.anchor.applies(to: host) }
+        let outOfScope = snapshot.anchors.filter { !$0.anchor.applies(to: host) }
+        let scopedRoots = systemRoots.store.appending(contentsOf: inScope.map(\.certificate))
+        let criticalExtensions = Array(
+            systemRoots.criticalExtensions.union(
+                Self.criticalExtensions(of: certificates + snapshot.anchors.map(\.certificate))
+            )
+        )
+
+        var failures: [TrustFailure] = []
+        if inScope.contains(where: { $0.certificate == leaf }) {
+            // The user trusts this exact certificate: RFC5280Policy would refuse it as a root
+            // when it is not marked CA (most self-signed server certificates), so check what
+            // still matters for it: its validity period and its names.
+            failures += Self.timeFailures(of: [leaf], now: now)
+            if !(await Self.hostnameMatches(leaf, host: host, isIP: isIP, criticalExtensions: criticalExtensions)) {
+                failures.insert(Self.hostnameMismatch(leaf, host: host), at: 0)
+            }
+            if failures.isEmpty {
+                failures += Self.pinFailures(chain: [leaf], host: host, pins: snapshot.pins)
+            }
+            return failures
+        }
+
+        var verifier = Verifier(rootCertificates: scopedRoots) {
+            RFC5280Policy(fixedExpiryValidationTime: now)
+            ServerIdentityPolicy(serverHostname: isIP ? nil : host, serverIP: isIP ? host : nil)
+        }
+        let result = await verifier.validate(leaf: leaf, intermediates: intermediates)
+        let verifierReasons: [String]
+        switch result {
+        case .validCertificate(let chain):
+            return Self.pinFailures(chain: Array(chain), host: host, pins: snapshot.pins)
+        case .couldNotValidate(let policyFailures):
+            verifierReasons = policyFailures.map(\.policyFailureReason.description)
+        }
+
+        // Classify: which of the usual reasons explains the failure?
+        var timeChain = certificates
+        if let path = await Self.findPath(
+            leaf: leaf,
+            intermediates: intermediates,
+            roots: scopedRoots,
+            criticalExtensions: criticalExtensions
+        ) {
+            timeChain = Array(path)
+        } else {
+            var allPath: [Certificate]? = nil
+            if !outOfScope.isEmpty {
+                allPath = await Self.findPath(
+                    leaf: leaf,
+                    intermediates: intermediates,
+                    roots: scopedRoots.appending(contentsOf: outOfScope.map(\.certificate)),
+                    criticalExtensions: criticalExtensions
+                ).map(Array.init)
+            }
+            if let allPath, let root = allPath.last, let anchor = outOfScope.first(where: { $0.certificate == root }) {
+                failures.append(.anchorOutOfScope(anchorID: anchor.anchor.id, hosts: anchor.anchor.hosts))
+                timeChain = allPath
+            } else if CertificateDigests.isSelfSigned(leaf) {
+                failures.append(.selfSigned)
+            } else {
+                failures.append(.unknownIssuer(issuer: Self.topIssuer(certificates).description))
+            }
+        }
+        if !(await Self.hostnameMatches(leaf, host: host, isIP: isIP, criticalExtensions: criticalExtensions)) {
+            failures.append(Self.hostnameMismatch(leaf, host: host))
+        }
+        failures += Self.timeFailures(of: timeChain, now: now)
+        if failures.isEmpty {
+            var seen: Set<String> = []
+            let unique = verifierReasons.filter { seen.insert($0).inserted }
+            failures.append(
+                .other(
+                    unique.isEmpty
+                        ? "no chain to a trusted root could be built (a certificate may carry a critical extension the broker does not understand)"
+                        : unique.joined(separator: "; ")
+                )
+            )
+        }
+        // Pins say nothing about an untrusted chain, but a mismatch is worth telling too.
+        failures += Self.pinFailures(chain: certificates, host: host, pins: snapshot.pins)
+        return failures
+    }
+
+    /// A chain from `leaf` to one of `roots` by names and signatures alone (no time, names or
+    /// constraints), or nil.
+    private static func findPath(
+        leaf: Certificate,
+        intermediates: CertificateStore,
+        roots: CertificateStore,
+        criticalExtensions: [ASN1ObjectIdentifier]
+    ) async -> ValidatedCertificateChain? {
+        var verifier = Verifier(rootCertificates: roots) {
+            AnyChainPolicy(verifyingCriticalExtensions: criticalExtensions)
+        }
+        if case .validCertificate(let chain) = await verifier.validate(leaf: leaf, intermediates: intermediates) {
+            return chain
+        }
+        return nil
+    }
+
+    /// `ServerIdentityPolicy` alone on the leaf (rooting the leaf at itself).
+    private static func hostnameMatches(
+        _ leaf: Certificate,
+        host: String,
+        isIP: Bool,
+        criticalExtensions: [ASN1ObjectIdentifier]
+    ) async -> Bool {
+        var verifier = Verifier(rootCertificates: CertificateStore([leaf])) {
+            AnyChainPolicy(verifyingCriticalExtensions: criticalExtensions)
+            ServerIdentityPolicy(serverHostname: isIP ? nil : host, serverIP: isIP ? host : nil)
+        }
+        if case .validCertificate = await verifier.validate(leaf: leaf, intermediates: CertificateStore()) {
+            return true
+        }
+        return false
+    }
+
+    private static func hostnameMismatch(_ leaf: Certificate, host: String) -> TrustFailure {
+        let info = CertificateInfo(leaf, der: [])
+        return .hostnameMismatch(host: host, names: info.dnsNames + info.ipAddresses)
+    }
+
+    private static func timeFailures(of chain: [Certificate], now: Date) -> [TrustFailure] {
+        var failures: [TrustFailure] = []
+        for certificate in chain {
+            let failure: TrustFailure
+            if now > certificate.notValidAfter {
+                failure = .expired(notAfter: certificate.notValidAfter)
+            } else if now < certificate.notValidBefore {
+                failure = .notYetValid(notBefore: certificate.notValidBefore)
+            } else {
+                continue
+            }
+            if !failures.contains(failure) { failures.append(failure) }
+        }
+        return failures
+    }
+
+    private static func pinFailures(chain: [Certificate], host: String, pins: [SPKIPin]) -> [TrustFailure] {
+        let pinned = pins.filter { $0.host.matches(host) }.map(\.spkiSHA256)
+        guard !pinned.isEmpty else { return [] }
+        let presented = chain.map(CertificateDigests.spkiSHA256)
+        if presented.contains(where: pinned.contains) { return [] }
+        var seen: Set<String> = []
+        return [.pinMismatch(host: host, pinned: pinned.filter { seen.insert($0).inserted }, presented: presented)]
+    }
+
+    /// The issuer name the presented chain stops at: follow issuers through what was sent.
+    private static func topIssuer(_ certificates: [Certificate]) -> DistinguishedName {
+        guard var current = certificates.first else { return DistinguishedName() }
+        var used: Set<Int> = [0]
+        while let next = certificates.indices.first(where: {
+            !used.contains($0) && certificates[$0].subject == current.issuer
+        }) {
+            used.insert(next)
+            current = certificates[next]
+        }
+        return current.issuer
+    }
+
+    static func criticalExtensions(of certificates: [Certificate]) -> Set<ASN1ObjectIdentifier> {
+        var oids: Set<ASN1ObjectIdentifier> = []
+        for certificate in certificates {
+            for ext in certificate.extensions where ext.critical {
+                oids.insert(ext.oid)
+            }
+        }
+        return oids
+    }
+
+    /// SHA-256 over the length-prefixed DERs: the cache key's chain part.
+    private static func chainDigest(_ chainDER: [[UInt8]]) -> [UInt8] {
+        var hasher = SHA256()
+        for der in chainDER {
+            var length = UInt64(der.count).bigEndian
+            withUnsafeBytes(of: &length) { hasher.update(bufferPointer: $0) }
+            hasher.update(data: der)
+        }
+        return Array(hasher.finalize())
+    }
+
+    // MARK: - System anchors
+
+    /// The certificates of a PEM bundle; unreadable blocks are skipped and counted in the log.
+    static func loadSystemAnchors(path: String, logger: Logger) -> [Certificate] {
+        let text: String
+        do {
+            text = try String(contentsOfFile: path, encoding: .utf8)
+        } catch {
+            logger.warning(
+                "cannot read the system trust anchors; only your own anchors will be trusted",
+                metadata: ["path": "\(path)", "error": "\(error.localizedDescription)"]
+            )
+            return []
+        }
+        let endMarker = "-----END CERTIFICATE-----"
+        var roots: [Certificate] = []
+        var skipped = 0
+        for chunk in text.components(separatedBy: endMarker) where chunk.contains("-----BEGIN CERTIFICATE-----") {
+            do {
+                let document = try PEMDocument(pemString: chunk + endMarker)
+                roots.append(try Certificate(derEncoded: document.derBytes))
+            } catch {
+                skipped += 1
+            }
+        }
+        if roots.isEmpty {
+            logger.warning(
+                "the system trust anchor bundle holds no certificate; only your own anchors will be trusted",
+                metadata: ["path": "\(path)"]
+            )
+        } else if skipped > 0 {
+            logger.warning(
+                "skipped unreadable certificates in the system trust anchor bundle",
+                metadata: ["path": "\(path)", "skipped": "\(skipped)"]
+            )
+        }
+        logger.debug("loaded system trust anchors", metadata: ["path": "\(path)", "count": "\(roots.count)"])
+        return roots
+    }
+}
+
+/// A policy that accepts any chain the Verifier can build by names and signatures, declaring
+/// `verifyingCriticalExtensions` so that chain building is not stopped by them.
+///
+/// - Warning: Diagnostic only: it answers "is there a path to these roots at all?" and must
+///   never decide trust.
+struct AnyChainPolicy: VerifierPolicy {
+    let verifyingCriticalExtensions: [ASN1ObjectIdentifier]
+
+    func chainMeetsPolicyRequirements(chain: UnverifiedCertificateChain) -> PolicyEvaluationResult {
+        .meetsPolicy
+    }
+}
+
+/// Trust decisions by (chain, host, store generation), oldest evicted first, each kept for
+/// `ttl` and never past the validity window of the chain it was made for.
+struct DecisionCache {
+    struct Key: Hashable {
+        var chainDigest: [UInt8]
+        var host: String
+        var generation: UInt64
+    }
+
+    struct Entry {
+        var decision: TrustDecision
+        var validFrom: Date
+        var validUntil: Date
+        var expires: ContinuousClock.Instant
+    }
+
+    let capacity: Int
+    let ttl: Duration
+    private var entries: [Key: Entry] = [:]
+    private var order: [Key] = []
+    private var generation: UInt64 = 0
+
+    init(capacity: Int, ttl: Duration) {
+        self.capacity = capacity
+        self.ttl = ttl
+    }
+
+    mutating func lookup(_ key: Key, now: Date, clockNow: ContinuousClock.Instant) -> TrustDecision? {
+        guard let entry = self.entries[key] else { return nil }
+        guard clockNow < entry.expires, now >= entry.validFrom, now <= entry.validUntil else {
+            self.remove(key)
+            return nil
+        }
+        return entry.decision
+    }
+
+    mutating func insert(
+        _ decision: TrustDecision,
+        for key: Key,
+        validFrom: Date,
+        validUntil: Date,
+        clockNow: ContinuousClock.Instant
+    ) {
+        guard self.capacity > 0, self.ttl > .zero else { return }
+        if key.generation != self.generation {
+            // The store changed: every older decision is stale.
+            self.removeAll()
+            self.generation = key.generation
+        }
+        if self.entries[key] != nil { self.remove(key) }
+        while self.order.count >= self.capacity, let oldest = self.order.first {
+            self.remove(oldest)
+        }
+        self.entries[key] = Entry(
+            decision: decision,
+            validFrom: validFrom,
+            validUntil: validUntil,
+            expires: clockNow + self.ttl
+        )
+        self.order.append(key)
+    }
+
+    mutating func removeAll() {
+        self.entries.removeAll()
+        self.order.removeAll()
+    }
+
+    private mutating func remove(_ key: Key) {
+        self.entries[key] = nil
+        self.order.removeAll { $0 == key }
+    }
+}

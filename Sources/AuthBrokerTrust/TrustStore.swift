@@ -1,0 +1,381 @@
+import AuthBrokerCore
+import Foundation
+import SwiftASN1
+import Synchronization
+import X509
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// The user's own anchors and pins, persisted as JSON at `path`.
+///
+/// Every change is written before it is visible: a temporary file in the same directory
+/// (mode 0600), `fsync`, then `rename` over the old file, so a crash leaves either the old or
+/// the new store, never half of one. The parent directory is created 0700 when missing.
+/// `generation` bumps on every change so that cached trust decisions can key on it.
+package final class TrustStore: Sendable {
+    /// Largest PEM input `addAnchors` reads; a CA bundle of a few hundred certificates fits.
+    package static let maxPEMInputBytes = 1 << 20
+    /// Largest store file read at start-up.
+    package static let maxFileBytes = 32 << 20
+
+    package let path: String
+
+    struct State {
+        var anchors: [TrustAnchor]
+        var certificates: [String: Certificate]
+        var pins: [SPKIPin]
+        var generation: UInt64
+    }
+
+    private let state: Mutex<State>
+
+    /// Opens the store at `path`: a missing file is an empty store; an unreadable or corrupt
+    /// one is an error naming the file and what to do.
+    package init(path: String) throws(TrustStoreError) {
+        self.path = path
+        let file = try Self.load(path: path)
+        var certificates: [String: Certificate] = [:]
+        for anchor in file.anchors {
+            do {
+                certificates[anchor.id] = try Certificate(derEncoded: anchor.der)
+            } catch {
+                throw Self.corrupt(path, "anchor \(anchor.id) is not a valid certificate (\(error))")
+            }
+        }
+        self.state = Mutex(State(anchors: file.anchors, certificates: certificates, pins: file.pins, generation: 0))
+    }
+
+    /// Bumps on every change to the anchors or pins.
+    package var generation: UInt64 {
+        self.state.withLock { $0.generation }
+    }
+
+    package func anchors() -> [TrustAnchor] {
+        self.state.withLock { $0.anchors }
+    }
+
+    package func pins() -> [SPKIPin] {
+        self.state.withLock { $0.pins }
+    }
+
+    /// Anchors with their parsed certificates, pins and generation, read together.
+    struct Snapshot: Sendable {
+        var generation: UInt64
+        var anchors: [(anchor: TrustAnchor, certificate: Certificate)]
+        var pins: [SPKIPin]
+    }
+
+    func snapshot() -> Snapshot {
+        self.state.withLock { state in
+            Snapshot(
+                generation: state.generation,
+                anchors: state.anchors.compactMap { anchor in
+                    state.certificates[anchor.id].map { (anchor, $0) }
+                },
+                pins: state.pins
+            )
+        }
+    }
+
+    /// Adds every `CERTIFICATE` block in `pem` as an anchor limited to `hosts` (empty: any host).
+    ///
+    /// A certificate already present keeps its id and date and gets `hosts` as its new host
+    /// list; it is returned too. Other PEM blocks (a private key in a combined file) are
+    /// ignored, but input with no certificate at all is an error.
+    @discardableResult
+    package func addAnchors(
+        pem: String,
+        hosts: [HostPattern],
+        now: Date = Date()
+    ) throws(TrustStoreError) -> [TrustAnchor] {
+        let certificates = try Self.parseCertificates(pem: pem)
+        let hosts = Self.unique(hosts)
+        let addedAt = Self.wholeSeconds(now)
+        return try self.modify { state throws(TrustStoreError) in
+            var result: [TrustAnchor] = []
+            for (certificate, der) in certificates {
+                let id = CertificateDigests.id(der: der)
+                if let index = state.anchors.firstIndex(where: { $0.id == id }) {
+                    state.anchors[index].hosts = hosts
+                    if !result.contains(where: { $0.id == id }) { result.append(state.anchors[index]) }
+                } else {
+                    let anchor = TrustAnchor(certificate: certificate, der: der, hosts: hosts, addedAt: addedAt)
+                    state.anchors.append(anchor)
+                    state.certificates[id] = certificate
+                    result.append(anchor)
+                }
+            }
+            return result
+        }
+    }
+
+    /// Removes the anchor whose id starts with `idPrefix` (at least 8 hex digits; colons and
+    /// case ignored, so a colon-separated fingerprint works too).
+    @discardableResult
+    package func removeAnchor(idPrefix: String) throws(TrustStoreError) -> TrustAnchor {
+        let prefix = String(idPrefix.filter { $0 != ":" && !$0.isWhitespace }).lowercased()
+        guard prefix.count >= 8, prefix.count <= 64, prefix.allSatisfy({ $0.isHexDigit && $0.isASCII }) else {
+            throw TrustStoreError(
+                .invalidPrefix,
+                "'\(idPrefix.prefix(100))' is not an anchor id prefix. Give at least 8 hex digits of the anchor's id (its SHA-256 fingerprint); list the anchors to see the ids."
+            )
+        }
+        return try self.modify { state throws(TrustStoreError) in
+            let matches = state.anchors.indices.filter { state.anchors[$0].id.hasPrefix(prefix) }
+            guard let index = matches.first else {
+                throw TrustStoreError(
+                    .notFound,
+                    "No trust anchor has an id starting with \(prefix). List the anchors to see their ids."
+                )
+            }
+            guard matches.count == 1 else {
+                let candidates = matches.map { "\(state.anchors[$0].id) (\(state.anchors[$0].certificate.subject))" }
+                throw TrustStoreError(
+                    .ambiguous,
+                    "Several trust anchors have ids starting with \(prefix): \(candidates.joined(separator: "; ")). Give more digits of the id."
+                )
+            }
+            let removed = state.anchors.remove(at: index)
+            state.certificates[removed.id] = nil
+            return removed
+        }
+    }
+
+    /// Pins `host` to a public key. Adding a pin that exists already returns it unchanged.
+    @discardableResult
+    package func addPin(host: HostPattern, spkiSHA256: String, now: Date = Date()) throws(TrustStoreError) -> SPKIPin {
+        let pin = try SPKIPin(host: host, spkiSHA256: spkiSHA256, addedAt: Self.wholeSeconds(now))
+        if let existing = self.state.withLock({ state in
+            state.pins.first { $0.host == pin.host && $0.spkiSHA256 == pin.spkiSHA256 }
+        }) {
+            return existing
+        }
+        return try self.modify { state throws(TrustStoreError) in
+            if let existing = state.pins.first(where: { $0.host == pin.host && $0.spkiSHA256 == pin.spkiSHA256 }) {
+                return existing
+            }
+            state.pins.append(pin)
+            return pin
+        }
+    }
+
+    /// Removes the pin of `host` to `spkiSHA256`.
+    @discardableResult
+    package func removePin(host: HostPattern, spkiSHA256: String) throws(TrustStoreError) -> SPKIPin {
+        let digest = try SPKIPin.canonicalDigest(spkiSHA256)
+        return try self.modify { state throws(TrustStoreError) in
+            guard let index = state.pins.firstIndex(where: { $0.host == host && $0.spkiSHA256 == digest }) else {
+                throw TrustStoreError(
+                    .notFound,
+                    "\(host) is not pinned to \(digest). List the pins to see which exist."
+                )
+            }
+            return state.pins.remove(at: index)
+        }
+    }
+
+    // MARK: - Changing and saving
+
+    /// Applies `change` to a copy of the state, saves it, and only then publishes it.
+    private func modify<Result: Sendable>(
+        _ change: (inout State) throws(TrustStoreError) -> Result
+    ) throws(TrustStoreError) -> Result {
+        try self.state.withLock { (state: inout State) throws(TrustStoreError) -> Result in
+            var copy = state
+            let result = try change(&copy)
+            try Self.save(StoreFile(anchors: copy.anchors, pins: copy.pins), path: self.path)
+            copy.generation &+= 1
+            state = copy
+            return result
+        }
+    }
+
+    struct StoreFile: Codable {
+        static let currentVersion = 1
+        var version: Int = StoreFile.currentVersion
+        var anchors: [TrustAnchor]
+        var pins: [SPKIPin]
+    }
+
+    private static func load(path: String) throws(TrustStoreError) -> StoreFile {
+        let data: Data
+        do {
+            let attributes = try FileManager.default.attributesOfItem(atPath: path)
+            if let size = attributes[.size] as? NSNumber, size.intValue > Self.maxFileBytes {
+                throw corrupt(
+                    path,
+                    "it is \(size.intValue) bytes, more than a trust store can be (\(Self.maxFileBytes))"
+                )
+            }
+            data = try Data(contentsOf: URL(fileURLWithPath: path))
+        } catch let error as TrustStoreError {
+            throw error
+        } catch {
+            if !FileManager.default.fileExists(atPath: path) {
+                return StoreFile(anchors: [], pins: [])
+            }
+            throw TrustStoreError(
+                .ioError,
+                "Cannot read the trust store \(path): \(error.localizedDescription). Check that the file is readable by you."
+            )
+        }
+        let file: StoreFile
+        do {
+            file = try BrokerJSON.decoder().decode(StoreFile.self, from: data)
+        } catch {
+            throw corrupt(path, "it is not a trust store the broker can read (\(describe(error)))")
+        }
+        guard file.version == StoreFile.currentVersion else {
+            throw corrupt(
+                path,
+                "it has format version \(file.version), and this broker reads version \(StoreFile.currentVersion) (was it written by a newer version?)"
+            )
+        }
+        return file
+    }
+
+    private static func corrupt(_ path: String, _ what: String) -> TrustStoreError {
+        TrustStoreError(
+            .corruptFile,
+            "The trust store \(path) cannot be used: \(what). Move it aside (mv '\(path)' '\(path).bad') to start with an empty store, then add your anchors and pins again."
+        )
+    }
+
+    private static func describe(_ error: any Error) -> String {
+        switch error {
+        case DecodingError.dataCorrupted(let context), DecodingError.keyNotFound(_, let context),
+            DecodingError.typeMismatch(_, let context), DecodingError.valueNotFound(_, let context):
+            let where_ = context.codingPath.map(\.stringValue).joined(separator: ".")
+            return where_.isEmpty ? context.debugDescription : "\(where_): \(context.debugDescription)"
+        default:
+            return "\(error)"
+        }
+    }
+
+    /// Writes `file` atomically: temp file (0600) + fsync + rename + fsync of the directory.
+    private static func save(_ file: StoreFile, path: String) throws(TrustStoreError) {
+        let encoder = BrokerJSON.encoder()
+        encoder.outputFormatting.insert(.prettyPrinted)
+        let data: Data
+        do {
+            data = try encoder.encode(file)
+        } catch {
+            throw TrustStoreError(.ioError, "Cannot encode the trust store: \(error).")
+        }
+        let directory = (path as NSString).deletingLastPathComponent
+        let dirPath = directory.isEmpty ? "." : directory
+        if !FileManager.default.fileExists(atPath: dirPath) {
+            do {
+                try FileManager.default.createDirectory(
+                    atPath: dirPath,
+                    withIntermediateDirectories: true,
+                    attributes: [.posixPermissions: 0o700]
+                )
+            } catch {
+                throw TrustStoreError(
+                    .ioError,
+                    "Cannot create the directory \(dirPath) for the trust store: \(error.localizedDescription). Check its parent's permissions."
+                )
+            }
+        }
+        let temporary = "\(path).tmp-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        func failure(_ step: String, _ code: Int32) -> TrustStoreError {
+            TrustStoreError(
+                .ioError,
+                "Cannot save the trust store \(path) (\(step): \(String(cString: strerror(code)))). Check the permissions and free space of \(dirPath); the store was not changed."
+            )
+        }
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw failure("create \(temporary)", errno) }
+        var written = 0
+        let bytes = [UInt8](data)
+        while written < bytes.count {
+            let n = bytes[written...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+            if n < 0 {
+                if errno == EINTR { continue }
+                let code = errno
+                close(fd)
+                unlink(temporary)
+                throw failure("write", code)
+            }
+            written += n
+        }
+        if fsync(fd) != 0 {
+            let code = errno
+            close(fd)
+            unlink(temporary)
+            throw failure("fsync", code)
+        }
+        close(fd)
+        if rename(temporary, path) != 0 {
+            let code = errno
+            unlink(temporary)
+            throw failure("rename", code)
+        }
+        // Make the rename itself durable.
+        let dirFD = open(dirPath, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        if dirFD >= 0 {
+            _ = fsync(dirFD)
+            close(dirFD)
+        }
+    }
+
+    // MARK: - Input
+
+    /// The certificates of every `CERTIFICATE` block in `pem`, with their DER.
+    static func parseCertificates(pem: String) throws(TrustStoreError) -> [(Certificate, [UInt8])] {
+        guard pem.utf8.count <= Self.maxPEMInputBytes else {
+            throw TrustStoreError(
+                .inputTooLarge,
+                "The input is \(pem.utf8.count) bytes; at most \(Self.maxPEMInputBytes) are read. Give the CA certificate itself rather than a whole bundle."
+            )
+        }
+        let documents: [PEMDocument]
+        do {
+            documents = try PEMDocument.parseMultiple(pemString: pem)
+        } catch {
+            throw TrustStoreError(
+                .invalidCertificate,
+                "The input is not valid PEM (\(error)). Give the certificate in PEM form: a block from -----BEGIN CERTIFICATE----- to -----END CERTIFICATE-----."
+            )
+        }
+        var result: [(Certificate, [UInt8])] = []
+        for (index, document) in documents.enumerated() where document.discriminator == "CERTIFICATE" {
+            do {
+                result.append((try Certificate(derEncoded: document.derBytes), document.derBytes))
+            } catch {
+                throw TrustStoreError(
+                    .invalidCertificate,
+                    "PEM block \(index + 1) is marked CERTIFICATE but is not a valid X.509 certificate (\(error)). Check that the file is complete and not corrupted."
+                )
+            }
+        }
+        guard !result.isEmpty else {
+            let found = documents.map(\.discriminator)
+            let what =
+                found.isEmpty ? "no PEM block at all" : "only \(found.map { "a \($0) block" }.joined(separator: ", "))"
+            throw TrustStoreError(
+                .notACertificate,
+                "The input holds \(what), not a certificate. Give the certificate in PEM form, starting with -----BEGIN CERTIFICATE-----."
+            )
+        }
+        return result
+    }
+
+    private static func unique(_ hosts: [HostPattern]) -> [HostPattern] {
+        var seen: Set<HostPattern> = []
+        return hosts.filter { seen.insert($0).inserted }
+    }
+
+    /// Dates are stored in ISO 8601 to the second; round now so that what is returned equals
+    /// what is read back.
+    private static func wholeSeconds(_ date: Date) -> Date {
+        Date(timeIntervalSince1970: date.timeIntervalSince1970.rounded(.down))
+    }
+}

@@ -1,0 +1,34 @@
+/// Why a trust-store operation failed, and what the user can do about it.
+///
+/// Equality compares the code only, so that messages can be reworded without breaking callers
+/// (the shape of swift-certificates' `CertificateError`).
+package struct TrustStoreError: Error, CustomStringConvertible, Equatable {
+    enum Code: String {
+        case notFound = "not_found"
+        case ambiguous
+        case invalidPrefix = "invalid_prefix"
+        case invalidCertificate = "invalid_certificate"
+        case notACertificate = "not_a_certificate"
+        case inputTooLarge = "input_too_large"
+        case invalidPin = "invalid_pin"
+        case corruptFile = "corrupt_file"
+        case ioError = "io_error"
+    }
+
+    let _code: Code
+    /// A stable snake_case code: the control API and the CLI map it to statuses and exit codes.
+    package var code: String { self._code.rawValue }
+    /// What happened and what to do.
+    package let message: String
+
+    init(_ code: Code, _ message: String) {
+        self._code = code
+        self.message = message
+    }
+
+    package var description: String { self.message }
+
+    package static func == (lhs: TrustStoreError, rhs: TrustStoreError) -> Bool {
+        lhs._code == rhs._code
+    }
+}
