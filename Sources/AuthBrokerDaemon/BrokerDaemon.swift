@@ -128,7 +128,10 @@ package enum BrokerDaemon {
         )
         let registry = ClientConnectionRegistry()
         let server = ClientConnectionServer(
-            interceptor: Interceptor(pool: pool, settings: settings, counters: counters),
+            interceptor: Interceptor(
+                pool: pool, settings: settings, counters: counters,
+                trustGeneration: { connector.trustGeneration }
+            ),
             control: control, registry: registry, counters: counters, settings: settings, logger: logger
         )
         let service = BrokerService(

@@ -140,7 +140,8 @@ extension BrokerError {
         }
         let scope = HostScope.suggestedPattern(for: origin.host)
         fix.append("authbrokerctl anchors add CA.pem --hosts '\(scope)'")
-        let summary = reasons.first ?? "the chain did not verify"
+        var summary = reasons.first ?? "the chain did not verify"
+        while summary.hasSuffix(".") { summary.removeLast() }
         return BrokerError(
             code: "untrusted_server", status: .badGateway, proxyErrorType: .tlsCertificateError,
             title: "The server's certificate is not trusted",

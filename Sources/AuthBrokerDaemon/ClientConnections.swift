@@ -77,7 +77,12 @@ package struct ClientConnectionServer: Sendable {
             self.registry.unregister(id)
             self.counters.clientConnectionsOpen.subtract(1)
         }
-        let closeClient: @Sendable () -> Void = { channel.close(promise: nil) }
+        // Ending a connection after a complete response must not drop bytes still queued for
+        // the socket: shut the output down once they are written, then close.
+        let closeClient: @Sendable () -> Void = {
+            channel.close(mode: .output).whenComplete { _ in channel.close(promise: nil) }
+        }
+        let abortClient: @Sendable () -> Void = { channel.close(promise: nil) }
         let registry = self.registry
         let draining: @Sendable () -> Bool = { registry.isDraining }
 
@@ -98,6 +103,7 @@ package struct ClientConnectionServer: Sendable {
                     var (head, body) = brokerError.response(requestID: RequestIDs.make())
                     head.headers.replaceOrAdd(name: "Connection", value: "close")
                     try? await outbound.write(contentsOf: [.head(head), .body(.byteBuffer(body)), .end(nil)])
+                    try? await channel.close(mode: .output).get()
                     self.counters.brokerErrors.add(1)
                     self.logger.notice(
                         "malformed request from client; connection closed",
@@ -108,17 +114,24 @@ package struct ClientConnectionServer: Sendable {
                 guard case .head(let head)? = part else { return }
                 self.registry.setBusy(id, true)
                 let outcome = await self.handle(
-                    head, requests: &requests, writer: outbound, closeClient: closeClient, draining: draining
+                    head, requests: &requests, writer: outbound, closeClient: closeClient,
+                    abortClient: abortClient, draining: draining
                 )
                 self.registry.setBusy(id, false)
-                if outcome.disposition == .close || self.registry.isDraining { return }
+                if outcome.disposition == .close || self.registry.isDraining {
+                    // Writes handed to the writer reach the channel in order before this
+                    // half-close, which completes once they are on the socket.
+                    try? await channel.close(mode: .output).get()
+                    return
+                }
             }
         }
     }
 
     private func handle(
         _ head: HTTPRequestHead, requests: inout ClientRequestIterator, writer: ClientResponseWriter,
-        closeClient: @escaping @Sendable () -> Void, draining: @escaping @Sendable () -> Bool
+        closeClient: @escaping @Sendable () -> Void, abortClient: @escaping @Sendable () -> Void,
+        draining: @escaping @Sendable () -> Bool
     ) async -> RequestOutcome {
         let requestID = RequestIDs.make()
         let started = ContinuousClock.now
@@ -176,7 +189,7 @@ package struct ClientConnectionServer: Sendable {
                     outcome = await self.interceptor.proxy(
                         head: head, origin: origin, pathAndQuery: pathAndQuery, requestID: requestID,
                         logger: logger, requests: &requests, writer: writer, closeClient: closeClient,
-                        draining: draining
+                        abortClient: abortClient, draining: draining
                     )
                 }
             }

@@ -30,11 +30,14 @@ package struct Interceptor: Sendable {
     package let pool: UpstreamPool<UpstreamConnection>
     package let settings: BrokerSettings
     package let counters: BrokerCounters
+    /// The trust store's current generation (pooled TLS connections from older ones are dropped).
+    package let trustGeneration: @Sendable () -> UInt64
 
     package func proxy(
         head: HTTPRequestHead, origin: CanonicalOrigin, pathAndQuery: String, requestID: String,
         logger: Logger, requests: inout ClientRequestIterator, writer: ClientResponseWriter,
-        closeClient: @escaping @Sendable () -> Void, draining: @escaping @Sendable () -> Bool
+        closeClient: @escaping @Sendable () -> Void, abortClient: @escaping @Sendable () -> Void,
+        draining: @escaping @Sendable () -> Bool
     ) async -> RequestOutcome {
         let upstreamHead = Self.upstreamHead(for: head, origin: origin, pathAndQuery: pathAndQuery)
         let expectsContinue = head.headers["expect"].contains { $0.lowercased() == "100-continue" }
@@ -50,7 +53,7 @@ package struct Interceptor: Sendable {
             let lease: PooledConnection<UpstreamConnection>
             let exchange: UpstreamExchange
             do {
-                lease = try await self.pool.lease(origin)
+                lease = try await self.leaseTrustCurrent(origin)
             } catch {
                 let brokerError = self.mapLeaseError(error, origin: origin)
                 return await self.respondWithError(
@@ -105,6 +108,7 @@ package struct Interceptor: Sendable {
             case .completed(let completed):
                 let reusable =
                     completed.requestComplete && completed.upstreamKeepAlive && lease.connection.isActive
+                    && lease.connection.isTrustCurrent(self.trustGeneration())
                 self.pool.release(lease, reusable: reusable)
                 let keepAlive =
                     completed.requestComplete && completed.clientKeepAlive && !draining()
@@ -124,17 +128,33 @@ package struct Interceptor: Sendable {
                 let keepAlive = state.requestComplete && clientWantsKeepAlive && !draining()
                 if !keepAlive { headWithClose.headers.replaceOrAdd(name: "Connection", value: "close") }
                 try? await writer.write(contentsOf: [.head(headWithClose), .body(.byteBuffer(body)), .end(nil)])
-                if !keepAlive { closeClient() }
                 self.counters.brokerErrors.add(1)
                 return RequestOutcome(
                     status: Int(brokerError.status.code), bytes: body.readableBytes, brokerError: brokerError.code,
                     disposition: keepAlive ? .keepAlive : .close
                 )
+            case .errorSent(let brokerError, let bytes, let keepAlive):
+                self.pool.release(lease, reusable: false)
+                self.counters.brokerErrors.add(1)
+                return RequestOutcome(
+                    status: Int(brokerError.status.code), bytes: bytes, brokerError: brokerError.code,
+                    disposition: keepAlive && !draining() ? .keepAlive : .close
+                )
             case .abortedAfterHead(let status, let bytes):
                 self.pool.release(lease, reusable: false)
-                closeClient()
+                abortClient()
                 return RequestOutcome(status: status, bytes: bytes, brokerError: "aborted", disposition: .close)
             }
+        }
+    }
+
+    /// Leases a connection, closing pooled ones verified under anchors or pins that have changed
+    /// since (a removed anchor must not keep a connection trusted).
+    private func leaseTrustCurrent(_ origin: CanonicalOrigin) async throws -> PooledConnection<UpstreamConnection> {
+        while true {
+            let lease = try await self.pool.lease(origin)
+            if lease.connection.isTrustCurrent(self.trustGeneration()) { return lease }
+            self.pool.release(lease, reusable: false)
         }
     }
 
@@ -195,6 +215,10 @@ package struct Interceptor: Sendable {
 
     // MARK: - Response side
 
+    /// How long a finished response waits for the rest of its request body before the client
+    /// connection is ended instead of kept alive.
+    static let requestLinger: Duration = .seconds(2)
+
     enum ResponsePumpResult: Sendable {
         struct Completed: Sendable {
             var status: Int
@@ -204,7 +228,10 @@ package struct Interceptor: Sendable {
             var requestComplete: Bool
         }
         case completed(Completed)
+        /// Only when a retry on a fresh connection is allowed: nothing was sent to the client.
         case failedBeforeHead(UpstreamExchangeError?)
+        /// The broker's own error response went to the client instead of a response head.
+        case errorSent(BrokerError, bytes: Int, keepAlive: Bool)
         case abortedAfterHead(status: Int, bytes: Int)
     }
 
@@ -232,9 +259,9 @@ package struct Interceptor: Sendable {
                     upstreamKeepAlive = head.isKeepAlive
                     var headers = ProxyHeaders.clientResponseHeaders(head.headers)
                     headers.replaceOrAdd(name: BrokerHeaders.requestID, value: requestID)
-                    // A response that arrives before the request body ended ends this client
-                    // connection: the rest of that body may never come.
-                    if !state.requestComplete || draining() { clientKeepAlive = false }
+                    // Whether the request body will end is not known yet (the request pump may
+                    // simply not have reached its end): that is decided when the response ends.
+                    if draining() { clientKeepAlive = false }
                     if !clientKeepAlive { headers.replaceOrAdd(name: "Connection", value: "close") }
                     try await writer.write(
                         .head(HTTPResponseHead(version: .http1_1, status: head.status, headers: headers))
@@ -246,7 +273,13 @@ package struct Interceptor: Sendable {
                     try await writer.write(.body(.byteBuffer(buffer)))
                 case .end:
                     try await writer.write(.end(nil))
-                    if !state.requestComplete { closeClient() }
+                    // A response that ends before its request body did: give the rest of the
+                    // body a moment (the request pump is usually just behind), then end the
+                    // client connection, because that rest may never come.
+                    if await !state.waitForRequestComplete(upTo: Self.requestLinger) {
+                        clientKeepAlive = false
+                        closeClient()
+                    }
                     return .completed(
                         .init(
                             status: status, bytes: bytes, upstreamKeepAlive: upstreamKeepAlive,
@@ -257,16 +290,43 @@ package struct Interceptor: Sendable {
             }
             // The sequence ended without .end: the origin closed mid-response.
             if headSent { return .abortedAfterHead(status: status, bytes: bytes) }
-            if !retryAllowed, !state.requestComplete { closeClient() }
-            return .failedBeforeHead(.connectionClosed)
+            return await self.failBeforeHead(
+                .connectionClosed, origin: origin, requestID: requestID, writer: writer,
+                clientWantsKeepAlive: clientWantsKeepAlive, state: state, closeClient: closeClient,
+                draining: draining, retryAllowed: retryAllowed
+            )
         } catch let error as UpstreamExchangeError {
             if headSent { return .abortedAfterHead(status: status, bytes: bytes) }
-            if !(retryAllowed && isConnectionClosed(error)), !state.requestComplete { closeClient() }
-            return .failedBeforeHead(error)
+            return await self.failBeforeHead(
+                error, origin: origin, requestID: requestID, writer: writer,
+                clientWantsKeepAlive: clientWantsKeepAlive, state: state, closeClient: closeClient,
+                draining: draining, retryAllowed: retryAllowed
+            )
         } catch {
             // Writing to the client failed: it went away. Dropping the sequence closes upstream.
             return .abortedAfterHead(status: status, bytes: bytes)
         }
+    }
+
+    /// The origin failed before a response head: answer with the broker's error right here,
+    /// while the request body may still be arriving, then end the client connection if that
+    /// body did not finish (its rest may never come).
+    private func failBeforeHead(
+        _ error: UpstreamExchangeError, origin: CanonicalOrigin, requestID: String, writer: ClientResponseWriter,
+        clientWantsKeepAlive: Bool, state: ExchangeState, closeClient: @Sendable () -> Void,
+        draining: @Sendable () -> Bool, retryAllowed: Bool
+    ) async -> ResponsePumpResult {
+        if retryAllowed && self.isConnectionClosed(error) {
+            return .failedBeforeHead(error)
+        }
+        let brokerError = self.mapExchangeError(error, origin: origin)
+        let requestDone = state.requestComplete
+        let keepAlive = requestDone && clientWantsKeepAlive && !draining()
+        var (head, body) = brokerError.response(requestID: requestID)
+        if !keepAlive { head.headers.replaceOrAdd(name: "Connection", value: "close") }
+        try? await writer.write(contentsOf: [.head(head), .body(.byteBuffer(body)), .end(nil)])
+        if !requestDone { closeClient() }
+        return .errorSent(brokerError, bytes: body.readableBytes, keepAlive: keepAlive)
     }
 
     private func isConnectionClosed(_ error: UpstreamExchangeError) -> Bool {
@@ -311,8 +371,11 @@ package struct Interceptor: Sendable {
         writer: ClientResponseWriter, clientWantsKeepAlive: Bool, requestEnded: Bool = false
     ) async -> RequestOutcome {
         self.counters.brokerErrors.add(1)
-        let requestComplete = requestEnded ? true : await drainRequestBody(&requests)
-        let keepAlive = clientWantsKeepAlive && requestComplete
+        let drained: RequestBodyDrain = requestEnded ? .ended : await drainRequestBody(&requests)
+        // A body that breaks HTTP framing is the client's error, and it outranks ours.
+        var error = error
+        if case .malformed(let parseError) = drained { error = .malformedRequest(parseError) }
+        let keepAlive = clientWantsKeepAlive && drained == .ended
         var (head, body) = error.response(requestID: requestID)
         if !keepAlive { head.headers.replaceOrAdd(name: "Connection", value: "close") }
         try? await writer.write(contentsOf: [.head(head), .body(.byteBuffer(body)), .end(nil)])
@@ -323,20 +386,81 @@ package struct Interceptor: Sendable {
     }
 }
 
-/// Reads and drops the rest of a request body. Returns whether the request ended cleanly.
-package func drainRequestBody(_ requests: inout ClientRequestIterator) async -> Bool {
-    do {
-        while let part = try await requests.next() {
-            if case .end = part { return true }
-            if case .head = part { return false }
+/// How the rest of a request body ended when it was read only to be dropped.
+package enum RequestBodyDrain: Equatable {
+    case ended
+    case closed
+    case malformed(any Error)
+
+    package static func == (lhs: Self, rhs: Self) -> Bool {
+        switch (lhs, rhs) {
+        case (.ended, .ended), (.closed, .closed), (.malformed, .malformed): true
+        default: false
         }
-    } catch {}
-    return false
+    }
 }
 
-/// Shared between the two pumps of one exchange.
+/// Reads and drops the rest of a request body.
+package func drainRequestBody(_ requests: inout ClientRequestIterator) async -> RequestBodyDrain {
+    do {
+        while let part = try await requests.next() {
+            if case .end = part { return .ended }
+            if case .head = part { return .closed }
+        }
+    } catch {
+        return .malformed(error)
+    }
+    return .closed
+}
+
+/// Shared between the two pumps of one exchange: whether the request body has ended, and
+/// who waits for it to.
 final class ExchangeState: Sendable {
-    private let box = NIOLockedValueBox(false)
-    var requestComplete: Bool { self.box.withLockedValue { $0 } }
-    func markRequestComplete() { self.box.withLockedValue { $0 = true } }
+    private struct State {
+        var requestComplete = false
+        var waiters: [CheckedContinuation<Void, Never>] = []
+    }
+    private let box = NIOLockedValueBox(State())
+
+    var requestComplete: Bool { self.box.withLockedValue { $0.requestComplete } }
+
+    func markRequestComplete() {
+        let waiters = self.box.withLockedValue { state in
+            state.requestComplete = true
+            defer { state.waiters = [] }
+            return state.waiters
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    /// Waits until the request body has ended or `bound` has passed; returns whether it ended.
+    func waitForRequestComplete(upTo bound: Duration) async -> Bool {
+        if self.requestComplete { return true }
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask {
+                await withCheckedContinuation { continuation in
+                    let resumeNow = self.box.withLockedValue { state in
+                        if state.requestComplete { return true }
+                        state.waiters.append(continuation)
+                        return false
+                    }
+                    if resumeNow { continuation.resume() }
+                }
+            }
+            group.addTask { try? await Task.sleep(for: bound) }
+            await group.next()
+            group.cancelAll()
+            // The sleeper ends on cancellation; a parked waiter is resumed here so the group can end.
+            self.markWaitersDone()
+        }
+        return self.requestComplete
+    }
+
+    private func markWaitersDone() {
+        let waiters = self.box.withLockedValue { state in
+            defer { state.waiters = [] }
+            return state.waiters
+        }
+        for waiter in waiters { waiter.resume() }
+    }
 }

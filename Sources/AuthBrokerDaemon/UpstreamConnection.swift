@@ -23,13 +23,25 @@ package final class UpstreamConnection: Sendable {
     package let id: Int
     package let origin: CanonicalOrigin
     package let channel: any Channel
+    /// The trust store generation its chain was verified under (read before the handshake).
+    package let trustGeneration: UInt64
     private let handler: NIOLoopBound<UpstreamExchangeHandler>
 
-    init(id: Int, origin: CanonicalOrigin, channel: any Channel, handler: NIOLoopBound<UpstreamExchangeHandler>) {
+    init(
+        id: Int, origin: CanonicalOrigin, channel: any Channel, trustGeneration: UInt64,
+        handler: NIOLoopBound<UpstreamExchangeHandler>
+    ) {
         self.id = id
         self.origin = origin
         self.channel = channel
+        self.trustGeneration = trustGeneration
         self.handler = handler
+    }
+
+    /// Whether this connection may carry another exchange under the trust store's
+    /// `currentGeneration`: plain HTTP always, TLS only if verified under the same anchors and pins.
+    package func isTrustCurrent(_ currentGeneration: UInt64) -> Bool {
+        self.origin.scheme == .http || self.trustGeneration == currentGeneration
     }
 
     package var isActive: Bool { self.channel.isActive }

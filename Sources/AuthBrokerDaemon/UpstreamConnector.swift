@@ -19,6 +19,8 @@ package final class UpstreamConnector: Sendable {
     private let tlsContext: NIOSSLContext
     private let logger: Logger
 
+    package var trustGeneration: UInt64 { self.trust.storeGeneration }
+
     package init(group: any EventLoopGroup, settings: BrokerSettings, trust: TrustEvaluator, logger: Logger) throws {
         self.group = group
         self.settings = settings
@@ -72,6 +74,7 @@ package final class UpstreamConnector: Sendable {
     ) async throws -> UpstreamConnection {
         let handshake = self.group.next().makePromise(of: Void.self)
         let settings = self.settings
+        let trustGeneration = self.trust.storeGeneration
         let channel: any Channel
         do {
             let bootstrap = ClientBootstrap(group: self.group)
@@ -122,7 +125,9 @@ package final class UpstreamConnector: Sendable {
                 try channel.pipeline.syncOperations.handler(type: UpstreamExchangeHandler.self), eventLoop: channel.eventLoop
             )
         }.get()
-        return UpstreamConnection(id: id, origin: origin, channel: channel, handler: handler)
+        return UpstreamConnection(
+            id: id, origin: origin, channel: channel, trustGeneration: trustGeneration, handler: handler
+        )
     }
 
     private func configurePipeline(

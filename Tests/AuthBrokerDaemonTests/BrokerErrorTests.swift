@@ -1,0 +1,42 @@
+import AuthBrokerCore
+import AuthBrokerDaemon
+import AuthBrokerTrust
+import Foundation
+import NIOCore
+import NIOHTTP1
+import Testing
+
+@Suite("Broker errors")
+struct BrokerErrorTests {
+    @Test("an upstream error renders status, Proxy-Status and a problem body with the request id")
+    func rendering() throws {
+        let origin = try CanonicalOrigin(scheme: .https, host: "api.corp.test", port: 8443)
+        let (head, body) = BrokerError.connectTimeout(origin: origin, milliseconds: 250).response(requestID: "abc")
+        #expect(head.status == .gatewayTimeout)
+        #expect(head.headers.first(name: "Proxy-Status")?.hasPrefix("authbrokerd; error=connection_timeout") == true)
+        #expect(head.headers.first(name: "Authbroker-Request-Id") == "abc")
+        let problem = try BrokerJSON.decoder().decode(ProblemDetails.self, from: Data(body.readableBytesView))
+        #expect(problem.code == "connection_timeout")
+        #expect(problem.instance == "abc")
+        #expect(problem.detail.contains("connect_timeout_ms"))
+        #expect(head.headers.first(name: "Content-Length") == String(body.readableBytes))
+    }
+
+    @Test(
+        "the suggested anchor scope is the parent domain for deep names, the host otherwise",
+        arguments: [
+            ("self-signed.internal.test", "*.internal.test"), ("example.com", "example.com"),
+            ("127.0.0.1", "127.0.0.1"), ("::1", "::1"), ("a.b.c.d", "*.b.c.d"),
+        ]
+    )
+    func scope(host: String, expected: String) {
+        #expect(HostScope.suggestedPattern(for: host) == expected)
+    }
+
+    @Test("client-side errors carry no Proxy-Status")
+    func clientErrors() {
+        let (head, _) = BrokerError.requestHeadTooLarge(limit: 10).response(requestID: nil)
+        #expect(head.status == .requestHeaderFieldsTooLarge)
+        #expect(head.headers.first(name: "Proxy-Status") == nil)
+    }
+}

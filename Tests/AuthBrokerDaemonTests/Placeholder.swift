@@ -1,1 +1,0 @@
-// Tests for the daemon's pieces that need no socket.
