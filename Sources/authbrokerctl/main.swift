@@ -1,1 +1,3 @@
-print("authbrokerctl")
+import AuthBrokerCLI
+
+await AuthBrokerCtl.runFromCommandLine()

@@ -1,0 +1,139 @@
+import AuthBrokerCore
+import Foundation
+
+// The CLI's view of the control API's JSON (docs/api/openapi.yaml). Decoding is lenient
+// where the daemon may grow: optional members are optional here too, and unknown members
+// are ignored, so an older authbrokerctl keeps working against a newer daemon.
+
+/// `GET /v1/status`.
+package struct StatusReport: Codable, Sendable, Equatable {
+    package struct SystemAnchors: Codable, Sendable, Equatable {
+        package var path: String?
+        package var count: Int
+    }
+
+    package var version: String
+    package var pid: Int
+    package var startedAt: Date?
+    package var uptimeSeconds: Double
+    package var socket: String
+    package var configFile: String?
+    package var configLoaded: Bool?
+    package var stateDirectory: String?
+    package var systemAnchors: SystemAnchors?
+    /// How many anchors and pins the user added.
+    package var userAnchors: Int?
+    package var pins: Int?
+    /// Named counters; a dictionary so counters the daemon adds later still show.
+    package var counters: [String: Int64]
+
+    enum CodingKeys: String, CodingKey {
+        case version, pid, socket, counters, pins
+        case userAnchors = "user_anchors"
+        case startedAt = "started_at"
+        case uptimeSeconds = "uptime_seconds"
+        case configFile = "config_file"
+        case configLoaded = "config_loaded"
+        case stateDirectory = "state_directory"
+        case systemAnchors = "system_anchors"
+    }
+}
+
+/// One trust anchor the user added.
+package struct AnchorRecord: Codable, Sendable, Equatable {
+    /// SHA-256 of the DER certificate, 64 lower-case hex digits.
+    package var id: String
+    /// Host patterns the anchor may vouch for; empty means any host.
+    package var hosts: [String]
+    package var addedAt: Date?
+    package var pem: String?
+    package var certificate: CertificateInfo
+
+    enum CodingKeys: String, CodingKey {
+        case id, hosts, pem, certificate
+        case addedAt = "added_at"
+    }
+}
+
+/// `GET /v1/anchors`, `POST /v1/anchors` (201).
+package struct AnchorList: Codable, Sendable, Equatable {
+    package var anchors: [AnchorRecord]
+}
+
+/// `DELETE /v1/anchors/{id}`.
+package struct RemovedAnchor: Codable, Sendable, Equatable {
+    package var removed: AnchorRecord
+}
+
+/// `POST /v1/anchors` request body.
+package struct AddAnchorRequest: Codable, Sendable, Equatable {
+    package var pem: String
+    package var hosts: [String]
+}
+
+/// One SPKI pin: the host pattern and the base64 SHA-256 of the public key it requires.
+package struct PinRecord: Codable, Sendable, Equatable {
+    package var host: String
+    package var spkiSHA256: String
+    package var addedAt: Date?
+
+    enum CodingKeys: String, CodingKey {
+        case host
+        case spkiSHA256 = "spki_sha256"
+        case addedAt = "added_at"
+    }
+}
+
+/// `GET /v1/pins`.
+package struct PinList: Codable, Sendable, Equatable {
+    package var pins: [PinRecord]
+}
+
+/// `POST /v1/pins` (201).
+package struct AddedPin: Codable, Sendable, Equatable {
+    package var pin: PinRecord
+}
+
+/// `DELETE /v1/pins`.
+package struct RemovedPin: Codable, Sendable, Equatable {
+    package var removed: PinRecord
+}
+
+/// `POST /v1/pins` request body.
+package struct AddPinRequest: Codable, Sendable, Equatable {
+    package var host: String
+    package var spkiSHA256: String
+
+    enum CodingKeys: String, CodingKey {
+        case host
+        case spkiSHA256 = "spki_sha256"
+    }
+}
+
+/// `POST /v1/inspect` request body.
+package struct InspectRequest: Codable, Sendable, Equatable {
+    package var url: String
+}
+
+/// `POST /v1/inspect`: what a server presents and whether the broker would trust it.
+package struct InspectReport: Codable, Sendable, Equatable {
+    package struct Failure: Codable, Sendable, Equatable {
+        package var code: String
+        package var summary: String
+    }
+
+    package var url: String
+    package var host: String
+    package var port: Int
+    package var trusted: Bool
+    package var failures: [Failure]
+    /// Leaf first.
+    package var chain: [CertificateInfo]
+    /// PEM of each certificate in `chain`, same order; nil from a daemon that predates it.
+    package var chainPEM: [String]?
+
+    enum CodingKeys: String, CodingKey {
+        case url, host, port, trusted, failures, chain
+        case chainPEM = "chain_pem"
+    }
+}

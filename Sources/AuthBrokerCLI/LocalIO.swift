@@ -1,0 +1,160 @@
+import Foundation
+import NIOCore
+import NIOPosix
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Blocking file-descriptor I/O moved off the cooperative thread pool onto NIO's thread pool,
+/// so a slow pipe on stdin or stdout stalls only this request, and memory stays one chunk.
+package enum LocalFile {
+    /// Why a local file could not be used, in the CLI's words.
+    package struct Failure: Error, Sendable, Equatable {
+        package var message: String
+        /// The reader of our stdout went away (`authbrokerctl fetch URL | head`): not worth a message.
+        package var isBrokenPipe = false
+    }
+
+    /// Opens `path` (or stdin for `-`) for reading; `length` is the byte count of a regular
+    /// file, nil for pipes and terminals (their body is sent chunked).
+    package static func openForReading(_ path: String) throws -> (descriptor: CInt, length: Int64?) {
+        let descriptor: CInt = path == "-" ? STDIN_FILENO : open(path, O_RDONLY | O_CLOEXEC)
+        guard descriptor >= 0 else { throw failure("cannot read \(path)") }
+        var info = stat()
+        guard fstat(descriptor, &info) == 0 else { throw failure("cannot read \(path)") }
+        if (info.st_mode & S_IFMT) == S_IFDIR {
+            if descriptor != STDIN_FILENO { close(descriptor) }
+            throw Failure(message: "cannot read \(path): it is a directory")
+        }
+        let isRegular = (info.st_mode & S_IFMT) == S_IFREG
+        return (descriptor, isRegular && path != "-" ? Int64(info.st_size) : nil)
+    }
+
+    /// Creates or truncates `path` for writing (mode 0666 less the umask, as curl -o does).
+    package static func openForWriting(_ path: String) throws -> CInt {
+        let descriptor = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o666)
+        guard descriptor >= 0 else { throw failure("cannot write \(path)") }
+        return descriptor
+    }
+
+    /// Reads a whole small file (or stdin for `-`), refusing more than `limit` bytes.
+    package static func readAll(_ path: String, limit: Int) throws -> Data {
+        let (descriptor, _) = try openForReading(path)
+        defer { if descriptor != STDIN_FILENO { close(descriptor) } }
+        var data = Data()
+        var chunk = [UInt8](repeating: 0, count: 64 * 1024)
+        while true {
+            let count = chunk.withUnsafeMutableBytes { posixRead(descriptor, $0.baseAddress, $0.count) }
+            if count < 0 {
+                if errno == EINTR { continue }
+                throw failure("cannot read \(path)")
+            }
+            if count == 0 { return data }
+            data.append(contentsOf: chunk[..<count])
+            guard data.count <= limit else {
+                throw Failure(message: "\(path) is larger than \(limit / 1024) KiB; is it really a PEM certificate file?")
+            }
+        }
+    }
+
+    /// Up to `maxBytes` from `descriptor`, or nil at end of file.
+    package static func read(_ descriptor: CInt, upTo maxBytes: Int) async throws -> ByteBuffer? {
+        try await NIOThreadPool.singleton.runIfActive {
+            var buffer = ByteBufferAllocator().buffer(capacity: maxBytes)
+            while true {
+                let count = buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: maxBytes) { pointer in
+                    posixRead(descriptor, pointer.baseAddress, maxBytes)
+                }
+                if count < 0 {
+                    if errno == EINTR { continue }
+                    throw BrokerClientError.requestBody(reason: String(cString: strerror(errno)))
+                }
+                return count == 0 ? nil : buffer
+            }
+        }
+    }
+
+    /// Writes all of `buffer` to `descriptor`.
+    package static func write(_ buffer: ByteBuffer, to descriptor: CInt) async throws {
+        try await NIOThreadPool.singleton.runIfActive {
+            try writeAll(buffer, to: descriptor)
+        }
+    }
+
+    /// Writes all of `buffer` to `descriptor` on the calling thread.
+    package static func writeAll(_ buffer: ByteBuffer, to descriptor: CInt) throws {
+        try buffer.withUnsafeReadableBytes { bytes in
+            var offset = 0
+            while offset < bytes.count {
+                let written = posixWrite(descriptor, bytes.baseAddress.map { $0 + offset }, bytes.count - offset)
+                if written < 0 {
+                    let code = errno
+                    if code == EINTR { continue }
+                    throw Failure(
+                        message: "cannot write the output: \(String(cString: strerror(code)))", isBrokenPipe: code == EPIPE
+                    )
+                }
+                offset += written
+            }
+        }
+    }
+
+    private static func failure(_ what: String) -> Failure {
+        Failure(message: "\(what): \(String(cString: strerror(errno)))")
+    }
+}
+
+// `read`/`write` are shadowed inside `LocalFile` by its own static methods.
+private func posixRead(_ fd: CInt, _ buffer: UnsafeMutableRawPointer?, _ count: Int) -> Int {
+    read(fd, buffer, count)
+}
+
+private func posixWrite(_ fd: CInt, _ buffer: UnsafeRawPointer?, _ count: Int) -> Int {
+    write(fd, buffer, count)
+}
+
+/// Text to stdout and stderr, unbuffered with respect to each other.
+package enum Console {
+    package static func out(_ text: String) {
+        try? LocalFile.writeAll(ByteBuffer(string: text + "\n"), to: STDOUT_FILENO)
+    }
+
+    package static func error(_ text: String) {
+        try? LocalFile.writeAll(ByteBuffer(string: text + "\n"), to: STDERR_FILENO)
+    }
+
+    /// Raw bytes to stdout (the daemon's JSON for `--json`), newline-terminated.
+    package static func out(_ bytes: ByteBuffer) {
+        var buffer = bytes
+        if buffer.readableBytesView.last != UInt8(ascii: "\n") { buffer.writeString("\n") }
+        try? LocalFile.writeAll(buffer, to: STDOUT_FILENO)
+    }
+}
+
+/// Questions asked on the controlling terminal, never on stdin (which may carry data).
+package enum Terminal {
+    /// Asks a yes/no question on `/dev/tty`; nil when there is no terminal to ask on.
+    package static func confirm(_ question: String) -> Bool? {
+        let descriptor = open("/dev/tty", O_RDWR | O_CLOEXEC | O_NOCTTY)
+        guard descriptor >= 0 else { return nil }
+        defer { close(descriptor) }
+        guard (try? LocalFile.writeAll(ByteBuffer(string: question + " [y/N] "), to: descriptor)) != nil else {
+            return nil
+        }
+        var answer: [UInt8] = []
+        var byte: UInt8 = 0
+        while answer.count < 256 {
+            let count = posixRead(descriptor, &byte, 1)
+            if count < 0, errno == EINTR { continue }
+            if count <= 0 || byte == UInt8(ascii: "\n") { break }
+            answer.append(byte)
+        }
+        let text = String(decoding: answer, as: UTF8.self).trimmingCharacters(in: .whitespaces).lowercased()
+        return text == "y" || text == "yes"
+    }
+}
