@@ -1,0 +1,153 @@
+import Foundation
+import Testing
+import TestSupport
+
+/// `authbrokerctl` (the built binary) and the README's curl and Python examples, against the real daemon.
+@Suite("authbrokerctl and other clients")
+struct CLIAndClientsTests {
+    struct Run {
+        var status: Int32
+        var stdout: String
+        var stderr: String
+    }
+
+    static func run(_ executable: String, _ arguments: [String], stdin: String? = nil, environment: [String: String]? = nil) throws -> Run {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: executable)
+        process.arguments = arguments
+        if let environment { process.environment = environment }
+        let out = Pipe()
+        let err = Pipe()
+        let input = Pipe()
+        process.standardOutput = out
+        process.standardError = err
+        process.standardInput = input
+        try process.run()
+        if let stdin { input.fileHandleForWriting.write(Data(stdin.utf8)) }
+        try input.fileHandleForWriting.close()
+        let stdout = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        let stderr = String(decoding: err.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        return Run(status: process.terminationStatus, stdout: stdout, stderr: stderr)
+    }
+
+    static func ctl(_ daemon: DaemonProcess, _ arguments: [String], stdin: String? = nil) throws -> Run {
+        try run(DaemonProcess.binDirectory + "/authbrokerctl", arguments + ["--socket", daemon.socketPath], stdin: stdin)
+    }
+
+    @Test("fetch from a self-signed server fails with the reason, the fingerprints and the fix; anchors add fixes it")
+    func fetchUntrustedThenAnchor() async throws {
+        let ca = try TestPKI.makeCA(commonName: "CLI Test CA")
+        let leaf = try TestPKI.makeLeaf(dnsNames: ["self-signed.internal.test"], issuer: nil)
+        let scoped = try TestPKI.makeLeaf(dnsNames: ["app.internal.test"], issuer: ca)
+        let origin = try await TestOrigin.start(name: "cli", identity: leaf)
+        let scopedOrigin = try await TestOrigin.start(name: "cli-ca", identity: scoped)
+        defer { Task { await origin.stop(); await scopedOrigin.stop() } }
+        let config = configText(resolving: [("self-signed.internal.test", origin), ("app.internal.test", scopedOrigin)])
+        try await withDaemon(config: config) { daemon in
+            let url = "https://self-signed.internal.test:\(origin.port)/hello"
+            let refused = try Self.ctl(daemon, ["fetch", url])
+            #expect(refused.status == 4)
+            #expect(refused.stdout.isEmpty)
+            #expect(refused.stderr.contains("self-signed.internal.test"))
+            #expect(refused.stderr.lowercased().contains("not trusted"))
+            #expect(refused.stderr.lowercased().contains("self-signed"))
+            #expect(refused.stderr.contains(leaf.sha256Fingerprint))
+            #expect(refused.stderr.contains("authbrokerctl anchors add"))
+
+            // trust-server with the fingerprint proceeds without asking.
+            let trusted = try Self.ctl(daemon, ["anchors", "trust-server", url, "--fingerprint", leaf.sha256Fingerprint])
+            #expect(trusted.status == 0, "\(trusted.stderr)")
+            let fetched = try Self.ctl(daemon, ["fetch", url])
+            #expect(fetched.status == 0, "\(fetched.stderr)")
+            #expect(fetched.stdout == "hello from cli")
+
+            // A CA file scoped to a domain.
+            let caFile = daemon.directory + "/ca.pem"
+            try ca.pem.write(toFile: caFile, atomically: true, encoding: .utf8)
+            let scopedURL = "https://app.internal.test:\(scopedOrigin.port)/hello"
+            #expect(try Self.ctl(daemon, ["fetch", scopedURL]).status == 4)
+            let added = try Self.ctl(daemon, ["anchors", "add", caFile, "--hosts", "*.internal.test"])
+            #expect(added.status == 0, "\(added.stderr)")
+            #expect(added.stdout.contains("*.internal.test"))
+            let included = try Self.ctl(daemon, ["fetch", "-i", scopedURL])
+            #expect(included.status == 0)
+            #expect(included.stdout.hasPrefix("HTTP/1.1 200"))
+            #expect(included.stdout.hasSuffix("hello from cli-ca"))
+
+            let list = try Self.ctl(daemon, ["anchors", "list", "--json"])
+            #expect(list.status == 0)
+            let anchors = (try JSONSerialization.jsonObject(with: Data(list.stdout.utf8)) as? [String: Any])?["anchors"] as? [[String: Any]]
+            #expect(anchors?.count == 2)
+            let caID = try #require(anchors?.first { ($0["hosts"] as? [String]) == ["*.internal.test"] }?["id"] as? String)
+            let removed = try Self.ctl(daemon, ["anchors", "remove", String(caID.prefix(10))])
+            #expect(removed.status == 0, "\(removed.stderr)")
+            #expect(try Self.ctl(daemon, ["fetch", scopedURL]).status == 4)
+        }
+    }
+
+    @Test("status works, and a missing daemon is a clear message with exit status 3")
+    func status() async throws {
+        try await withDaemon { daemon in
+            let status = try Self.ctl(daemon, ["status"])
+            #expect(status.status == 0)
+            #expect(status.stdout.contains("0.1.0"))
+            let json = try Self.ctl(daemon, ["status", "--json"])
+            let object = try JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [String: Any]
+            #expect(object?["pid"] as? Int == Int(daemon.pid))
+        }
+        let missing = try Self.run(DaemonProcess.binDirectory + "/authbrokerctl", ["status", "--socket", "/tmp/no-such-dir/none.sock"])
+        #expect(missing.status == 3)
+        #expect(missing.stderr.contains("not running"))
+        #expect(missing.stderr.contains("/tmp/no-such-dir/none.sock"))
+    }
+
+    @Test("fetch sends a body from stdin and writes the response to a file")
+    func fetchBodyAndOutput() async throws {
+        let origin = try await TestOrigin.start(name: "cli-echo")
+        defer { Task { await origin.stop() } }
+        try await withDaemon(config: configText(resolving: [("echo.internal.test", origin)])) { daemon in
+            let output = daemon.directory + "/out.bin"
+            let run = try Self.ctl(
+                daemon, ["fetch", "-X", "PUT", "-d", "-", "-o", output, "http://echo.internal.test:\(origin.port)/echo"],
+                stdin: "payload from stdin"
+            )
+            #expect(run.status == 0, "\(run.stderr)")
+            #expect(try String(contentsOfFile: output, encoding: .utf8) == "payload from stdin")
+            let failing = try Self.ctl(daemon, ["fetch", "--fail", "http://echo.internal.test:\(origin.port)/status/404"])
+            #expect(failing.status == 22)
+        }
+    }
+
+    @Test("the README's curl and Python examples work")
+    func readmeClients() async throws {
+        let origin = try await TestOrigin.start(name: "readme")
+        defer { Task { await origin.stop() } }
+        try await withDaemon(config: configText(resolving: [("host.internal.test", origin)])) { daemon in
+            let url = "http://host.internal.test:\(origin.port)/hello"
+            let curl = try Self.run("/usr/bin/curl", ["-sS", "--unix-socket", daemon.socketPath, "--request-target", url, "http://localhost/"])
+            #expect(curl.status == 0, "\(curl.stderr)")
+            #expect(curl.stdout == "hello from readme")
+
+            let python = """
+                import http.client, os, socket, sys
+
+                class BrokerConnection(http.client.HTTPConnection):
+                    def __init__(self, path):
+                        super().__init__("localhost")
+                        self.path = path
+                    def connect(self):
+                        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                        self.sock.connect(self.path)
+
+                connection = BrokerConnection(sys.argv[1])
+                connection.request("GET", sys.argv[2])
+                response = connection.getresponse()
+                print(response.status, response.read().decode())
+                """
+            let run = try Self.run("/usr/bin/env", ["python3", "-c", python, daemon.socketPath, url])
+            #expect(run.status == 0, "\(run.stderr)")
+            #expect(run.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "200 hello from readme")
+        }
+    }
+}

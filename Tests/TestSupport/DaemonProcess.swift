@@ -1,0 +1,157 @@
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The real `authbrokerd` binary, started for one test on a temporary socket with its own
+/// XDG directories, config file and log.
+package final class DaemonProcess: @unchecked Sendable {  // mutable only in start/stop, which tests call from one task
+    package let directory: String
+    package let socketPath: String
+    package let logPath: String
+    package let configPath: String
+    package let process: Process
+    package let environment: [String: String]
+
+    private init(directory: String, socketPath: String, logPath: String, configPath: String, process: Process, environment: [String: String]) {
+        self.directory = directory
+        self.socketPath = socketPath
+        self.logPath = logPath
+        self.configPath = configPath
+        self.process = process
+        self.environment = environment
+    }
+
+    /// Where the built executables are: `$AUTHBROKER_BIN_DIR`, else beside the test bundle.
+    package static var binDirectory: String {
+        if let explicit = ProcessInfo.processInfo.environment["AUTHBROKER_BIN_DIR"] { return explicit }
+        let candidates = [CommandLine.arguments.first, Bundle.main.executablePath].compactMap { $0 }
+        for candidate in candidates {
+            var url = URL(fileURLWithPath: candidate).deletingLastPathComponent()
+            for _ in 0..<4 {
+                if FileManager.default.isExecutableFile(atPath: url.appendingPathComponent("authbrokerd").path) {
+                    return url.path
+                }
+                url = url.deletingLastPathComponent()
+            }
+        }
+        // The package root's debug build, found from this file's path.
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        return root.appendingPathComponent(".build/debug").path
+    }
+
+    /// A fresh temporary directory with a short path (socket paths are limited to 107 bytes).
+    package static func makeTemporaryDirectory() throws -> String {
+        var template = Array("/tmp/abt-XXXXXX".utf8CString)
+        guard let made = mkdtemp(&template) else {
+            throw TestSupportError("mkdtemp failed: \(String(cString: strerror(errno)))")
+        }
+        return String(cString: made)
+    }
+
+    /// Starts the daemon and waits until its socket accepts connections.
+    /// - Parameters:
+    ///   - config: the text of `config.toml` (written to `$XDG_CONFIG_HOME/authbroker/config.toml`).
+    ///   - directory: reuse a directory (and so the state) of an earlier daemon.
+    package static func start(
+        config: String = "", directory: String? = nil, extraArguments: [String] = [],
+        extraEnvironment: [String: String] = [:]
+    ) async throws -> DaemonProcess {
+        let directory = try directory ?? makeTemporaryDirectory()
+        let runtime = directory + "/run"
+        let configHome = directory + "/config"
+        try FileManager.default.createDirectory(atPath: runtime, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        try FileManager.default.createDirectory(atPath: configHome + "/authbroker", withIntermediateDirectories: true)
+        let configPath = configHome + "/authbroker/config.toml"
+        try config.write(toFile: configPath, atomically: true, encoding: .utf8)
+        let socketPath = runtime + "/authbroker/authbroker.sock"
+        let logPath = directory + "/daemon.log"
+        guard FileManager.default.createFile(atPath: logPath, contents: nil) else {
+            throw TestSupportError("cannot create \(logPath)")
+        }
+
+        var environment = ProcessInfo.processInfo.environment
+        for key in ["AUTHBROKER_SOCKET", "AUTHBROKER_CONFIG", "LISTEN_PID", "LISTEN_FDS", "NOTIFY_SOCKET", "JOURNAL_STREAM"] {
+            environment.removeValue(forKey: key)
+        }
+        environment["XDG_RUNTIME_DIR"] = runtime
+        environment["XDG_CONFIG_HOME"] = configHome
+        environment["XDG_STATE_HOME"] = directory + "/state"
+        environment["HOME"] = directory
+        environment.merge(extraEnvironment) { _, new in new }
+
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: binDirectory + "/authbrokerd")
+        process.arguments = ["--log-level", "debug"] + extraArguments
+        process.environment = environment
+        let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
+        log.seekToEndOfFile()
+        process.standardError = log
+        process.standardOutput = log
+        try process.run()
+        let daemon = DaemonProcess(
+            directory: directory, socketPath: socketPath, logPath: logPath, configPath: configPath,
+            process: process, environment: environment
+        )
+        try await daemon.waitUntilListening()
+        return daemon
+    }
+
+    package var pid: Int32 { self.process.processIdentifier }
+
+    /// Waits (up to a minute, so a broken daemon fails the test instead of hanging it) for the socket.
+    package func waitUntilListening(path: String? = nil) async throws {
+        let path = path ?? self.socketPath
+        for _ in 0..<1200 {
+            if !self.process.isRunning {
+                throw TestSupportError("authbrokerd exited with \(self.process.terminationStatus) before listening:\n\(self.log)")
+            }
+            if let connection = try? UnixSocketConnection(path: path) {
+                connection.close()
+                return
+            }
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        throw TestSupportError("authbrokerd did not listen on \(path) within a minute:\n\(self.log)")
+    }
+
+    package var log: String {
+        (try? String(contentsOfFile: self.logPath, encoding: .utf8)) ?? ""
+    }
+
+    /// Sends SIGTERM and returns the exit status.
+    @discardableResult
+    package func stop() async -> Int32 {
+        if self.process.isRunning {
+            kill(self.process.processIdentifier, SIGTERM)
+        }
+        return await self.waitForExit()
+    }
+
+    package func waitForExit() async -> Int32 {
+        for _ in 0..<1200 where self.process.isRunning {
+            try? await Task.sleep(for: .milliseconds(50))
+        }
+        if self.process.isRunning {
+            kill(self.process.processIdentifier, SIGKILL)
+            self.process.waitUntilExit()
+            return -9
+        }
+        return self.process.terminationStatus
+    }
+
+    /// The daemon's resident set size in KiB, from /proc.
+    package var residentKiB: Int? {
+        guard let status = try? String(contentsOfFile: "/proc/\(self.pid)/status", encoding: .utf8) else { return nil }
+        for line in status.split(separator: "\n") where line.hasPrefix("VmRSS:") {
+            return Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "")
+        }
+        return nil
+    }
+
+    /// Deletes the temporary directory.
+    package func cleanUp() {
+        try? FileManager.default.removeItem(atPath: self.directory)
+    }
+}
