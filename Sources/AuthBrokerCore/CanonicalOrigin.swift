@@ -360,3 +360,21 @@ enum HostSyntax {
         return String([digits[Int(byte >> 4)], digits[Int(byte & 0xF)]])
     }
 }
+
+/// Where an upstream connection goes and who it says it is: connections are pooled per route, so
+/// one that presented a client identity is never reused for a request that chose another (or none).
+package struct UpstreamRoute: Hashable, Sendable, CustomStringConvertible {
+    package var origin: CanonicalOrigin
+    /// The name of the client identity presented in the TLS handshake, if any.
+    package var clientIdentity: String?
+
+    package init(_ origin: CanonicalOrigin, clientIdentity: String? = nil) {
+        self.origin = origin
+        self.clientIdentity = clientIdentity
+    }
+
+    package var description: String {
+        guard let clientIdentity else { return self.origin.description }
+        return "\(self.origin) (as identity '\(clientIdentity)')"
+    }
+}

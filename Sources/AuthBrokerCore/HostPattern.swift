@@ -196,6 +196,15 @@ package struct HostPattern: Codable, Hashable, Sendable, CustomStringConvertible
         }
     }
 
+    /// How narrowly the pattern names hosts, to choose between several that match one host: an
+    /// exact name or address beats any wildcard, and a wildcard over a longer name beats a shorter one.
+    package var specificity: Int {
+        switch self.kind {
+        case .exact, .ipAddress: Int.max
+        case .wildcard(let suffix): suffix.split(separator: ".").count
+        }
+    }
+
     /// The canonical text: lower-case name, `*.` wildcard, or IP literal (IPv6 in RFC 5952 form, no brackets).
     package var description: String {
         switch self.kind {

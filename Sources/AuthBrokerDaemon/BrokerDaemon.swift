@@ -98,10 +98,10 @@ package enum BrokerDaemon {
             ),
             idleTimeout: .milliseconds(Int64(settings.upstream.poolIdleTimeoutMilliseconds)),
             eventLoop: group.next(),
-            connect: { origin, id in
-                let connection = try await connector.connect(origin: origin, id: id) {
+            connect: { route, id in
+                let connection = try await connector.connect(route: route, id: id) {
                     counters.upstreamConnectionsOpen.subtract(1)
-                    poolBox.withLockedValue { $0 }?.connectionClosed(origin: origin, id: id)
+                    poolBox.withLockedValue { $0 }?.connectionClosed(route: route, id: id)
                 }
                 counters.upstreamConnectionsOpen.add(1)
                 return connection
@@ -129,7 +129,7 @@ package enum BrokerDaemon {
         let registry = ClientConnectionRegistry()
         let server = ClientConnectionServer(
             interceptor: Interceptor(
-                pool: pool, settings: settings, counters: counters,
+                pool: pool, settings: settings, counters: counters, store: store,
                 trustGeneration: { connector.trustGeneration }
             ),
             control: control, registry: registry, counters: counters, settings: settings, logger: logger

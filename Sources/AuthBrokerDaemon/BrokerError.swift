@@ -75,6 +75,8 @@ package struct BrokerError: Error, CustomStringConvertible, Sendable {
 /// Names of the headers the broker itself adds.
 package enum BrokerHeaders {
     package static let requestID = "Authbroker-Request-Id"
+    /// Names the client identity to present to the origin (lower-cased, as directives are collected).
+    package static let identity = "authbroker-identity"
 }
 
 // MARK: - Client-side errors
@@ -151,12 +153,59 @@ extension BrokerError {
         )
     }
 
-    package static func tlsHandshakeFailed(origin: CanonicalOrigin, underlying: any Error) -> BrokerError {
+    /// A TLS failure, unless the server's alert says it is about our client certificate. Such
+    /// alerts arrive in the handshake (TLS 1.2) or on the first read after it (TLS 1.3, where the
+    /// server checks the client's certificate after the client has finished), so the exchange maps
+    /// its TLS errors through here too.
+    package static func tlsHandshakeFailed(origin: CanonicalOrigin, underlying: any Error, identity: String? = nil) -> BrokerError {
+        switch ClientCertificateAlert(underlying) {
+        case .required?: return .clientCertificateRequired(origin: origin, presented: identity)
+        case .rejected?: return .clientCertificateRejected(origin: origin, presented: identity)
+        case nil: return .tlsFailed(origin: origin, underlying: underlying)
+        }
+    }
+
+    private static func tlsFailed(origin: CanonicalOrigin, underlying: any Error) -> BrokerError {
         BrokerError(
             code: "tls_handshake_failed", status: .badGateway, proxyErrorType: .tlsProtocolError,
             title: "TLS handshake failed",
             detail:
-                "The TLS handshake with \(origin.hostHeader) failed (\(underlying)). Check that the server speaks TLS 1.2 or later on this port and that the URL's scheme is right.",
+                "The TLS handshake with \(origin.hostHeader) failed (\(underlying)). Check that the server speaks TLS 1.2 or later on this port and that the URL's scheme is right; if it requires a client certificate, import one with `authbrokerctl identities import`.",
+            host: origin.hostHeader
+        )
+    }
+
+    package static func clientCertificateRequired(origin: CanonicalOrigin, presented: String?) -> BrokerError {
+        let scope = HostScope.suggestedPattern(for: origin.host)
+        let what = presented.map { "The broker presented the identity '\($0)', which it did not accept as one" } ?? "The broker had no client identity for this host"
+        return BrokerError(
+            code: "client_certificate_required", status: .badGateway, proxyErrorType: .tlsCertificateError,
+            title: "The server requires a client certificate",
+            detail:
+                "\(origin.hostHeader) asked for a client certificate (mTLS). \(what). Import yours for this host: `authbrokerctl identities import FILE.p12 --hosts '\(scope)'`, or name one per request with the header `Authbroker-Identity: NAME`.",
+            host: origin.hostHeader,
+            fix: ["authbrokerctl identities import FILE.p12 --hosts '\(scope)'"]
+        )
+    }
+
+    package static func clientCertificateRejected(origin: CanonicalOrigin, presented: String?) -> BrokerError {
+        guard let presented else { return .clientCertificateRequired(origin: origin, presented: nil) }
+        return BrokerError(
+            code: "client_certificate_rejected", status: .badGateway, proxyErrorType: .tlsCertificateError,
+            title: "The server rejected the client certificate",
+            detail:
+                "\(origin.hostHeader) refused the client identity '\(presented)' (its certificate is expired, revoked, or not from a CA that server accepts). Check it with `authbrokerctl identities list`, or import the right one for this host.",
+            host: origin.hostHeader
+        )
+    }
+
+    /// The client identity chosen for a request could not be loaded (its key is in the secret store).
+    package static func clientIdentityUnavailable(name: String, origin: CanonicalOrigin, reason: String) -> BrokerError {
+        BrokerError(
+            code: "client_identity_unavailable", status: .badGateway, proxyErrorType: .proxyInternalError,
+            title: "The client identity could not be used",
+            detail:
+                "The client identity '\(name)' for \(origin.hostHeader) could not be loaded: \(reason). `authbrokerctl status` shows the secret store's state; import the identity again if it is damaged.",
             host: origin.hostHeader
         )
     }
@@ -326,5 +375,29 @@ package enum HostScope {
         let isIP = host.contains(":") || labels.allSatisfy { $0.allSatisfy(\.isNumber) }
         if isIP || labels.count < 3 { return host }
         return "*." + labels.dropFirst().joined(separator: ".")
+    }
+}
+
+
+/// What a TLS alert from the server says about our client certificate, read from the error
+/// BoringSSL reported (its reason names the alert).
+enum ClientCertificateAlert {
+    /// TLS 1.3 `certificate_required`. (A TLS 1.2 server says `handshake_failure`, which has other
+    /// causes too: that stays a generic TLS failure whose message mentions client certificates.)
+    case required
+    /// `bad_certificate`, `unknown_ca`, `certificate_expired`, `certificate_revoked`, `certificate_unknown`, `access_denied`.
+    case rejected
+
+    init?(_ error: any Error) {
+        let text = String(describing: error).uppercased()
+        if text.contains("CERTIFICATE_REQUIRED") {
+            self = .required
+        } else if ["ALERT_BAD_CERTIFICATE", "ALERT_UNKNOWN_CA", "ALERT_CERTIFICATE_EXPIRED", "ALERT_CERTIFICATE_REVOKED",
+            "ALERT_CERTIFICATE_UNKNOWN", "ALERT_ACCESS_DENIED"].contains(where: text.contains)
+        {
+            self = .rejected
+        } else {
+            return nil
+        }
     }
 }

@@ -3,6 +3,8 @@ import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
+import NIOSSL
+import AuthBrokerTrust
 
 package typealias ClientRequestIterator = NIOAsyncChannelInboundStream<HTTPServerRequestPart>.AsyncIterator
 package typealias ClientResponseWriter = NIOAsyncChannelOutboundWriter<HTTPServerResponsePart>
@@ -30,6 +32,8 @@ package struct Interceptor: Sendable {
     package let pool: UpstreamPool<UpstreamConnection>
     package let settings: BrokerSettings
     package let counters: BrokerCounters
+    /// The user's client identities (which one a request presents).
+    package let store: TrustStore
     /// The trust store's current generation (pooled TLS connections from older ones are dropped).
     package let trustGeneration: @Sendable () -> UInt64
 
@@ -40,6 +44,15 @@ package struct Interceptor: Sendable {
         draining: @escaping @Sendable () -> Bool
     ) async -> RequestOutcome {
         let upstreamHead = Self.upstreamHead(for: head, origin: origin, pathAndQuery: pathAndQuery)
+        let route: UpstreamRoute
+        do {
+            route = try self.route(to: origin, head: head)
+        } catch {
+            return await self.respondWithError(
+                error, requestID: requestID, logger: logger, requests: &requests, writer: writer,
+                clientWantsKeepAlive: head.isKeepAlive
+            )
+        }
         let expectsContinue = head.headers["expect"].contains { $0.lowercased() == "100-continue" }
         let clientWantsKeepAlive = head.isKeepAlive && head.version == .http1_1
 
@@ -53,7 +66,7 @@ package struct Interceptor: Sendable {
             let lease: PooledConnection<UpstreamConnection>
             let exchange: UpstreamExchange
             do {
-                lease = try await self.leaseTrustCurrent(origin)
+                lease = try await self.leaseTrustCurrent(route)
             } catch {
                 let brokerError = self.mapLeaseError(error, origin: origin)
                 return await self.respondWithError(
@@ -78,7 +91,7 @@ package struct Interceptor: Sendable {
             let result = await withTaskGroup(of: ResponsePumpResult.self) { group in
                 group.addTask {
                     await self.pumpResponse(
-                        exchange.responseParts, origin: origin, requestID: requestID, writer: writer,
+                        exchange.responseParts, route: route, requestID: requestID, writer: writer,
                         expectsContinue: expectsContinue, clientWantsKeepAlive: clientWantsKeepAlive,
                         state: state, closeClient: closeClient, draining: draining,
                         retryAllowed: retryAllowed
@@ -122,7 +135,7 @@ package struct Interceptor: Sendable {
                     logger.debug("pooled connection was closed by the origin; retrying once on a new one")
                     continue
                 }
-                let brokerError = self.mapExchangeError(error, origin: origin)
+                let brokerError = self.mapExchangeError(error, route: route)
                 let (errorHead, body) = brokerError.response(requestID: requestID)
                 var headWithClose = errorHead
                 let keepAlive = state.requestComplete && clientWantsKeepAlive && !draining()
@@ -150,11 +163,24 @@ package struct Interceptor: Sendable {
 
     /// Leases a connection, closing pooled ones verified under anchors or pins that have changed
     /// since (a removed anchor must not keep a connection trusted).
-    private func leaseTrustCurrent(_ origin: CanonicalOrigin) async throws -> PooledConnection<UpstreamConnection> {
+    private func leaseTrustCurrent(_ route: UpstreamRoute) async throws -> PooledConnection<UpstreamConnection> {
         while true {
-            let lease = try await self.pool.lease(origin)
+            let lease = try await self.pool.lease(route)
             if lease.connection.isTrustCurrent(self.trustGeneration()) { return lease }
             self.pool.release(lease, reusable: false)
+        }
+    }
+
+    /// The route for a request: its origin, and the client identity it presents there (the one
+    /// it names in `Authbroker-Identity`, or the user's rules for the host).
+    private func route(to origin: CanonicalOrigin, head: HTTPRequestHead) throws(BrokerError) -> UpstreamRoute {
+        guard origin.scheme == .https else { return UpstreamRoute(origin) }
+        let requested = ProxyHeaders.brokerDirectives(head.headers).last { $0.name == BrokerHeaders.identity }?.value
+        do {
+            let identity = try self.store.clientIdentity(for: origin.host, requested: requested)
+            return UpstreamRoute(origin, clientIdentity: identity?.name)
+        } catch {
+            throw BrokerError.badRequest(code: error.code, detail: error.message)
         }
     }
 
@@ -236,7 +262,7 @@ package struct Interceptor: Sendable {
     }
 
     private func pumpResponse(
-        _ parts: UpstreamExchangeHandler.ResponseParts, origin: CanonicalOrigin, requestID: String,
+        _ parts: UpstreamExchangeHandler.ResponseParts, route: UpstreamRoute, requestID: String,
         writer: ClientResponseWriter, expectsContinue: Bool, clientWantsKeepAlive: Bool,
         state: ExchangeState, closeClient: @Sendable () -> Void, draining: @Sendable () -> Bool,
         retryAllowed: Bool
@@ -291,14 +317,14 @@ package struct Interceptor: Sendable {
             // The sequence ended without .end: the origin closed mid-response.
             if headSent { return .abortedAfterHead(status: status, bytes: bytes) }
             return await self.failBeforeHead(
-                .connectionClosed, origin: origin, requestID: requestID, writer: writer,
+                .connectionClosed, route: route, requestID: requestID, writer: writer,
                 clientWantsKeepAlive: clientWantsKeepAlive, state: state, closeClient: closeClient,
                 draining: draining, retryAllowed: retryAllowed
             )
         } catch let error as UpstreamExchangeError {
             if headSent { return .abortedAfterHead(status: status, bytes: bytes) }
             return await self.failBeforeHead(
-                error, origin: origin, requestID: requestID, writer: writer,
+                error, route: route, requestID: requestID, writer: writer,
                 clientWantsKeepAlive: clientWantsKeepAlive, state: state, closeClient: closeClient,
                 draining: draining, retryAllowed: retryAllowed
             )
@@ -312,14 +338,14 @@ package struct Interceptor: Sendable {
     /// while the request body may still be arriving, then end the client connection if that
     /// body did not finish (its rest may never come).
     private func failBeforeHead(
-        _ error: UpstreamExchangeError, origin: CanonicalOrigin, requestID: String, writer: ClientResponseWriter,
+        _ error: UpstreamExchangeError, route: UpstreamRoute, requestID: String, writer: ClientResponseWriter,
         clientWantsKeepAlive: Bool, state: ExchangeState, closeClient: @Sendable () -> Void,
         draining: @Sendable () -> Bool, retryAllowed: Bool
     ) async -> ResponsePumpResult {
         if retryAllowed && self.isConnectionClosed(error) {
             return .failedBeforeHead(error)
         }
-        let brokerError = self.mapExchangeError(error, origin: origin)
+        let brokerError = self.mapExchangeError(error, route: route)
         let requestDone = state.requestComplete
         let keepAlive = requestDone && clientWantsKeepAlive && !draining()
         var (head, body) = brokerError.response(requestID: requestID)
@@ -349,7 +375,8 @@ package struct Interceptor: Sendable {
         return BrokerError.fromConnectError(error, origin: origin, settings: self.settings)
     }
 
-    private func mapExchangeError(_ error: UpstreamExchangeError?, origin: CanonicalOrigin) -> BrokerError {
+    private func mapExchangeError(_ error: UpstreamExchangeError?, route: UpstreamRoute) -> BrokerError {
+        let origin = route.origin
         switch error {
         case .connectionClosed?, nil, .busy?:
             return .connectionClosedEarly(origin: origin)
@@ -360,6 +387,9 @@ package struct Interceptor: Sendable {
         case .responseHeadTooLarge?:
             return .responseHeadTooLarge(origin: origin, limit: self.settings.limits.maxResponseHeadBytes)
         case .protocolError(let underlying)?:
+            if underlying is NIOSSLError || underlying is BoringSSLError {
+                return .tlsHandshakeFailed(origin: origin, underlying: underlying, identity: route.clientIdentity)
+            }
             return .upstreamProtocolError(origin: origin, underlying: underlying)
         }
     }

@@ -21,18 +21,19 @@ package enum UpstreamExchangeError: Error, Sendable {
 /// client takes the bytes, so a 200 MiB download holds a few buffers, not the body.
 package final class UpstreamConnection: Sendable {
     package let id: Int
-    package let origin: CanonicalOrigin
+    package let route: UpstreamRoute
+    package var origin: CanonicalOrigin { self.route.origin }
     package let channel: any Channel
     /// The trust store generation its chain was verified under (read before the handshake).
     package let trustGeneration: UInt64
     private let handler: NIOLoopBound<UpstreamExchangeHandler>
 
     init(
-        id: Int, origin: CanonicalOrigin, channel: any Channel, trustGeneration: UInt64,
+        id: Int, route: UpstreamRoute, channel: any Channel, trustGeneration: UInt64,
         handler: NIOLoopBound<UpstreamExchangeHandler>
     ) {
         self.id = id
-        self.origin = origin
+        self.route = route
         self.channel = channel
         self.trustGeneration = trustGeneration
         self.handler = handler

@@ -10,21 +10,51 @@ import NIOTLS
 import SwiftASN1
 import X509
 
+/// What the connector needs to present a client identity in a TLS handshake.
+package struct ClientIdentityMaterial: Sendable {
+    /// Leaf first.
+    package var chain: [NIOSSLCertificate]
+    package var privateKey: NIOSSLPrivateKey
+    /// Changes when the identity is replaced, so a cached TLS context is not reused for the new one.
+    package var version: String
+
+    package init(chain: [NIOSSLCertificate], privateKey: NIOSSLPrivateKey, version: String) {
+        self.chain = chain
+        self.privateKey = privateKey
+        self.version = version
+    }
+}
+
+/// Loads a client identity's chain and private key by name (the key is in the secret store, so
+/// this may block on it: implementations do that off the event loops).
+package protocol ClientIdentitySource: Sendable {
+    func material(named name: String) async throws -> ClientIdentityMaterial
+}
+
 /// Opens connections to origins: TCP (with the config's `resolve` overrides), then TLS whose
-/// server trust is decided by our `TrustEvaluator` in NIOSSL's custom verification callback.
+/// server trust is decided by our `TrustEvaluator` in NIOSSL's custom verification callback,
+/// presenting the route's client identity when it names one.
 package final class UpstreamConnector: Sendable {
     private let group: any EventLoopGroup
     private let settings: BrokerSettings
     private let trust: TrustEvaluator
+    private let tlsConfiguration: TLSConfiguration
     private let tlsContext: NIOSSLContext
+    private let identities: (any ClientIdentitySource)?
+    /// TLS contexts that present an identity, by name and version (making one parses the key).
+    private let identityContexts = NIOLockedValueBox<[String: (version: String, context: NIOSSLContext)]>([:])
     private let logger: Logger
 
     package var trustGeneration: UInt64 { self.trust.storeGeneration }
 
-    package init(group: any EventLoopGroup, settings: BrokerSettings, trust: TrustEvaluator, logger: Logger) throws {
+    package init(
+        group: any EventLoopGroup, settings: BrokerSettings, trust: TrustEvaluator,
+        identities: (any ClientIdentitySource)? = nil, logger: Logger
+    ) throws {
         self.group = group
         self.settings = settings
         self.trust = trust
+        self.identities = identities
         self.logger = logger
         var tls = TLSConfiguration.makeClientConfiguration()
         tls.minimumTLSVersion = .tlsv12
@@ -32,7 +62,40 @@ package final class UpstreamConnector: Sendable {
         // Every check is ours (custom callback below); BoringSSL's own roots are never consulted.
         tls.certificateVerification = .fullVerification
         tls.trustRoots = .certificates([])
+        self.tlsConfiguration = tls
         self.tlsContext = try NIOSSLContext(configuration: tls)
+    }
+
+    /// The TLS context for `route`: the shared one, or one presenting its client identity.
+    private func tlsContext(for route: UpstreamRoute) async throws -> NIOSSLContext {
+        guard let name = route.clientIdentity else { return self.tlsContext }
+        guard let identities = self.identities else {
+            throw BrokerError.clientIdentityUnavailable(name: name, origin: route.origin, reason: "this daemon has no secret store")
+        }
+        let material: ClientIdentityMaterial
+        do {
+            material = try await identities.material(named: name)
+        } catch let error as BrokerError {
+            throw error
+        } catch {
+            throw BrokerError.clientIdentityUnavailable(name: name, origin: route.origin, reason: "\(error)")
+        }
+        if let cached = self.identityContexts.withLockedValue({ $0[name] }), cached.version == material.version {
+            return cached.context
+        }
+        var configuration = self.tlsConfiguration
+        configuration.certificateChain = material.chain.map { .certificate($0) }
+        configuration.privateKey = .privateKey(material.privateKey)
+        let context: NIOSSLContext
+        do {
+            context = try NIOSSLContext(configuration: configuration)
+        } catch {
+            throw BrokerError.clientIdentityUnavailable(
+                name: name, origin: route.origin, reason: "its certificate and key do not make a usable TLS identity (\(error))"
+            )
+        }
+        self.identityContexts.withLockedValue { $0[name] = (material.version, context) }
+        return context
     }
 
     /// A TLS connection that completed its handshake, or the error explaining why not.
@@ -44,9 +107,9 @@ package final class UpstreamConnector: Sendable {
     /// Connects to `origin` and returns a connection ready for its first exchange.
     /// - Throws: `BrokerError` naming what failed (DNS, refused, timeout, untrusted server, TLS).
     package func connect(
-        origin: CanonicalOrigin, id: Int, onClose: @escaping @Sendable () -> Void
+        route: UpstreamRoute, id: Int, onClose: @escaping @Sendable () -> Void
     ) async throws -> UpstreamConnection {
-        try await self.open(origin: origin, id: id, onClose: onClose, observation: NIOLockedValueBox(nil))
+        try await self.open(route: route, id: id, onClose: onClose, observation: NIOLockedValueBox(nil))
     }
 
     /// Shakes hands with `origin` and reports the chain it presented and our verdict on it,
@@ -54,7 +117,7 @@ package final class UpstreamConnector: Sendable {
     package func inspect(origin: CanonicalOrigin) async throws -> Inspection {
         let observation = NIOLockedValueBox<TrustObservation?>(nil)
         do {
-            let connection = try await self.open(origin: origin, id: -1, onClose: {}, observation: observation)
+            let connection = try await self.open(route: UpstreamRoute(origin), id: -1, onClose: {}, observation: observation)
             connection.close()
         } catch {
             guard observation.withLockedValue({ $0 }) != nil else { throw error }
@@ -69,9 +132,11 @@ package final class UpstreamConnector: Sendable {
     }
 
     private func open(
-        origin: CanonicalOrigin, id: Int, onClose: @escaping @Sendable () -> Void,
+        route: UpstreamRoute, id: Int, onClose: @escaping @Sendable () -> Void,
         observation decisionBox: NIOLockedValueBox<TrustObservation?>
     ) async throws -> UpstreamConnection {
+        let origin = route.origin
+        let tlsContext = origin.scheme == .https ? try await self.tlsContext(for: route) : self.tlsContext
         let handshake = self.group.next().makePromise(of: Void.self)
         let settings = self.settings
         let trustGeneration = self.trust.storeGeneration
@@ -83,7 +148,7 @@ package final class UpstreamConnector: Sendable {
                 .channelInitializer { [self] channel in
                     channel.eventLoop.makeCompletedFuture {
                         try self.configurePipeline(
-                            channel: channel, origin: origin, decisionBox: decisionBox,
+                            channel: channel, origin: origin, tlsContext: tlsContext, decisionBox: decisionBox,
                             handshake: handshake, onClose: onClose
                         )
                     }
@@ -115,7 +180,7 @@ package final class UpstreamConnector: Sendable {
                     throw BrokerError.untrustedServer(origin: origin, decision: seen.decision)
                 }
                 if let broker = error as? BrokerError { throw broker }
-                throw BrokerError.tlsHandshakeFailed(origin: origin, underlying: error)
+                throw BrokerError.tlsHandshakeFailed(origin: origin, underlying: error, identity: route.clientIdentity)
             }
         } else {
             handshake.succeed(())
@@ -126,12 +191,13 @@ package final class UpstreamConnector: Sendable {
             )
         }.get()
         return UpstreamConnection(
-            id: id, origin: origin, channel: channel, trustGeneration: trustGeneration, handler: handler
+            id: id, route: route, channel: channel, trustGeneration: trustGeneration, handler: handler
         )
     }
 
     private func configurePipeline(
-        channel: any Channel, origin: CanonicalOrigin, decisionBox: NIOLockedValueBox<TrustObservation?>,
+        channel: any Channel, origin: CanonicalOrigin, tlsContext: NIOSSLContext,
+        decisionBox: NIOLockedValueBox<TrustObservation?>,
         handshake: EventLoopPromise<Void>, onClose: @escaping @Sendable () -> Void
     ) throws {
         let sync = channel.pipeline.syncOperations
@@ -142,7 +208,7 @@ package final class UpstreamConnector: Sendable {
             // SNI carries DNS names only (RFC 6066 §3); an IP target is checked against IP SANs.
             let sniName = origin.isIPAddress ? nil : origin.host
             let tlsHandler = try NIOSSLClientHandler(
-                context: self.tlsContext, serverHostname: sniName,
+                context: tlsContext, serverHostname: sniName,
                 customVerificationCallback: { certificates, promise in
                     let chainDER: [[UInt8]]
                     do {

@@ -4,13 +4,13 @@ import NIOCore
 
 /// A connection leased from the pool; give it back with `UpstreamPool.release(_:reusable:)`.
 package struct PooledConnection<Connection: Sendable>: Sendable {
-    package let origin: CanonicalOrigin
-    /// Unique within `origin` for the pool's lifetime (also after the origin's pool was emptied).
+    package let route: UpstreamRoute
+    /// Unique within `route` for the pool's lifetime (also after the route's pool was emptied).
     package let id: Int
     package let connection: Connection
 
-    package init(origin: CanonicalOrigin, id: Int, connection: Connection) {
-        self.origin = origin
+    package init(route: UpstreamRoute, id: Int, connection: Connection) {
+        self.route = route
         self.id = id
         self.connection = connection
     }
@@ -29,7 +29,7 @@ package struct UpstreamPoolError: Error, Equatable, CustomStringConvertible {
     package var code: String { kind.rawValue }
     package var message: String
     package var failure: PoolFailure
-    package var origin: CanonicalOrigin
+    package var route: UpstreamRoute
     /// The error the connect closure threw, for `connect_failed`, so the daemon can map it to a
     /// `Proxy-Status` (DNS, refused, TLS, timeout…).
     package var underlying: (any Error)? {
@@ -39,37 +39,37 @@ package struct UpstreamPoolError: Error, Equatable, CustomStringConvertible {
 
     package var description: String { "\(code): \(message)" }
 
-    package init(_ failure: PoolFailure, origin: CanonicalOrigin) {
+    package init(_ failure: PoolFailure, route: UpstreamRoute) {
         self.failure = failure
-        self.origin = origin
+        self.route = route
         switch failure {
         case .tooManyPending(let limit):
             kind = .tooManyPending
             message =
-                "\(limit) requests to \(origin) are already waiting for a connection; retry later, or raise the pool's pending-request limit in config.toml."
+                "\(limit) requests to \(route) are already waiting for a connection; retry later, or raise the pool's pending-request limit in config.toml."
         case .shuttingDown:
             kind = .shuttingDown
-            message = "The broker is shutting down and opens no more connections to \(origin); retry once it has restarted."
+            message = "The broker is shutting down and opens no more connections to \(route); retry once it has restarted."
         case .connectFailed(let error):
             kind = .connectFailed
-            message = "Could not connect to \(origin): \(error)."
+            message = "Could not connect to \(route): \(error)."
         }
     }
 
     package static func == (lhs: Self, rhs: Self) -> Bool { lhs.kind == rhs.kind }
 }
 
-/// Per-origin keep-alive pools of upstream connections: the lock-protected shell around
+/// Per-route keep-alive pools of upstream connections: the lock-protected shell around
 /// `UpstreamPoolStateMachine`.
 ///
-/// Each event runs the origin's machine under one lock; the resulting actions (resume a waiter,
+/// Each event runs the route's machine under one lock; the resulting actions (resume a waiter,
 /// connect, close, start or stop an idle timer) run after the lock is released, like
 /// async-http-client's `modifyStateAndRunActions`, so no user closure ever runs under the lock.
 /// Every waiter's continuation is taken out of the state under the lock before it is resumed,
 /// which is what makes "resumed exactly once" hold under races.
 ///
 /// The pool does not watch connections itself: the owner reports a channel that closed on its
-/// own with `connectionClosed(origin:id:)`.
+/// own with `connectionClosed(route:id:)`.
 package final class UpstreamPool<Connection: Sendable>: Sendable {
     private typealias Machine = UpstreamPoolStateMachine
     private typealias Waiter = CheckedContinuation<PooledConnection<Connection>, any Error>
@@ -79,7 +79,7 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
         var scheduled: Scheduled<Void>?
     }
 
-    private struct OriginState {
+    private struct RouteState {
         var machine: Machine
         var waiters: [Machine.RequestID: Waiter] = [:]
         /// Established connections (idle or leased); ones being made are not here yet.
@@ -90,10 +90,10 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
     }
 
     private struct State {
-        var origins: [CanonicalOrigin: OriginState] = [:]
+        var routes: [UpstreamRoute: RouteState] = [:]
         var nextRequestID = 0
         var nextTimerToken = 0
-        /// Past every connection id handed out so far: a machine made for an origin again starts
+        /// Past every connection id handed out so far: a machine made for an route again starts
         /// here, so a late report about an old connection can never name a new one.
         var firstFreeConnectionID = 0
         var isShutdown = false
@@ -106,27 +106,27 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
         var close: [Connection] = []
         var fail: [(Waiter, any Error)] = []
         var lease: [(Waiter, PooledConnection<Connection>)] = []
-        var create: [(CanonicalOrigin, Int)] = []
-        var schedule: [(CanonicalOrigin, Int, token: Int)] = []
+        var create: [(UpstreamRoute, Int)] = []
+        var schedule: [(UpstreamRoute, Int, token: Int)] = []
         var shutdownDone: [CheckedContinuation<Void, Never>] = []
     }
 
     private let limits: Machine.Limits
     private let idleTimeout: TimeAmount
     private let eventLoop: any EventLoop
-    private let connect: @Sendable (CanonicalOrigin, _ id: Int) async throws -> Connection
+    private let connect: @Sendable (UpstreamRoute, _ id: Int) async throws -> Connection
     private let closeConnection: @Sendable (Connection) -> Void
     private let state = NIOLockedValueBox(State())
 
     /// - Parameters:
-    ///   - limits: applied to each origin separately.
+    ///   - limits: applied to each route separately.
     ///   - idleTimeout: how long an idle connection is kept before it is closed.
     ///   - eventLoop: runs the idle timers only.
     ///   - connect: makes a connection; its error fails one waiting request (`connect_failed`).
     ///   - close: closes a connection the pool no longer wants; must not block.
     package init(
         limits: UpstreamPoolStateMachine.Limits, idleTimeout: TimeAmount, eventLoop: any EventLoop,
-        connect: @escaping @Sendable (CanonicalOrigin, _ id: Int) async throws -> Connection,
+        connect: @escaping @Sendable (UpstreamRoute, _ id: Int) async throws -> Connection,
         close: @escaping @Sendable (Connection) -> Void
     ) {
         self.limits = limits
@@ -136,17 +136,17 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
         self.closeConnection = close
     }
 
-    /// Established connections (idle or leased) over all origins; ones being made are not counted.
+    /// Established connections (idle or leased) over all routes; ones being made are not counted.
     package var openConnectionCount: Int {
-        state.withLockedValue { state in state.origins.values.reduce(0) { $0 + $1.connections.count } }
+        state.withLockedValue { state in state.routes.values.reduce(0) { $0 + $1.connections.count } }
     }
 
-    /// Leases a connection to `origin`, creating one if allowed; waits (cancellably: Task
+    /// Leases a connection to `route`, creating one if allowed; waits (cancellably: Task
     /// cancellation → leaseCancelled) otherwise.
     ///
     /// - Throws: `UpstreamPoolError` (`too_many_pending`, `shutting_down`, `connect_failed`), or
     ///   `CancellationError` when the task is cancelled while it waits.
-    package func lease(_ origin: CanonicalOrigin) async throws -> PooledConnection<Connection> {
+    package func lease(_ route: UpstreamRoute) async throws -> PooledConnection<Connection> {
         let requestID = state.withLockedValue { state in
             defer { state.nextRequestID += 1 }
             return state.nextRequestID
@@ -156,7 +156,7 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
                 // Task.isCancelled is read under the lock: the cancellation flag is set before the
                 // handler runs, so either the handler finds the waiter or this check sees the flag.
                 self.run(
-                    self.modify(origin) { entry, effects in
+                    self.modify(route) { entry, effects in
                         if Task.isCancelled {
                             effects.fail.append((continuation, CancellationError()))
                             return .none
@@ -167,20 +167,20 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
                 )
             }
         } onCancel: {
-            self.run(self.modify(origin) { entry, _ in entry.machine.leaseCancelled(requestID) })
+            self.run(self.modify(route) { entry, _ in entry.machine.leaseCancelled(requestID) })
         }
     }
 
     /// Gives a leased connection back. `reusable` false (the exchange left the connection in an
     /// unknown state, or the server said `Connection: close`) closes it.
     package func release(_ lease: PooledConnection<Connection>, reusable: Bool) {
-        run(modify(lease.origin) { entry, _ in entry.machine.connectionReleased(lease.id, reusable: reusable) })
+        run(modify(lease.route) { entry, _ in entry.machine.connectionReleased(lease.id, reusable: reusable) })
     }
 
     /// The connection's channel closed by itself (server closed, error).
-    package func connectionClosed(origin: CanonicalOrigin, id: Int) {
+    package func connectionClosed(route: UpstreamRoute, id: Int) {
         run(
-            modify(origin) { entry, _ in
+            modify(route) { entry, _ in
                 entry.connections[id] = nil
                 return entry.machine.connectionClosed(id)
             }
@@ -196,8 +196,8 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
             state.withLockedValue { state in
                 state.isShutdown = true
                 state.shutdownWaiters.append(continuation)
-                for origin in Array(state.origins.keys) {
-                    self.apply(origin, in: &state, effects: &effects) { entry, _ in entry.machine.shutdown() }
+                for route in Array(state.routes.keys) {
+                    self.apply(route, in: &state, effects: &effects) { entry, _ in entry.machine.shutdown() }
                 }
                 Self.finishShutdownIfDone(&state, effects: &effects)
             }
@@ -207,9 +207,9 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
 
     // MARK: Events from the connect task and the timers
 
-    private func connectionCreated(_ origin: CanonicalOrigin, id: Int, connection: Connection) {
+    private func connectionCreated(_ route: UpstreamRoute, id: Int, connection: Connection) {
         run(
-            modify(origin) { entry, effects in
+            modify(route) { entry, effects in
                 entry.connections[id] = connection
                 let action = entry.machine.connectionCreated(id)
                 if action == .none {
@@ -222,13 +222,13 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
         )
     }
 
-    private func connectionFailed(_ origin: CanonicalOrigin, id: Int, error: any Error) {
-        run(modify(origin) { entry, _ in entry.machine.connectionFailed(id, error: error) })
+    private func connectionFailed(_ route: UpstreamRoute, id: Int, error: any Error) {
+        run(modify(route) { entry, _ in entry.machine.connectionFailed(id, error: error) })
     }
 
-    private func idleTimerFired(_ origin: CanonicalOrigin, id: Int, token: Int) {
+    private func idleTimerFired(_ route: UpstreamRoute, id: Int, token: Int) {
         run(
-            modify(origin) { entry, _ in
+            modify(route) { entry, _ in
                 guard entry.idleTimers[id]?.token == token else { return .none }
                 entry.idleTimers[id] = nil
                 return entry.machine.idleTimeoutFired(id)
@@ -236,10 +236,10 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
         )
     }
 
-    private func timerScheduled(_ origin: CanonicalOrigin, id: Int, token: Int, scheduled: Scheduled<Void>) {
+    private func timerScheduled(_ route: UpstreamRoute, id: Int, token: Int, scheduled: Scheduled<Void>) {
         let stale = state.withLockedValue { state -> Bool in
-            guard state.origins[origin]?.idleTimers[id]?.token == token else { return true }
-            state.origins[origin]?.idleTimers[id]?.scheduled = scheduled
+            guard state.routes[route]?.idleTimers[id]?.token == token else { return true }
+            state.routes[route]?.idleTimers[id]?.scheduled = scheduled
             return false
         }
         // The connection left the idle state between scheduling and here.
@@ -249,27 +249,27 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
     // MARK: Running the machine
 
     private func modify(
-        _ origin: CanonicalOrigin, _ event: (inout OriginState, inout Effects) -> Machine.Action
+        _ route: UpstreamRoute, _ event: (inout RouteState, inout Effects) -> Machine.Action
     ) -> Effects {
         var effects = Effects()
         state.withLockedValue { state in
-            self.apply(origin, in: &state, effects: &effects, event)
+            self.apply(route, in: &state, effects: &effects, event)
             Self.finishShutdownIfDone(&state, effects: &effects)
         }
         return effects
     }
 
-    /// Runs one event on the origin's machine and turns its action into effects; called under the
+    /// Runs one event on the route's machine and turns its action into effects; called under the
     /// lock, so it only moves values around.
     private func apply(
-        _ origin: CanonicalOrigin, in state: inout State, effects: inout Effects,
-        _ event: (inout OriginState, inout Effects) -> Machine.Action
+        _ route: UpstreamRoute, in state: inout State, effects: inout Effects,
+        _ event: (inout RouteState, inout Effects) -> Machine.Action
     ) {
-        var entry: OriginState
-        if let existing = state.origins[origin] {
+        var entry: RouteState
+        if let existing = state.routes[route] {
             entry = existing
         } else {
-            entry = OriginState(machine: Machine(limits: limits, firstConnectionID: state.firstFreeConnectionID))
+            entry = RouteState(machine: Machine(limits: limits, firstConnectionID: state.firstFreeConnectionID))
             // A machine made after shutdown refuses at once.
             if state.isShutdown { _ = entry.machine.shutdown() }
         }
@@ -281,20 +281,20 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
         case .lease(let id, let request):
             if let waiter = entry.waiters.removeValue(forKey: request) {
                 if let connection = entry.connections[id] {
-                    effects.lease.append((waiter, PooledConnection(origin: origin, id: id, connection: connection)))
+                    effects.lease.append((waiter, PooledConnection(route: route, id: id, connection: connection)))
                 } else {
                     // Unreachable while shell and machine agree; fail rather than leave a waiter hanging.
-                    effects.fail.append((waiter, UpstreamPoolError(.connectFailed(LostConnectionError(id: id)), origin: origin)))
+                    effects.fail.append((waiter, UpstreamPoolError(.connectFailed(LostConnectionError(id: id)), route: route)))
                 }
             }
         case .fail(let request, let failure):
             if let waiter = entry.waiters.removeValue(forKey: request) {
-                effects.fail.append((waiter, UpstreamPoolError(failure, origin: origin)))
+                effects.fail.append((waiter, UpstreamPoolError(failure, route: route)))
             }
         case .failAll(let requests, let failure):
             for request in requests {
                 if let waiter = entry.waiters.removeValue(forKey: request) {
-                    effects.fail.append((waiter, UpstreamPoolError(failure, origin: origin)))
+                    effects.fail.append((waiter, UpstreamPoolError(failure, route: route)))
                 }
             }
         case .cancel(let request):
@@ -313,19 +313,19 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
         case .none:
             break
         case .create(let id):
-            effects.create.append((origin, id))
+            effects.create.append((route, id))
         case .close(let id):
             close(id)
         case .closeMany(let ids):
             ids.forEach(close)
         case .closeAndCreate(let closing, let creating):
             close(closing)
-            effects.create.append((origin, creating))
+            effects.create.append((route, creating))
         case .scheduleIdleTimeout(let id):
             let token = state.nextTimerToken
             state.nextTimerToken += 1
             entry.idleTimers[id] = IdleTimer(token: token, scheduled: nil)
-            effects.schedule.append((origin, id, token: token))
+            effects.schedule.append((route, id, token: token))
         case .cancelIdleTimeout(let id):
             if let timer = entry.idleTimers.removeValue(forKey: id), let scheduled = timer.scheduled {
                 effects.cancelTimers.append(scheduled)
@@ -334,15 +334,15 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
 
         state.firstFreeConnectionID = max(state.firstFreeConnectionID, entry.machine.nextConnectionID)
         if entry.machine.isEmpty && entry.waiters.isEmpty && entry.connections.isEmpty {
-            // Forget idle origins so the state stays bounded by the origins in use.
-            state.origins[origin] = nil
+            // Forget idle routes so the state stays bounded by the routes in use.
+            state.routes[route] = nil
         } else {
-            state.origins[origin] = entry
+            state.routes[route] = entry
         }
     }
 
     private static func finishShutdownIfDone(_ state: inout State, effects: inout Effects) {
-        guard state.isShutdown, state.origins.isEmpty else { return }
+        guard state.isShutdown, state.routes.isEmpty else { return }
         effects.shutdownDone += state.shutdownWaiters
         state.shutdownWaiters.removeAll()
     }
@@ -352,21 +352,21 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
         for connection in effects.close { closeConnection(connection) }
         for (waiter, error) in effects.fail { waiter.resume(throwing: error) }
         for (waiter, lease) in effects.lease { waiter.resume(returning: lease) }
-        for (origin, id) in effects.create {
+        for (route, id) in effects.create {
             Task {
                 do {
-                    let connection = try await self.connect(origin, id)
-                    self.connectionCreated(origin, id: id, connection: connection)
+                    let connection = try await self.connect(route, id)
+                    self.connectionCreated(route, id: id, connection: connection)
                 } catch {
-                    self.connectionFailed(origin, id: id, error: error)
+                    self.connectionFailed(route, id: id, error: error)
                 }
             }
         }
-        for (origin, id, token) in effects.schedule {
+        for (route, id, token) in effects.schedule {
             let scheduled = eventLoop.scheduleTask(in: idleTimeout) {
-                self.idleTimerFired(origin, id: id, token: token)
+                self.idleTimerFired(route, id: id, token: token)
             }
-            timerScheduled(origin, id: id, token: token, scheduled: scheduled)
+            timerScheduled(route, id: id, token: token, scheduled: scheduled)
         }
         for waiter in effects.shutdownDone { waiter.resume() }
     }

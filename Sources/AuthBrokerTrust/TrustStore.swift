@@ -12,7 +12,7 @@ import Musl
 import Darwin
 #endif
 
-/// The user's own anchors and pins, persisted as JSON at `path`.
+/// The user's own anchors, pins and client identities (their public part), persisted as JSON at `path`.
 ///
 /// Every change is written before it is visible: a temporary file in the same directory
 /// (mode 0600), `fsync`, then `rename` over the old file, so a crash leaves either the old or
@@ -30,6 +30,7 @@ package final class TrustStore: Sendable {
         var anchors: [TrustAnchor]
         var certificates: [String: Certificate]
         var pins: [SPKIPin]
+        var identities: [ClientIdentity]
         var generation: UInt64
     }
 
@@ -48,10 +49,15 @@ package final class TrustStore: Sendable {
                 throw Self.corrupt(path, "anchor \(anchor.id) is not a valid certificate (\(error))")
             }
         }
-        self.state = Mutex(State(anchors: file.anchors, certificates: certificates, pins: file.pins, generation: 0))
+        self.state = Mutex(
+            State(
+                anchors: file.anchors, certificates: certificates, pins: file.pins, identities: file.identities ?? [],
+                generation: 0
+            )
+        )
     }
 
-    /// Bumps on every change to the anchors or pins.
+    /// Bumps on every change to the anchors, pins or identities.
     package var generation: UInt64 {
         self.state.withLock { $0.generation }
     }
@@ -180,6 +186,50 @@ package final class TrustStore: Sendable {
         }
     }
 
+    // MARK: - Client identities
+
+    package func identities() -> [ClientIdentity] {
+        self.state.withLock { $0.identities }
+    }
+
+    /// The identity to present to `host` now (see `ClientIdentity.choose`), or nil for none.
+    package func clientIdentity(for host: String, requested: String?, now: Date = Date()) throws(TrustStoreError) -> ClientIdentity? {
+        try ClientIdentity.choose(from: self.identities(), host: host, requested: requested, now: now)
+    }
+
+    /// Adds a client identity; one with the same name is an error unless `replace` is set.
+    package func addIdentity(_ identity: ClientIdentity, replace: Bool) throws(TrustStoreError) {
+        var identity = identity
+        identity.addedAt = Self.wholeSeconds(identity.addedAt)  // as the file keeps it
+        try self.modify { state throws(TrustStoreError) in
+            if let index = state.identities.firstIndex(where: { $0.name == identity.name }) {
+                guard replace else {
+                    throw TrustStoreError(
+                        .identityExists,
+                        "A client identity named '\(identity.name)' exists already. Choose another --name, or remove it first with `authbrokerctl identities remove \(identity.name)`."
+                    )
+                }
+                state.identities[index] = identity
+            } else {
+                state.identities.append(identity)
+            }
+        }
+    }
+
+    /// Removes the client identity `name` and returns it.
+    @discardableResult
+    package func removeIdentity(name: String) throws(TrustStoreError) -> ClientIdentity {
+        try self.modify { state throws(TrustStoreError) in
+            guard let index = state.identities.firstIndex(where: { $0.name == name }) else {
+                throw TrustStoreError(
+                    .unknownIdentity,
+                    "There is no client identity named '\(name.prefix(80))'. `authbrokerctl identities list` shows the ones there are."
+                )
+            }
+            return state.identities.remove(at: index)
+        }
+    }
+
     // MARK: - Changing and saving
 
     /// Applies `change` to a copy of the state, saves it, and only then publishes it.
@@ -189,7 +239,7 @@ package final class TrustStore: Sendable {
         try self.state.withLock { (state: inout State) throws(TrustStoreError) -> Result in
             var copy = state
             let result = try change(&copy)
-            try Self.save(StoreFile(anchors: copy.anchors, pins: copy.pins), path: self.path)
+            try Self.save(StoreFile(anchors: copy.anchors, pins: copy.pins, identities: copy.identities), path: self.path)
             copy.generation &+= 1
             state = copy
             return result
@@ -201,6 +251,8 @@ package final class TrustStore: Sendable {
         var version: Int = StoreFile.currentVersion
         var anchors: [TrustAnchor]
         var pins: [SPKIPin]
+        /// Absent in files written before identities existed.
+        var identities: [ClientIdentity]?
     }
 
     private static func load(path: String) throws(TrustStoreError) -> StoreFile {

@@ -13,6 +13,12 @@ package struct TrustStoreError: Error, CustomStringConvertible, Equatable {
         case invalidPin = "invalid_pin"
         case corruptFile = "corrupt_file"
         case ioError = "io_error"
+        case invalidIdentityName = "invalid_identity_name"
+        case identityExists = "identity_exists"
+        case unknownIdentity = "unknown_identity"
+        case identityNotForHost = "identity_not_for_host"
+        case identityExpired = "identity_expired"
+        case invalidIdentity = "invalid_identity"
     }
 
     let _code: Code

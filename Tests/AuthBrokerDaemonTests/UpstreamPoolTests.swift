@@ -9,7 +9,7 @@ import Testing
 /// fail or hold connects at a gate.
 private final class FakeUpstream: Sendable {
     struct Connection: Sendable, Hashable {
-        var origin: CanonicalOrigin
+        var origin: UpstreamRoute
         var id: Int
     }
 
@@ -49,7 +49,7 @@ private final class FakeUpstream: Sendable {
     var closedConnections: [Connection] { state.withLockedValue { $0.closedConnections } }
     func setFailing(_ failing: Bool) { state.withLockedValue { $0.failing = failing } }
 
-    func connect(_ origin: CanonicalOrigin, _ id: Int) async throws -> Connection {
+    func connect(_ origin: UpstreamRoute, _ id: Int) async throws -> Connection {
         state.withLockedValue { $0.connects += 1 }
         sink.yield(.connectStarted(id))
         if let gate { await gate.wait() }
@@ -120,19 +120,19 @@ extension AsyncStream<FakeUpstream.Event>.Iterator {
 
 @Suite("UpstreamPool shell")
 struct UpstreamPoolTests {
-    let origin: CanonicalOrigin
-    let other: CanonicalOrigin
+    let origin: UpstreamRoute
+    let other: UpstreamRoute
 
     init() throws {
-        origin = try CanonicalOrigin(parsing: "https://example.test/")
-        other = try CanonicalOrigin(parsing: "http://other.test:8080/")
+        origin = UpstreamRoute(try CanonicalOrigin(parsing: "https://example.test/"))
+        other = UpstreamRoute(try CanonicalOrigin(parsing: "http://other.test:8080/"))
     }
 
     @Test func leaseConnectsOnceAndReuses() async throws {
         let upstream = FakeUpstream()
         let pool = upstream.pool()
         let first = try await pool.lease(origin)
-        #expect(first.origin == origin)
+        #expect(first.route == origin)
         #expect(first.connection == .init(origin: origin, id: first.id))
         pool.release(first, reusable: true)
         let second = try await pool.lease(origin)
@@ -150,7 +150,7 @@ struct UpstreamPoolTests {
         let pool = upstream.pool(maxConnections: 1)
         let a = try await pool.lease(origin)
         let b = try await pool.lease(other)
-        #expect(b.origin == other)
+        #expect(b.route == other)
         #expect(upstream.connects == 2)
         #expect(pool.openConnectionCount == 2)
         pool.release(a, reusable: true)
@@ -301,15 +301,15 @@ struct UpstreamPoolTests {
         let pool = upstream.pool()
         let lease = try await pool.lease(origin)
         pool.release(lease, reusable: true)
-        pool.connectionClosed(origin: origin, id: lease.id)
+        pool.connectionClosed(route: origin, id: lease.id)
         #expect(pool.openConnectionCount == 0)
         let next = try await pool.lease(origin)
         #expect(next.id != lease.id)
         // A leased connection closed by the server: the later release is ignored.
-        pool.connectionClosed(origin: origin, id: next.id)
+        pool.connectionClosed(route: origin, id: next.id)
         pool.release(next, reusable: true)
         #expect(pool.openConnectionCount == 0)
-        pool.connectionClosed(origin: other, id: 12345)
+        pool.connectionClosed(route: other, id: 12345)
         await pool.shutdown()
         #expect(upstream.closed.isEmpty, "the pool does not close what the server closed")
     }
@@ -398,7 +398,7 @@ struct UpstreamPoolTests {
                     switch index % 5 {
                     case 0:
                         remoteClosed.withLockedValue { $0.append(lease.connection) }
-                        pool.connectionClosed(origin: lease.origin, id: lease.id)
+                        pool.connectionClosed(route: lease.route, id: lease.id)
                         pool.release(lease, reusable: true)
                     case 1:
                         pool.release(lease, reusable: false)

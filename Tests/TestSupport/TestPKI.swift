@@ -141,6 +141,40 @@ package enum TestPKI {
         return try TestIdentity(certificate: certificate, privateKey: key)
     }
 
+    /// A client certificate (extended key usage clientAuth) for mTLS, signed by `issuer`.
+    package static func makeClient(
+        commonName: String,
+        issuer: TestIdentity,
+        notBefore: Date = .now - 3600,
+        notAfter: Date = .now + 86400 * 30
+    ) throws -> TestIdentity {
+        let key = P256.Signing.PrivateKey()
+        let subject = try DistinguishedName {
+            OrganizationName("AuthBroker Test PKI")
+            CommonName(commonName)
+        }
+        let extensions = try Certificate.Extensions {
+            Critical(BasicConstraints.notCertificateAuthority)
+            Critical(KeyUsage(digitalSignature: true))
+            try ExtendedKeyUsage([.clientAuth])
+            SubjectKeyIdentifier(keyIdentifier: Self.keyIdentifier(key.publicKey))
+            AuthorityKeyIdentifier(keyIdentifier: Self.keyIdentifier(issuer.privateKey.publicKey))
+        }
+        let certificate = try Certificate(
+            version: .v3,
+            serialNumber: Certificate.SerialNumber(),
+            publicKey: Certificate.PublicKey(key.publicKey),
+            notValidBefore: notBefore,
+            notValidAfter: notAfter,
+            issuer: issuer.certificate.subject,
+            subject: subject,
+            signatureAlgorithm: .ecdsaWithSHA256,
+            extensions: extensions,
+            issuerPrivateKey: Certificate.PrivateKey(issuer.privateKey)
+        )
+        return try TestIdentity(certificate: certificate, privateKey: key)
+    }
+
     /// RFC 5280 §4.2.1.2 method (1): SHA-1 of the subject public key bits.
     private static func keyIdentifier(_ key: P256.Signing.PublicKey) -> ArraySlice<UInt8> {
         ArraySlice(Insecure.SHA1.hash(data: key.x963Representation))
