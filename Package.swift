@@ -122,7 +122,11 @@ let package = Package(
         .testTarget(name: "AuthBrokerCoreTests", dependencies: ["AuthBrokerCore"], swiftSettings: strictSettings),
         .testTarget(
             name: "AuthBrokerHTTPAuthTests",
-            dependencies: ["AuthBrokerHTTPAuth"],
+            dependencies: [
+                "AuthBrokerHTTPAuth", "AuthBrokerCore",
+                // Truncated SHA-512, to reproduce RFC 7616 §3.9.2's printed numbers.
+                .product(name: "Crypto", package: "swift-crypto"),
+            ],
             swiftSettings: strictSettings
         ),
         .testTarget(

@@ -1,6 +1,10 @@
 import Foundation
 
 /// Basic authentication (RFC 7617).
+///
+/// - Warning: Basic sends the password itself, only base64-encoded: over `http` anyone on the
+///   path reads it. Whether the broker may answer a Basic challenge from a plain-HTTP origin is
+///   the caller's decision; `ChallengeSelection.preferred` already ranks any Digest above Basic.
 package enum BasicAuthorization {
     /// The `Authorization` (or `Proxy-Authorization`) value: `Basic base64(user ":" password)`.
     ///

@@ -4,6 +4,10 @@ import Crypto
 ///
 /// The `-sess` forms hash the nonce and client nonce into A1, so the session key changes with
 /// every server nonce (RFC 7616 §3.4.2).
+///
+/// - Warning: MD5 is kept only for backward compatibility (RFC 7616 §3.3 and §5.12); a captured
+///   MD5 response allows an offline guess of the password. The broker prefers the SHA-2 forms
+///   whenever a server offers them.
 package enum DigestAlgorithm: String, Sendable, Hashable, CaseIterable, Codable {
     case md5 = "MD5"
     case md5Session = "MD5-sess"

@@ -5,6 +5,11 @@
 /// A value with no I/O and no credential inside: the caller (one actor owning all sessions)
 /// passes the credential to each call and serialises the calls, which keeps `nc` strictly
 /// increasing per nonce.
+///
+/// - Warning: requests counted here may reach the server out of order when they travel on
+///   different connections; servers that insist on strictly increasing `nc` then refuse the late
+///   one with a fresh (usually stale) challenge, which `challenge(_:)` and `AuthAttemptPolicy`
+///   turn into one retry, never into a marked-failed credential.
 package struct DigestSession: Sendable {
     /// What a new 401/407 for a request that carried this session's authorization means.
     package enum Rechallenge: Sendable, Hashable {
@@ -18,7 +23,8 @@ package struct DigestSession: Sendable {
     package let protectionSpace: ProtectionSpace
     /// The challenge whose nonce, realm, algorithm and qop the next request uses.
     package private(set) var challenge: DigestChallenge
-    /// The `nc` the next request sends; 1 after every nonce change.
+    /// The `nc` the next request sends; 1 after every nonce change. Unchanged by RFC 2069
+    /// responses (no qop), which carry no nc.
     package private(set) var nextNonceCount: UInt32 = 1
     /// For `-sess`: the client nonce of the first request under the current nonce, which A1 keeps.
     private var sessionClientNonce: String?

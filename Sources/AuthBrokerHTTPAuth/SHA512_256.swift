@@ -59,14 +59,22 @@ package struct SHA512_256: Sendable {
     }
 
     package mutating func update(_ bytes: some Sequence<UInt8>) {
-        for byte in bytes {
-            buffer.append(byte)
-            length &+= 1
-            if buffer.count == 128 {
-                Self.compress(&state, buffer)
-                buffer.removeAll(keepingCapacity: true)
-            }
+        let input = Array(bytes)
+        length &+= UInt64(input.count)
+        var offset = 0
+        if !buffer.isEmpty {
+            let take = min(128 - buffer.count, input.count)
+            buffer.append(contentsOf: input[0..<take])
+            offset = take
+            guard buffer.count == 128 else { return }
+            Self.compress(&state, buffer)
+            buffer.removeAll(keepingCapacity: true)
         }
+        while input.count - offset >= 128 {
+            Self.compress(&state, input[offset..<(offset + 128)])
+            offset += 128
+        }
+        buffer.append(contentsOf: input[offset...])
     }
 
     /// The 32-byte digest. Non-mutating, so a hasher can keep going after a peek.
