@@ -27,6 +27,14 @@ package struct ProtectionSpace: Hashable, Sendable, Codable, CustomStringConvert
         self.init(origin: origin, realm: challenge.realm ?? "", authScheme: challenge.scheme, isProxy: isProxy)
     }
 
+    /// Where this space's challenges arrive: `Proxy-Authenticate` for a proxy (407),
+    /// `WWW-Authenticate` otherwise (RFC 9110 §11.6.1, §11.7.1).
+    package var challengeFieldName: String { isProxy ? "Proxy-Authenticate" : "WWW-Authenticate" }
+    /// Where the answer goes (RFC 9110 §11.6.2, §11.7.2).
+    package var authorizationFieldName: String { isProxy ? "Proxy-Authorization" : "Authorization" }
+    /// Where `nextnonce` and `rspauth` come back (RFC 7615 §3, §4).
+    package var authenticationInfoFieldName: String { isProxy ? "Proxy-Authentication-Info" : "Authentication-Info" }
+
     package var scheme: UpstreamScheme { origin.scheme }
     package var host: String { origin.host }
     package var port: Int { origin.port }

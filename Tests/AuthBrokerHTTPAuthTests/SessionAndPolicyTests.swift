@@ -218,6 +218,10 @@ struct ProtectionSpaceTests {
         #expect(proxy != a)
         let fromChallenge = ProtectionSpace(origin: a.origin, challenge: AuthChallenge(scheme: "Digest", ["realm": "R"]))
         #expect(fromChallenge == a)
+        #expect(a.authorizationFieldName == "Authorization")
+        #expect(proxy.challengeFieldName == "Proxy-Authenticate")
+        #expect(proxy.authorizationFieldName == "Proxy-Authorization")
+        #expect(proxy.authenticationInfoFieldName == "Proxy-Authentication-Info")
     }
 
     @Test("Codable round trip; decoding re-validates the host")
