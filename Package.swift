@@ -47,6 +47,16 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
+        // HTTP authentication maths and parsing (RFC 9110 §11, RFC 7617, RFC 7616, RFC 7615):
+        // challenge parsing, Basic, Digest, nonce state, attempt policy. No I/O.
+        .target(
+            name: "AuthBrokerHTTPAuth",
+            dependencies: [
+                "AuthBrokerCore",
+                .product(name: "Crypto", package: "swift-crypto"),
+            ],
+            swiftSettings: strictSettings
+        ),
         // Linux calls Swift cannot reach cleanly (struct ucred needs _GNU_SOURCE).
         .target(name: "CAuthBrokerSystem"),
         // The daemon: listener, data plane, upstream pool, control API.
@@ -110,6 +120,15 @@ let package = Package(
             swiftSettings: strictSettings
         ),
         .testTarget(name: "AuthBrokerCoreTests", dependencies: ["AuthBrokerCore"], swiftSettings: strictSettings),
+        .testTarget(
+            name: "AuthBrokerHTTPAuthTests",
+            dependencies: [
+                "AuthBrokerHTTPAuth", "AuthBrokerCore",
+                // Truncated SHA-512, to reproduce RFC 7616 §3.9.2's printed numbers.
+                .product(name: "Crypto", package: "swift-crypto"),
+            ],
+            swiftSettings: strictSettings
+        ),
         .testTarget(
             name: "AuthBrokerTrustTests",
             dependencies: ["AuthBrokerTrust", "TestSupport"],
