@@ -65,6 +65,7 @@ let package = Package(
             dependencies: [
                 "AuthBrokerCore",
                 "AuthBrokerTrust",
+                "AuthBrokerHTTPAuth",
                 "CAuthBrokerSystem",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

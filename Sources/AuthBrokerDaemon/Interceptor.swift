@@ -1,4 +1,5 @@
 import AuthBrokerCore
+import AuthBrokerHTTPAuth
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore
@@ -91,7 +92,7 @@ package struct Interceptor: Sendable {
             let result = await withTaskGroup(of: ResponsePumpResult.self) { group in
                 group.addTask {
                     await self.pumpResponse(
-                        exchange.responseParts, route: route, requestID: requestID, writer: writer,
+                        exchange.responseParts, route: route, requestID: requestID, logger: logger, writer: writer,
                         expectsContinue: expectsContinue, clientWantsKeepAlive: clientWantsKeepAlive,
                         state: state, closeClient: closeClient, draining: draining,
                         retryAllowed: retryAllowed
@@ -184,6 +185,27 @@ package struct Interceptor: Sendable {
         }
     }
 
+    /// DESIGN.md: a client sees only Basic and Digest challenges; Negotiate, NTLM, Bearer and the
+    /// rest are removed from a 401's `WWW-Authenticate` (or a 407's `Proxy-Authenticate`), and logged.
+    static func keepOnlyStandardChallenges(status: HTTPResponseStatus, in headers: inout HTTPHeaders, logger: Logger) {
+        let field: String
+        switch status {
+        case .unauthorized: field = "WWW-Authenticate"
+        case .proxyAuthenticationRequired: field = "Proxy-Authenticate"
+        default: return
+        }
+        let values = headers[field]
+        guard !values.isEmpty else { return }
+        let filtered = ChallengeSelection.forClient(fieldValues: values)
+        guard !filtered.stripped.isEmpty else { return }
+        headers.remove(name: field)
+        for value in filtered.values { headers.add(name: field, value: value) }
+        logger.info(
+            "removed challenges the client cannot answer",
+            metadata: ["field": "\(field)", "schemes": "\(filtered.stripped.joined(separator: ","))"]
+        )
+    }
+
     // MARK: - Request side
 
     static func upstreamHead(for head: HTTPRequestHead, origin: CanonicalOrigin, pathAndQuery: String) -> HTTPRequestHead {
@@ -262,7 +284,7 @@ package struct Interceptor: Sendable {
     }
 
     private func pumpResponse(
-        _ parts: UpstreamExchangeHandler.ResponseParts, route: UpstreamRoute, requestID: String,
+        _ parts: UpstreamExchangeHandler.ResponseParts, route: UpstreamRoute, requestID: String, logger: Logger,
         writer: ClientResponseWriter, expectsContinue: Bool, clientWantsKeepAlive: Bool,
         state: ExchangeState, closeClient: @Sendable () -> Void, draining: @Sendable () -> Bool,
         retryAllowed: Bool
@@ -285,6 +307,7 @@ package struct Interceptor: Sendable {
                     upstreamKeepAlive = head.isKeepAlive
                     var headers = ProxyHeaders.clientResponseHeaders(head.headers)
                     headers.replaceOrAdd(name: BrokerHeaders.requestID, value: requestID)
+                    Self.keepOnlyStandardChallenges(status: head.status, in: &headers, logger: logger)
                     // Whether the request body will end is not known yet (the request pump may
                     // simply not have reached its end): that is decided when the response ends.
                     if draining() { clientKeepAlive = false }

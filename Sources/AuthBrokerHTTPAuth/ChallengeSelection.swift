@@ -30,6 +30,21 @@ package enum ChallengeSelection {
         }
     }
 
+    /// Rewrites the values of a 401's `WWW-Authenticate` (or a 407's `Proxy-Authenticate`) fields
+    /// for the client: one value per challenge it may see, in the server's order, and the
+    /// lower-cased schemes that were stripped (for the log). A field with nothing usable yields
+    /// no values: the response reaches the client with no challenge at all.
+    package static func forClient(fieldValues: [String]) -> (values: [String], stripped: [String]) {
+        let challenges = AuthChallenge.parse(fieldValues: fieldValues)
+        let visible = Self.clientVisible(challenges)
+        let values = visible.compactMap { $0.serialized() }
+        var stripped = challenges.filter { !visible.contains($0) }.map(\.lowercasedScheme)
+        if challenges.isEmpty, fieldValues.contains(where: { !$0.allSatisfy(\.isWhitespace) }) {
+            stripped.append("(unparsable)")
+        }
+        return (values, stripped)
+    }
+
     /// The challenge the broker answers from a stored credential: Digest over Basic (Basic sends
     /// the password itself), the strongest hash among Digest challenges (SHA-512-256 > SHA-256 >
     /// MD5, a `-sess` form ranking with its base), a challenge with qop over an RFC 2069 one,

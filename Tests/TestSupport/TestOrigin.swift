@@ -17,6 +17,7 @@ import NIOSSL
 /// - `/slow-head/<ms>`: waits before answering
 /// - `/close-after-head`: sends a head with content-length 100, 10 bytes, then closes
 /// - `/expect`: honours `Expect: 100-continue`, then echoes the body length
+/// - `/offer-challenges[/bearer]`: 401 offering Negotiate, Digest, Basic and NTLM (or only Bearer)
 package final class TestOrigin: Sendable {
     package let port: Int
     package let name: String
@@ -195,6 +196,18 @@ private final class OriginHandler: ChannelInboundHandler {
             }
         case "expect":
             self.send(context: context, status: .ok, body: "received \(self.receivedBytes) bytes")
+        case "offer-challenges":
+            // A 401 offering what real servers mix: Negotiate and NTLM beside Digest and Basic,
+            // or only Bearer.
+            let fields: [String] =
+                parts.count > 1 && parts[1] == "bearer"
+                ? [#"Bearer realm="api", error="invalid_token""#]
+                : [#"Negotiate, Digest realm="mixed@test", nonce="abc123", qop="auth", algorithm=SHA-256, Basic realm="mixed@test""#, "NTLM"]
+            var headers = HTTPHeaders()
+            for field in fields { headers.add(name: "www-authenticate", value: field) }
+            headers.add(name: "content-length", value: "0")
+            context.write(self.wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .unauthorized, headers: headers))), promise: nil)
+            context.writeAndFlush(self.wrapOutboundOut(.end(nil)), promise: nil)
         default:
             self.send(context: context, status: .notFound, body: "no route \(path)")
         }
