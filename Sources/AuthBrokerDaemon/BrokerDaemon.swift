@@ -112,8 +112,10 @@ package enum BrokerDaemon {
 
         let startedAt = Date()
         let boundPath: String = if case .path(let path) = listening { path } else { socketPath }
+        let vault = PasswordVault()
+        let authenticator = HTTPAuthenticator(vault: vault, logger: logger)
         let control = ControlAPI(
-            store: store,
+            store: store, vault: vault,
             status: {
                 StatusReport(
                     version: AuthBrokerVersion.current, pid: Int(getpid()), startedAt: startedAt,
@@ -130,7 +132,7 @@ package enum BrokerDaemon {
         let server = ClientConnectionServer(
             interceptor: Interceptor(
                 pool: pool, settings: settings, counters: counters, store: store,
-                trustGeneration: { connector.trustGeneration }
+                trustGeneration: { connector.trustGeneration }, authenticator: authenticator
             ),
             control: control, registry: registry, counters: counters, settings: settings, logger: logger
         )

@@ -28,7 +28,7 @@ package final class ChallengeBroker<Space: Hashable & Sendable, Answer: Equatabl
     private let lookUp: @Sendable (Space) async -> Answer?
 
     /// - Parameter lookUp: the store's answer for a space, or nil. Runs off the main actor.
-    package init(lookUp: @escaping @Sendable (Space) async -> Answer?) {
+    package nonisolated init(lookUp: @escaping @Sendable (Space) async -> Answer?) {
         self.lookUp = lookUp
     }
 

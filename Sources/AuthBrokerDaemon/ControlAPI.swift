@@ -1,4 +1,5 @@
 import AuthBrokerCore
+import AuthBrokerHTTPAuth
 import AuthBrokerTrust
 import Foundation
 import NIOCore
@@ -76,14 +77,16 @@ package struct Inspection: Sendable {
 /// One dispatch over (method, path); every failure is a problem+json body with a stable code.
 package struct ControlAPI: Sendable {
     package let store: TrustStore
+    package let vault: PasswordVault
     package let status: @Sendable () -> StatusReport
     package let inspect: @Sendable (CanonicalOrigin) async throws -> Inspection
 
     package init(
-        store: TrustStore, status: @escaping @Sendable () -> StatusReport,
+        store: TrustStore, vault: PasswordVault, status: @escaping @Sendable () -> StatusReport,
         inspect: @escaping @Sendable (CanonicalOrigin) async throws -> Inspection
     ) {
         self.store = store
+        self.vault = vault
         self.status = status
         self.inspect = inspect
     }
@@ -119,6 +122,29 @@ package struct ControlAPI: Sendable {
         case (.DELETE, let s) where s.count == 3 && s[0] == "v1" && s[1] == "anchors":
             let removed = try Self.mapStoreError { () throws(TrustStoreError) in try self.store.removeAnchor(idPrefix: s[2]) }
             return try Self.json(.ok, ["removed": AnchorJSON(removed)])
+
+        case (.GET, ["v1", "passwords"]):
+            return try Self.json(.ok, ["passwords": self.vault.list().map(PasswordJSON.init)])
+        case (.POST, ["v1", "passwords"]):
+            let request = try Self.decode(AddPasswordRequest.self, from: body)
+            let origin = try Self.origin(request.url)
+            let persistence = try Self.persistence(request.persistence)
+            try self.vault.add(
+                origin: origin, realm: request.realm, credential: PasswordCredential(user: request.user, password: request.password),
+                persistence: persistence
+            )
+            let added = StoredPasswordInfo(origin: origin, realm: request.realm, user: request.user, persistence: persistence, failed: false)
+            return try Self.json(.created, ["password": PasswordJSON(added)])
+        case (.DELETE, ["v1", "passwords"]):
+            let parameters = Self.queryParameters(query)
+            guard let url = parameters["url"], let user = parameters["user"] else {
+                throw BrokerError.badRequest(
+                    code: "missing_parameter",
+                    detail: "DELETE /v1/passwords needs the query parameters url and user (and realm, if the password has one), percent-encoded."
+                )
+            }
+            let removed = try self.vault.remove(origin: try Self.origin(url), realm: parameters["realm"], user: user)
+            return try Self.json(.ok, ["removed": PasswordJSON(removed)])
 
         case (.GET, ["v1", "pins"]):
             return try Self.json(.ok, ["pins": self.store.pins().map(PinJSON.init)])
@@ -180,6 +206,7 @@ package struct ControlAPI: Sendable {
         case ["v1", "anchors"]: ["GET", "POST"]
         case let s where s.count == 3 && s[0] == "v1" && s[1] == "anchors": ["DELETE"]
         case ["v1", "pins"]: ["GET", "POST", "DELETE"]
+        case ["v1", "passwords"]: ["GET", "POST", "DELETE"]
         case ["v1", "inspect"]: ["POST"]
         default: []
         }
@@ -200,6 +227,26 @@ package struct ControlAPI: Sendable {
                 }
             throw BrokerError(code: error.code, status: status, title: "Trust store request failed", detail: error.description)
         }
+    }
+
+    /// The origin of a password's URL (path and query are ignored: a password is per origin and realm).
+    private static func origin(_ url: String) throws -> CanonicalOrigin {
+        do {
+            return try CanonicalOrigin(parsing: url)
+        } catch {
+            throw BrokerError.badRequest(code: "invalid_url", detail: "'\(url.prefix(200))' is not a usable URL: \(error.message)")
+        }
+    }
+
+    private static func persistence(_ text: String?) throws -> CredentialPersistence {
+        guard let text else { return .session }
+        guard let persistence = CredentialPersistence(rawValue: text), persistence != .none else {
+            throw BrokerError.badRequest(
+                code: "invalid_persistence",
+                detail: "persistence must be \"session\" (kept until the daemon stops) or \"permanent\" (kept in the secret store), not '\(text.prefix(40))'."
+            )
+        }
+        return persistence
     }
 
     private static func hostPatterns(_ texts: [String]) throws -> [HostPattern] {
@@ -262,6 +309,30 @@ package struct ControlAPI: Sendable {
 }
 
 // MARK: - Wire models
+
+struct AddPasswordRequest: Decodable {
+    var url: String
+    var user: String
+    var realm: String?
+    var password: String
+    var persistence: String?
+}
+
+struct PasswordJSON: Encodable {
+    var url: String
+    var realm: String?
+    var user: String
+    var persistence: String
+    var failed: Bool
+
+    init(_ info: StoredPasswordInfo) {
+        self.url = info.origin.description
+        self.realm = info.realm
+        self.user = info.user
+        self.persistence = info.persistence.rawValue
+        self.failed = info.failed
+    }
+}
 
 struct AddAnchorRequest: Decodable {
     var pem: String

@@ -37,6 +37,11 @@ package struct Interceptor: Sendable {
     package let store: TrustStore
     /// The trust store's current generation (pooled TLS connections from older ones are dropped).
     package let trustGeneration: @Sendable () -> UInt64
+    /// Answers Basic and Digest challenges from stored credentials.
+    package let authenticator: HTTPAuthenticator
+
+    /// Attempts per request at most: a stale pooled connection, a challenge, a stale nonce.
+    static let maxAttempts = 4
 
     package func proxy(
         head: HTTPRequestHead, origin: CanonicalOrigin, pathAndQuery: String, requestID: String,
@@ -60,10 +65,20 @@ package struct Interceptor: Sendable {
         // A request without a body may be retried once on a fresh connection when a pooled
         // one turns out to have been closed by the origin before it answered.
         let mayRetry = Self.hasNoBody(head)
+        // The body is kept (up to a bound) so the request can be sent again after a 401.
+        let replay = ReplayBuffer(limit: self.settings.limits.requestBodyBufferBytes, head: head)
+        let auth = NIOLockedValueBox(RequestAuthState(clientSentAuthorization: head.headers.contains(name: "authorization")))
+        auth.withLockedValue { state in
+            self.authenticator.authorizePreemptively(origin: origin, method: head.method, uri: pathAndQuery, state: &state)
+        }
         var attempt = 0
         var requestEnded = false
         while true {
             attempt += 1
+            var attemptHead = upstreamHead
+            if let authorization = auth.withLockedValue({ $0.authorization }) {
+                attemptHead.headers.replaceOrAdd(name: "Authorization", value: authorization)
+            }
             let lease: PooledConnection<UpstreamConnection>
             let exchange: UpstreamExchange
             do {
@@ -76,7 +91,7 @@ package struct Interceptor: Sendable {
                 )
             }
             do {
-                exchange = try await lease.connection.startExchange(head: upstreamHead)
+                exchange = try await lease.connection.startExchange(head: attemptHead)
             } catch {
                 self.pool.release(lease, reusable: false)
                 if mayRetry && attempt == 1 { continue }
@@ -89,24 +104,31 @@ package struct Interceptor: Sendable {
 
             let state = ExchangeState()
             let retryAllowed = mayRetry && attempt == 1
+            let authContext = AuthContext(
+                head: head, origin: origin, uri: pathAndQuery, replay: replay, state: auth,
+                mayAnswer: attempt < Self.maxAttempts
+            )
             let result = await withTaskGroup(of: ResponsePumpResult.self) { group in
                 group.addTask {
                     await self.pumpResponse(
                         exchange.responseParts, route: route, requestID: requestID, logger: logger, writer: writer,
                         expectsContinue: expectsContinue, clientWantsKeepAlive: clientWantsKeepAlive,
-                        state: state, closeClient: closeClient, draining: draining,
+                        state: state, auth: authContext, closeClient: closeClient, draining: draining,
                         retryAllowed: retryAllowed
                     )
                 }
                 let requestComplete: Bool
                 if requestEnded {
-                    // A retry: the (empty) request already ended on the first attempt.
+                    // A later attempt: the request ended on the first one; send its kept body again.
+                    for chunk in replay.chunks() {
+                        try? await exchange.writeBody(chunk)
+                    }
                     try? await exchange.finishRequest()
                     state.markRequestComplete()
                     requestComplete = true
                 } else {
                     requestComplete = await self.pumpRequestBody(
-                        requests: &requests, exchange: exchange, state: state
+                        requests: &requests, exchange: exchange, state: state, replay: replay
                     )
                 }
                 requestEnded = requestComplete
@@ -158,6 +180,12 @@ package struct Interceptor: Sendable {
                 self.pool.release(lease, reusable: false)
                 abortClient()
                 return RequestOutcome(status: status, bytes: bytes, brokerError: "aborted", disposition: .close)
+            case .challengeAnswered(let upstreamKeepAlive):
+                // The 401 never reached the client: send the request again with the answer.
+                let reusable = requestEnded && upstreamKeepAlive && lease.connection.isActive
+                self.pool.release(lease, reusable: reusable)
+                logger.debug("answered the origin's challenge from the store; sending the request again")
+                continue
             }
         }
     }
@@ -230,13 +258,14 @@ package struct Interceptor: Sendable {
     /// Sends the client's body upstream as it arrives; after an upstream failure keeps reading
     /// (and dropping) so the client connection stays in step. Returns whether the request ended.
     private func pumpRequestBody(
-        requests: inout ClientRequestIterator, exchange: UpstreamExchange, state: ExchangeState
+        requests: inout ClientRequestIterator, exchange: UpstreamExchange, state: ExchangeState, replay: ReplayBuffer
     ) async -> Bool {
         var upstreamOK = true
         do {
             while let part = try await requests.next() {
                 switch part {
                 case .body(let buffer):
+                    replay.append(buffer)
                     guard upstreamOK else { continue }
                     do {
                         try await exchange.writeBody(buffer)
@@ -281,12 +310,28 @@ package struct Interceptor: Sendable {
         /// The broker's own error response went to the client instead of a response head.
         case errorSent(BrokerError, bytes: Int, keepAlive: Bool)
         case abortedAfterHead(status: Int, bytes: Int)
+        /// A 401 was answered from the store and its body read away; nothing reached the client.
+        case challengeAnswered(upstreamKeepAlive: Bool)
     }
+
+    /// What the response pump needs to answer a 401 itself.
+    struct AuthContext: Sendable {
+        var head: HTTPRequestHead
+        var origin: CanonicalOrigin
+        var uri: String
+        var replay: ReplayBuffer
+        var state: NIOLockedValueBox<RequestAuthState>
+        /// False on the last allowed attempt: its 401 goes to the client whatever the store holds.
+        var mayAnswer: Bool
+    }
+
+    /// How long a 401 waits for the rest of the request body before deciding without it.
+    static let replayWait: Duration = .seconds(5)
 
     private func pumpResponse(
         _ parts: UpstreamExchangeHandler.ResponseParts, route: UpstreamRoute, requestID: String, logger: Logger,
         writer: ClientResponseWriter, expectsContinue: Bool, clientWantsKeepAlive: Bool,
-        state: ExchangeState, closeClient: @Sendable () -> Void, draining: @Sendable () -> Bool,
+        state: ExchangeState, auth: AuthContext, closeClient: @Sendable () -> Void, draining: @Sendable () -> Bool,
         retryAllowed: Bool
     ) async -> ResponsePumpResult {
         var status = 0
@@ -303,6 +348,13 @@ package struct Interceptor: Sendable {
                     if head.status == .switchingProtocols { continue }
                     try await writer.write(.head(head))
                 case .head(let head):
+                    if head.status == .unauthorized, auth.mayAnswer, await self.answer(head, auth: auth, requestState: state) {
+                        return await Self.readAway(parts: parts, upstreamKeepAlive: head.isKeepAlive)
+                    }
+                    if head.status != .unauthorized {
+                        let authState = auth.state.withLockedValue { $0 }
+                        self.authenticator.responseAccepted(head, origin: auth.origin, uri: auth.uri, state: authState)
+                    }
                     status = Int(head.status.code)
                     upstreamKeepAlive = head.isKeepAlive
                     var headers = ProxyHeaders.clientResponseHeaders(head.headers)
@@ -355,6 +407,31 @@ package struct Interceptor: Sendable {
             // Writing to the client failed: it went away. Dropping the sequence closes upstream.
             return .abortedAfterHead(status: status, bytes: bytes)
         }
+    }
+
+    /// Asks the authenticator about a 401, once the request body it would resend is known.
+    private func answer(_ head: HTTPResponseHead, auth: AuthContext, requestState: ExchangeState) async -> Bool {
+        var body: [UInt8]?
+        if auth.replay.mayComplete {
+            _ = await requestState.waitForRequestComplete(upTo: Self.replayWait)
+            body = requestState.requestComplete ? auth.replay.bytes : nil
+        }
+        var state = auth.state.withLockedValue { $0 }
+        let retry = await self.authenticator.answerChallenge(
+            head, origin: auth.origin, method: auth.head.method, uri: auth.uri, replayableBody: body, state: &state
+        )
+        auth.state.withLockedValue { $0 = state }
+        return retry
+    }
+
+    /// Reads the rest of an answered 401 away, so its connection can carry the next attempt.
+    private static func readAway(parts: UpstreamExchangeHandler.ResponseParts, upstreamKeepAlive: Bool) async -> ResponsePumpResult {
+        do {
+            for try await part in parts {
+                if case .end = part { return .challengeAnswered(upstreamKeepAlive: upstreamKeepAlive) }
+            }
+        } catch {}
+        return .challengeAnswered(upstreamKeepAlive: false)
     }
 
     /// The origin failed before a response head: answer with the broker's error right here,
@@ -516,4 +593,52 @@ final class ExchangeState: Sendable {
         }
         for waiter in waiters { waiter.resume() }
     }
+}
+
+
+/// A request body kept, up to a bound, so the request can be sent again after a 401.
+final class ReplayBuffer: Sendable {
+    private struct State {
+        var chunks: [ByteBuffer] = []
+        var size = 0
+        var overflowed: Bool
+    }
+    private let limit: Int
+    private let box: NIOLockedValueBox<State>
+
+    /// A body declared larger than `limit` is never kept.
+    init(limit: Int, head: HTTPRequestHead) {
+        self.limit = limit
+        let declared = head.headers.first(name: "content-length").flatMap { Int($0) } ?? 0
+        self.box = NIOLockedValueBox(State(overflowed: declared > limit))
+    }
+
+    func append(_ buffer: ByteBuffer) {
+        self.box.withLockedValue { state in
+            guard !state.overflowed else { return }
+            state.size += buffer.readableBytes
+            if state.size > self.limit {
+                state.overflowed = true
+                state.chunks = []
+            } else {
+                state.chunks.append(buffer)
+            }
+        }
+    }
+
+    /// Whether the whole body can still be kept.
+    var mayComplete: Bool { self.box.withLockedValue { !$0.overflowed } }
+
+    /// The kept body, or nil when it was too large.
+    var bytes: [UInt8]? {
+        self.box.withLockedValue { state in
+            guard !state.overflowed else { return nil }
+            var bytes: [UInt8] = []
+            bytes.reserveCapacity(state.size)
+            for chunk in state.chunks { bytes += chunk.readableBytesView }
+            return bytes
+        }
+    }
+
+    func chunks() -> [ByteBuffer] { self.box.withLockedValue { $0.chunks } }
 }

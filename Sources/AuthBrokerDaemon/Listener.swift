@@ -9,6 +9,9 @@ import NIOPosix
 #if canImport(Glibc)
 import Glibc
 #endif
+// `struct stat` comes from a header CoreFoundation's clang module also includes; with
+// MemberImportVisibility the compiler can attribute its members to CoreFoundation.
+import CoreFoundation
 
 /// Why the daemon cannot listen; each message says what to do.
 package struct ListenerError: Error, CustomStringConvertible {

@@ -18,7 +18,7 @@ struct ControlAPITests {
         self.directory = try DaemonProcess.makeTemporaryDirectory()
         let store = try TrustStore(path: self.directory + "/trust.json")
         self.api = ControlAPI(
-            store: store,
+            store: store, vault: PasswordVault(),
             status: {
                 StatusReport(
                     version: "0.1.0", pid: 1, startedAt: Date(timeIntervalSince1970: 0), uptimeSeconds: 1,
