@@ -166,7 +166,7 @@ final class PAMTransaction: Sendable {
                 PAMError(
                     .systemError,
                     "PAM could not start service '\(self.configuration.service)' (\(Self.statusName(started, nil))). "
-                        + "Check that /etc/pam.d/\(self.configuration.service) exists (see etc/pam.d/authbroker) and that libpam is installed.",
+                        + "Check that \(self.serviceFile) exists (see etc/pam.d/authbroker) and that libpam is installed.",
                     pamStatus: started
                 )
             )
@@ -196,6 +196,11 @@ final class PAMTransaction: Sendable {
         return .failure(self.error(for: status, stage: stage, statusText: statusText))
     }
 
+    /// The service file PAM reads, for messages.
+    private var serviceFile: String {
+        (self.configuration.configDirectory ?? "/etc/pam.d") + "/" + self.configuration.service
+    }
+
     private enum Stage {
         case authentication
         case account
@@ -214,17 +219,27 @@ final class PAMTransaction: Sendable {
                 "PAM does not know the user '\(user)' (\(statusText)). Check the account exists in the password database.",
                 pamStatus: status
             )
-        case (PAM_AUTH_ERR, _), (PAM_MAXTRIES, _), (PAM_CRED_INSUFFICIENT, _), (PAM_PERM_DENIED, .authentication):
-            return PAMError(
-                .authenticationFailed,
-                "Authentication failed for '\(user)': the password was not accepted (\(statusText)). Check it and try again.",
-                pamStatus: status
-            )
-        case (PAM_ACCT_EXPIRED, _), (PAM_NEW_AUTHTOK_REQD, _), (PAM_AUTHTOK_EXPIRED, _), (PAM_PERM_DENIED, .account):
+        // pam_acct_mgmt(3) may refuse with any of these (pam_deny says PAM_AUTH_ERR): the
+        // password was accepted, the account was not.
+        case (PAM_AUTH_ERR, .account), (PAM_PERM_DENIED, .account), (PAM_ACCT_EXPIRED, .account),
+            (PAM_NEW_AUTHTOK_REQD, .account), (PAM_AUTHTOK_EXPIRED, .account):
             return PAMError(
                 .accountUnavailable,
                 "The password was accepted but the account '\(user)' may not be used now (\(statusText)): "
                     + "it may be expired or locked, or its password must be changed. Change the password or ask an administrator.",
+                pamStatus: status
+            )
+        case (PAM_ACCT_EXPIRED, .authentication), (PAM_NEW_AUTHTOK_REQD, .authentication), (PAM_AUTHTOK_EXPIRED, .authentication):
+            return PAMError(
+                .accountUnavailable,
+                "The account '\(user)' may not be used now (\(statusText)): it may be expired or locked, or its password "
+                    + "must be changed. Change the password or ask an administrator.",
+                pamStatus: status
+            )
+        case (PAM_AUTH_ERR, .authentication), (PAM_MAXTRIES, _), (PAM_CRED_INSUFFICIENT, _), (PAM_PERM_DENIED, .authentication):
+            return PAMError(
+                .authenticationFailed,
+                "Authentication failed for '\(user)': the password was not accepted (\(statusText)). Check it and try again.",
                 pamStatus: status
             )
         case (PAM_CONV_ERR, _):
@@ -244,8 +259,8 @@ final class PAMTransaction: Sendable {
         default:
             return PAMError(
                 .systemError,
-                "PAM failed for '\(user)' with \(statusText). Check /etc/pam.d/\(self.configuration.service) "
-                    + "and the system log (journalctl -t authbrokerd) for details.",
+                "PAM failed for '\(user)' with \(statusText). Check \(self.serviceFile) "
+                    + "and the system log (journalctl) for details.",
                 pamStatus: status
             )
         }
@@ -289,7 +304,7 @@ final class PAMTransaction: Sendable {
                     PAMError(
                         .conversationFailed,
                         "A PAM module sent a message of unknown style \(message.pointee.msg_style). "
-                            + "Check the modules in /etc/pam.d/\(self.configuration.service)."
+                            + "Check the modules in \(self.serviceFile)."
                     )
                 )
             }
