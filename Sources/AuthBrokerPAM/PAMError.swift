@@ -34,6 +34,8 @@ package struct PAMError: Error, CustomStringConvertible, Equatable {
         lhs._code == rhs._code
     }
 
+    // One value per code, for comparisons (`outcome.error == .timedOut`); their messages are empty.
+
     /// The password (or another answer) was wrong.
     package static let authenticationFailed = PAMError(.authenticationFailed, "")
     /// The account may not be used now (expired, locked, password change required).

@@ -24,7 +24,9 @@ guard let user = PAMAuthenticator.currentUserName() else {
     exit(2)
 }
 
+// Reserved up front so that appending never reallocates and leaves a partial copy behind.
 var bytes: [UInt8] = []
+bytes.reserveCapacity(4096)
 while bytes.count < 4096 {
     var byte: UInt8 = 0
     let count = read(STDIN_FILENO, &byte, 1)
@@ -32,7 +34,6 @@ while bytes.count < 4096 {
     bytes.append(byte)
 }
 if bytes.last == UInt8(ascii: "\r") { bytes.removeLast() }
-bytes.reserveCapacity(0)
 let password = PAMSecret(wiping: &bytes)
 
 let authenticator = PAMAuthenticator(

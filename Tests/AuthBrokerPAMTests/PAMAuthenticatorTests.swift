@@ -24,6 +24,27 @@ struct PAMAuthenticatorTests {
         #expect(prompts.all.map(\.style) == [.secret])
     }
 
+    @Test("an information message reaches the responder, is acknowledged, and the prompt after it is answered", .enabled(if: PAMFixture.userReady, PAMFixture.skipReason))
+    func informationMessage() async {
+        let prompts = PromptLog()
+        let outcome = await PAMFixture.authenticator(service: "authbroker-info").authenticate(
+            user: PAMFixture.user, responder: self.answering(PAMFixture.password, log: prompts)
+        )
+        #expect(outcome == .success)
+        #expect(prompts.all == [PAMPrompt(style: .info, text: "Welcome to the test"), PAMPrompt(style: .secret, text: "Password: ")])
+    }
+
+    @Test("transactions run side by side, each on its own thread", .enabled(if: PAMFixture.userReady, PAMFixture.skipReason))
+    func concurrentTransactions() async {
+        let authenticator = PAMFixture.authenticator()
+        let responder = self.answering(PAMFixture.password)
+        async let first = authenticator.authenticate(user: PAMFixture.user, responder: responder)
+        async let second = authenticator.authenticate(user: PAMFixture.user, responder: responder)
+        async let third = authenticator.authenticate(user: PAMFixture.user, responder: PAMPasswordResponder(password: PAMSecret(PAMFixture.password)))
+        let outcomes = await [first, second, third]
+        #expect(outcomes == [.success, .success, .success])
+    }
+
     @Test("a wrong password is 'authentication failed' with a message that says what to do", .enabled(if: PAMFixture.userReady, PAMFixture.skipReason))
     func wrongPassword() async throws {
         let logs = LogCapture()

@@ -30,7 +30,8 @@ enum PAMFixture {
     /// A private PAM configuration directory, readable by everyone (the probe runs as the test
     /// user), holding:
     /// - `authbroker`: pam_unix for auth and account, as on a real system;
-    /// - `authbroker-deny-account`: pam_unix auth, then an account check that always refuses.
+    /// - `authbroker-deny-account`: pam_unix auth, then an account check that always refuses;
+    /// - `authbroker-info`: an information message (pam_echo) before pam_unix's prompt.
     /// Named for this process (`/tmp/abpam-<pid>-…`); directories of test runs that have
     /// ended are removed first, as Swift Testing has no suite-wide teardown.
     static let configDirectory: String = {
@@ -48,6 +49,7 @@ enum PAMFixture {
         let services = [
             "authbroker": "auth required pam_unix.so\naccount required pam_unix.so\n",
             "authbroker-deny-account": "auth required pam_unix.so\naccount required pam_deny.so\n",
+            "authbroker-info": "auth optional pam_echo.so Welcome to the test\nauth required pam_unix.so\naccount required pam_unix.so\n",
         ]
         for (name, text) in services {
             let path = directory + "/" + name
