@@ -149,17 +149,23 @@ final class PAMTransaction: Sendable {
         if self.state.withLock({ $0.cancelled }) {
             return .failure(Self.cancelledError)
         }
-        var conversation = pam_conv(
-            conv: pamConversation,
-            // `self` outlives the transaction: the thread's closure holds it until run() returns.
-            appdata_ptr: Unmanaged.passUnretained(self).toOpaque()
+        // On the heap for the whole transaction: pam_start(3) keeps what it is given, and an
+        // inout pointer (`&value`) is only valid during the call.
+        let conversation = UnsafeMutablePointer<pam_conv>.allocate(capacity: 1)
+        conversation.initialize(
+            to: pam_conv(
+                conv: pamConversation,
+                // `self` outlives the transaction: the thread's closure holds it until run() returns.
+                appdata_ptr: Unmanaged.passUnretained(self).toOpaque()
+            )
         )
+        defer { conversation.deallocate() }
         var handle: OpaquePointer?
         let started: Int32
         if let directory = self.configuration.configDirectory {
-            started = pam_start_confdir(self.configuration.service, self.user, &conversation, directory, &handle)
+            started = pam_start_confdir(self.configuration.service, self.user, conversation, directory, &handle)
         } else {
-            started = pam_start(self.configuration.service, self.user, &conversation, &handle)
+            started = pam_start(self.configuration.service, self.user, conversation, &handle)
         }
         guard started == PAM_SUCCESS, let handle else {
             return .failure(
