@@ -59,6 +59,14 @@ let package = Package(
         ),
         // Linux calls Swift cannot reach cleanly (struct ucred needs _GNU_SOURCE).
         .target(name: "CAuthBrokerSystem"),
+        // Linux-PAM's application API (libpam).
+        .systemLibrary(name: "CPAM", providers: [.apt(["libpam0g-dev"])]),
+        // PAM re-authentication before a secret is revealed, and the per-peer grants it gives.
+        .target(
+            name: "AuthBrokerPAM",
+            dependencies: ["CPAM", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: strictSettings
+        ),
         // The daemon: listener, data plane, upstream pool, control API.
         .target(
             name: "AuthBrokerDaemon",
@@ -103,6 +111,8 @@ let package = Package(
             swiftSettings: strictSettings
         ),
         .executableTarget(name: "authbrokerctl", dependencies: ["AuthBrokerCLI"], swiftSettings: strictSettings),
+        // TEST TOOL, not a product: runs PAM as the (non-root) user it is started as.
+        .executableTarget(name: "authbroker-pam-probe", dependencies: ["AuthBrokerPAM"], swiftSettings: strictSettings),
 
         // Test-only helpers: a PKI made at run time, in-process origin servers, daemon launcher.
         .target(
@@ -138,6 +148,11 @@ let package = Package(
         .testTarget(
             name: "AuthBrokerDaemonTests",
             dependencies: ["AuthBrokerDaemon", "AuthBrokerTrust", "TestSupport"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "AuthBrokerPAMTests",
+            dependencies: ["AuthBrokerPAM", .product(name: "Logging", package: "swift-log")],
             swiftSettings: strictSettings
         ),
         .testTarget(
