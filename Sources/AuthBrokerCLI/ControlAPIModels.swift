@@ -137,3 +137,34 @@ package struct InspectReport: Codable, Sendable, Equatable {
         case chainPEM = "chain_pem"
     }
 }
+
+/// One stored password's public part.
+package struct PasswordRecord: Codable, Sendable, Equatable {
+    package var url: String
+    package var realm: String?
+    package var user: String
+    package var persistence: String
+    package var failed: Bool
+}
+
+/// `GET /v1/passwords`.
+package struct PasswordList: Codable, Sendable, Equatable {
+    package var passwords: [PasswordRecord]
+}
+
+/// `POST /v1/passwords` (the password travels only over the user's own socket).
+package struct AddPasswordRequest: Codable, Sendable {
+    package var url: String
+    package var user: String
+    package var realm: String?
+    package var password: String
+    package var persistence: String
+}
+
+package struct AddedPassword: Codable, Sendable, Equatable {
+    package var password: PasswordRecord
+}
+
+package struct RemovedPassword: Codable, Sendable, Equatable {
+    package var removed: PasswordRecord
+}

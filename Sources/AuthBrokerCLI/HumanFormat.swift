@@ -143,6 +143,27 @@ package enum HumanFormat {
         return table(header: ["ID", "SUBJECT", "HOSTS", "EXPIRES"], rows: rows)
     }
 
+    /// `passwords list`: origin, realm, user, persistence and whether the server refused it.
+    package static func passwordsTable(_ passwords: [PasswordRecord]) -> String {
+        guard !passwords.isEmpty else {
+            return "No passwords. Add one with 'authbrokerctl passwords add URL --user NAME'."
+        }
+        let rows = passwords.map { password in
+            [
+                sanitized(password.url), password.realm.map(sanitized) ?? "(any)", sanitized(password.user),
+                sanitized(password.persistence),
+                password.failed ? "REFUSED by the server; replace it with 'passwords add'" : "ok",
+            ]
+        }
+        return table(header: ["ORIGIN", "REALM", "USER", "KEPT", "STATE"], rows: rows)
+    }
+
+    /// One password in a sentence (`passwords add` / `remove`).
+    package static func passwordLine(_ password: PasswordRecord) -> String {
+        let realm = password.realm.map { ", realm \"\(sanitized($0))\"" } ?? ""
+        return "password for \(sanitized(password.user)) at \(sanitized(password.url))\(realm) (\(sanitized(password.persistence)))"
+    }
+
     /// What `anchors add` (and `trust-server`) print for each anchor the daemon stored.
     package static func addedAnchor(_ anchor: AnchorRecord, now: Date) -> String {
         [

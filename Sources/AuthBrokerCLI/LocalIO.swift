@@ -157,4 +157,36 @@ package enum Terminal {
         let text = String(decoding: answer, as: UTF8.self).trimmingCharacters(in: .whitespaces).lowercased()
         return text == "y" || text == "yes"
     }
+
+    /// Reads a secret on `/dev/tty` with echo off; nil when there is no terminal to ask on.
+    package static func readSecret(_ prompt: String) -> [UInt8]? {
+        let descriptor = open("/dev/tty", O_RDWR | O_CLOEXEC | O_NOCTTY)
+        guard descriptor >= 0 else { return nil }
+        defer { close(descriptor) }
+        var saved = termios()
+        guard tcgetattr(descriptor, &saved) == 0 else { return nil }
+        var quiet = saved
+        quiet.c_lflag &= ~tcflag_t(ECHO)
+        guard tcsetattr(descriptor, TCSAFLUSH, &quiet) == 0 else { return nil }
+        defer {
+            _ = tcsetattr(descriptor, TCSAFLUSH, &saved)
+            _ = try? LocalFile.writeAll(ByteBuffer(string: "\n"), to: descriptor)
+        }
+        guard (try? LocalFile.writeAll(ByteBuffer(string: prompt), to: descriptor)) != nil else { return nil }
+        return readLine(descriptor)
+    }
+}
+
+/// Reads one line (without its newline) from `descriptor`, at most 64 KiB.
+package func readLine(_ descriptor: CInt) -> [UInt8] {
+    var line: [UInt8] = []
+    var byte: UInt8 = 0
+    while line.count < 65536 {
+        let count = posixRead(descriptor, &byte, 1)
+        if count < 0, errno == EINTR { continue }
+        if count <= 0 || byte == UInt8(ascii: "\n") { break }
+        line.append(byte)
+    }
+    if line.last == UInt8(ascii: "\r") { line.removeLast() }
+    return line
 }

@@ -17,14 +17,15 @@ package struct AuthBrokerCtl: AsyncParsableCommand {
               authbrokerctl fetch https://git.internal.test/api/health
               authbrokerctl anchors trust-server https://nas.internal.test:8443/
               authbrokerctl anchors add corp-root.pem --hosts '*.corp.test'
+              authbrokerctl passwords add https://git.corp.test --user alice
 
             Exit codes: 0 ok, 1 other error, 3 daemon not running, 4 server certificate not \
             trusted, 5 cannot reach the server (DNS, refused, timeout), 6 upstream or protocol \
-            error, 7 request rejected as invalid, 8 no such anchor or pin, 22 HTTP error with \
+            error, 7 request rejected as invalid, 8 no such anchor, pin or password, 22 HTTP error with \
             fetch --fail, 64 bad command line.
             """,
         version: AuthBrokerVersion.current,
-        subcommands: [Status.self, Fetch.self, Anchors.self, Pins.self]
+        subcommands: [Status.self, Fetch.self, Anchors.self, Pins.self, Passwords.self]
     )
 
     package init() {}

@@ -1,0 +1,162 @@
+import ArgumentParser
+import AuthBrokerCore
+import Foundation
+import NIOHTTP1
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `authbrokerctl passwords ...`: the passwords the daemon answers Basic and Digest challenges with.
+struct Passwords: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Add, list and remove the passwords the daemon answers HTTP Basic/Digest challenges with.",
+        discussion: """
+            A password belongs to an origin (scheme, host, port) and optionally a realm; the \
+            daemon answers that origin's Basic and Digest challenges with it, so apps never see \
+            the 401. Passwords are read from the terminal without echo, or from stdin with \
+            --password-stdin: never from the command line.
+
+            A password the server refuses is marked failed and not sent again until you \
+            replace it (so a wrong password cannot lock your account).
+
+            Examples:
+              authbrokerctl passwords add https://git.corp.test --user alice
+              printf '%s\\n' "$PW" | authbrokerctl passwords add https://api.corp.test --user ci --realm api --password-stdin
+              authbrokerctl passwords list
+              authbrokerctl passwords remove https://git.corp.test --user alice
+            """,
+        subcommands: [List.self, Add.self, Remove.self]
+    )
+
+    struct List: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "List stored passwords (never the secrets).",
+            discussion: """
+                Examples:
+                  authbrokerctl passwords list
+                  authbrokerctl passwords list --json
+                """
+        )
+
+        @OptionGroup var connection: ConnectionOptions
+        @OptionGroup var output: OutputOptions
+
+        func run() async throws {
+            try await CommandRunner.run {
+                let api = ControlAPI(client: try connection.client())
+                let (list, raw) = try await api.call(.GET, "/v1/passwords", context: "cannot list passwords", as: PasswordList.self)
+                if output.json { Console.out(raw) } else { Console.out(HumanFormat.passwordsTable(list.passwords)) }
+            }
+        }
+    }
+
+    struct Add: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Store a password for an origin (and optionally a realm).",
+            discussion: """
+                Replaces a password for the same origin, realm and user, and clears its failed mark.
+
+                Examples:
+                  authbrokerctl passwords add https://git.corp.test --user alice
+                  authbrokerctl passwords add http://printer.lan:631 --user admin --realm CUPS --password-stdin < pw.txt
+                """
+        )
+
+        @OptionGroup var connection: ConnectionOptions
+        @OptionGroup var output: OutputOptions
+
+        @Argument(help: ArgumentHelp("The origin the password is for (path and query are ignored).", valueName: "url"))
+        var url: String
+
+        @Option(help: "The user name.")
+        var user: String
+
+        @Option(help: "Only for this realm (default: any realm at the origin).")
+        var realm: String?
+
+        @Flag(help: "Read the password from the first line of stdin instead of the terminal.")
+        var passwordStdin = false
+
+        @Option(help: "session: kept until the daemon stops (the default in this version).")
+        var persistence: String = "session"
+
+        func validate() throws {
+            guard !user.isEmpty else { throw ValidationError("--user must not be empty") }
+            guard !user.contains(":") else {
+                throw ValidationError("--user must not contain ':' (Basic authentication cannot carry it, RFC 7617 §2)")
+            }
+        }
+
+        func run() async throws {
+            try await CommandRunner.run {
+                var secret = try Self.readPassword(stdin: passwordStdin)
+                defer { for index in secret.indices { secret[index] = 0 } }
+                guard !secret.isEmpty else { throw CLIError.plain(.badRequest, "cannot add password: the password is empty") }
+                guard let password = String(validating: secret, as: UTF8.self) else {
+                    throw CLIError.plain(.badRequest, "cannot add password: it is not valid UTF-8 text")
+                }
+                let api = ControlAPI(client: try connection.client())
+                let request = try AddPasswordRequest(
+                    url: url, user: user, realm: realm, password: password, persistence: persistence
+                ).brokerJSON()
+                let (added, raw) = try await api.call(
+                    .POST, "/v1/passwords", json: request, context: "cannot add password", as: AddedPassword.self
+                )
+                if output.json { Console.out(raw) } else { Console.out("added " + HumanFormat.passwordLine(added.password)) }
+            }
+        }
+
+        static func readPassword(stdin: Bool) throws -> [UInt8] {
+            if stdin { return readLine(STDIN_FILENO) }
+            guard let secret = Terminal.readSecret("Password: ") else {
+                throw CLIError.plain(
+                    .badRequest,
+                    "cannot add password: there is no terminal to ask on; pipe it in with --password-stdin"
+                )
+            }
+            return secret
+        }
+    }
+
+    struct Remove: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Remove a stored password.",
+            discussion: """
+                Examples:
+                  authbrokerctl passwords remove https://git.corp.test --user alice
+                  authbrokerctl passwords remove https://api.corp.test --user ci --realm api
+
+                Exits 8 when there is no such password.
+                """
+        )
+
+        @OptionGroup var connection: ConnectionOptions
+        @OptionGroup var output: OutputOptions
+
+        @Argument(help: ArgumentHelp("The origin the password is for.", valueName: "url"))
+        var url: String
+
+        @Option(help: "The user name.")
+        var user: String
+
+        @Option(help: "The realm it was stored with, if any.")
+        var realm: String?
+
+        func run() async throws {
+            try await CommandRunner.run {
+                var query = "url=\(Self.encode(url))&user=\(Self.encode(user))"
+                if let realm { query += "&realm=\(Self.encode(realm))" }
+                let api = ControlAPI(client: try connection.client())
+                let (removed, raw) = try await api.call(
+                    .DELETE, "/v1/passwords?\(query)", context: "cannot remove password", as: RemovedPassword.self
+                )
+                if output.json { Console.out(raw) } else { Console.out("removed " + HumanFormat.passwordLine(removed.removed)) }
+            }
+        }
+
+        static func encode(_ text: String) -> String {
+            text.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? ""
+        }
+    }
+}
