@@ -74,6 +74,7 @@ let package = Package(
                 "AuthBrokerCore",
                 "AuthBrokerTrust",
                 "AuthBrokerHTTPAuth",
+                "AuthBrokerPAM",
                 "CAuthBrokerSystem",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

@@ -168,3 +168,35 @@ package struct AddedPassword: Codable, Sendable, Equatable {
 package struct RemovedPassword: Codable, Sendable, Equatable {
     package var removed: PasswordRecord
 }
+
+package struct RevealPasswordRequest: Codable, Sendable {
+    package var url: String
+    package var user: String
+    package var realm: String?
+}
+
+package struct RevealedPassword: Codable, Sendable {
+    package var password: String
+}
+
+/// One step of `POST /v1/reauth`: a prompt to answer, or the grant.
+package struct ReauthStep: Codable, Sendable {
+    package struct Prompt: Codable, Sendable {
+        package var style: String
+        package var text: String
+    }
+    package var state: String
+    package var transaction: String?
+    package var prompt: Prompt?
+    package var expiresInSeconds: Int?
+    package var messages: [String]
+
+    enum CodingKeys: String, CodingKey {
+        case state, transaction, prompt, messages
+        case expiresInSeconds = "expires_in_seconds"
+    }
+}
+
+package struct ReauthAnswer: Codable, Sendable {
+    package var answer: String
+}

@@ -1,4 +1,5 @@
 import AuthBrokerCore
+import AuthBrokerPAM
 import AuthBrokerTrust
 import CAuthBrokerSystem
 import Foundation
@@ -114,8 +115,16 @@ package enum BrokerDaemon {
         let boundPath: String = if case .path(let path) = listening { path } else { socketPath }
         let vault = PasswordVault()
         let authenticator = HTTPAuthenticator(vault: vault, logger: logger)
+        let reauth = ReauthService(
+            authenticator: PAMAuthenticator(
+                configuration: .init(service: settings.security.pamService, configDirectory: settings.security.pamConfigDirectory),
+                logger: logger
+            ),
+            policy: ReauthPolicy(grantTTL: .seconds(settings.security.reauthGrantSeconds)),
+            logger: logger
+        )
         let control = ControlAPI(
-            store: store, vault: vault,
+            store: store, vault: vault, reauth: reauth,
             status: {
                 StatusReport(
                     version: AuthBrokerVersion.current, pid: Int(getpid()), startedAt: startedAt,

@@ -21,12 +21,15 @@ package struct BrokerError: Error, CustomStringConvertible, Sendable {
     package var reasons: [String]?
     package var chain: [CertificateInfo]?
     package var fix: [String]?
+    /// Sent as `Retry-After` (RFC 9110 §10.2.3).
+    package var retryAfterSeconds: Int?
 
     package init(
         code: String, status: HTTPResponseStatus, proxyErrorType: ProxyErrorType? = nil,
         title: String, detail: String, host: String? = nil, reasons: [String]? = nil,
-        chain: [CertificateInfo]? = nil, fix: [String]? = nil
+        chain: [CertificateInfo]? = nil, fix: [String]? = nil, retryAfterSeconds: Int? = nil
     ) {
+        self.retryAfterSeconds = retryAfterSeconds
         self.code = code
         self.status = status
         self.proxyErrorType = proxyErrorType
@@ -64,6 +67,9 @@ package struct BrokerError: Error, CustomStringConvertible, Sendable {
         }
         if let requestID {
             headers.add(name: BrokerHeaders.requestID, value: requestID)
+        }
+        if let retryAfterSeconds {
+            headers.add(name: "Retry-After", value: String(retryAfterSeconds))
         }
         return (
             HTTPResponseHead(version: .http1_1, status: self.status, headers: headers),

@@ -1,4 +1,5 @@
 import AuthBrokerCore
+import AuthBrokerPAM
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore
@@ -83,6 +84,8 @@ package struct ClientConnectionServer: Sendable {
             channel.close(mode: .output).whenComplete { _ in channel.close(promise: nil) }
         }
         let abortClient: @Sendable () -> Void = { channel.close(promise: nil) }
+        // Who is on the other end, for grants that belong to one process (PAM re-authentication).
+        let peer = (try? await channel.peerCredentials().get()).flatMap { PeerIdentity.read(uid: $0.uid, pid: $0.pid) }
         let registry = self.registry
         let draining: @Sendable () -> Bool = { registry.isDraining }
 
@@ -114,7 +117,7 @@ package struct ClientConnectionServer: Sendable {
                 guard case .head(let head)? = part else { return }
                 self.registry.setBusy(id, true)
                 let outcome = await self.handle(
-                    head, requests: &requests, writer: outbound, closeClient: closeClient,
+                    head, peer: peer, requests: &requests, writer: outbound, closeClient: closeClient,
                     abortClient: abortClient, draining: draining
                 )
                 self.registry.setBusy(id, false)
@@ -129,7 +132,7 @@ package struct ClientConnectionServer: Sendable {
     }
 
     private func handle(
-        _ head: HTTPRequestHead, requests: inout ClientRequestIterator, writer: ClientResponseWriter,
+        _ head: HTTPRequestHead, peer: PeerIdentity?, requests: inout ClientRequestIterator, writer: ClientResponseWriter,
         closeClient: @escaping @Sendable () -> Void, abortClient: @escaping @Sendable () -> Void,
         draining: @escaping @Sendable () -> Bool
     ) async -> RequestOutcome {
@@ -174,7 +177,7 @@ package struct ClientConnectionServer: Sendable {
             case .success(.control(let path, let query)):
                 target = path
                 outcome = await self.serveControl(
-                    head, path: path, query: query, requestID: requestID, logger: logger,
+                    head, path: path, query: query, peer: peer, requestID: requestID, logger: logger,
                     requests: &requests, writer: writer, keepAlive: keepAlive
                 )
             case .success(.absolute(let origin, let pathAndQuery)):
@@ -206,7 +209,7 @@ package struct ClientConnectionServer: Sendable {
     }
 
     private func serveControl(
-        _ head: HTTPRequestHead, path: String, query: String?, requestID: String, logger: Logger,
+        _ head: HTTPRequestHead, path: String, query: String?, peer: PeerIdentity?, requestID: String, logger: Logger,
         requests: inout ClientRequestIterator, writer: ClientResponseWriter, keepAlive: Bool
     ) async -> RequestOutcome {
         var body = ByteBuffer()
@@ -238,7 +241,7 @@ package struct ClientConnectionServer: Sendable {
             return RequestOutcome(status: 0, bytes: 0, brokerError: "client_closed", disposition: .close)
         }
         let response = await self.control.handle(
-            method: head.method, path: path, query: query, body: body, requestID: requestID
+            method: head.method, path: path, query: query, body: body, requestID: requestID, peer: peer
         )
         var headers = response.headers
         headers.replaceOrAdd(name: BrokerHeaders.requestID, value: requestID)

@@ -1,5 +1,6 @@
 import AuthBrokerCore
 import AuthBrokerHTTPAuth
+import AuthBrokerPAM
 import AuthBrokerTrust
 import Foundation
 import NIOCore
@@ -78,15 +79,18 @@ package struct Inspection: Sendable {
 package struct ControlAPI: Sendable {
     package let store: TrustStore
     package let vault: PasswordVault
+    /// The PAM gate in front of revealing secrets; nil when this daemon has none (reveal refused).
+    package let reauth: ReauthService?
     package let status: @Sendable () -> StatusReport
     package let inspect: @Sendable (CanonicalOrigin) async throws -> Inspection
 
     package init(
-        store: TrustStore, vault: PasswordVault, status: @escaping @Sendable () -> StatusReport,
+        store: TrustStore, vault: PasswordVault, reauth: ReauthService? = nil, status: @escaping @Sendable () -> StatusReport,
         inspect: @escaping @Sendable (CanonicalOrigin) async throws -> Inspection
     ) {
         self.store = store
         self.vault = vault
+        self.reauth = reauth
         self.status = status
         self.inspect = inspect
     }
@@ -95,10 +99,10 @@ package struct ControlAPI: Sendable {
     package static let maxBodyBytes = 1 << 20
 
     package func handle(
-        method: HTTPMethod, path: String, query: String?, body: ByteBuffer, requestID: String
+        method: HTTPMethod, path: String, query: String?, body: ByteBuffer, requestID: String, peer: PeerIdentity? = nil
     ) async -> ControlResponse {
         do {
-            return try await self.route(method: method, path: path, query: query, body: body)
+            return try await self.route(method: method, path: path, query: query, body: body, peer: peer)
         } catch let error as BrokerError {
             return Self.problem(error, requestID: requestID)
         } catch {
@@ -106,7 +110,9 @@ package struct ControlAPI: Sendable {
         }
     }
 
-    private func route(method: HTTPMethod, path: String, query: String?, body: ByteBuffer) async throws -> ControlResponse {
+    private func route(
+        method: HTTPMethod, path: String, query: String?, body: ByteBuffer, peer: PeerIdentity?
+    ) async throws -> ControlResponse {
         let segments = path.split(separator: "/", omittingEmptySubsequences: true).map(String.init)
         switch (method, segments) {
         case (.GET, ["v1", "status"]):
@@ -135,6 +141,40 @@ package struct ControlAPI: Sendable {
             )
             let added = StoredPasswordInfo(origin: origin, realm: request.realm, user: request.user, persistence: persistence, failed: false)
             return try Self.json(.created, ["password": PasswordJSON(added)])
+        case (.POST, ["v1", "passwords", "reveal"]):
+            let request = try Self.decode(RevealPasswordRequest.self, from: body)
+            try self.requireGrant(peer, for: "reveal a password")
+            let origin = try Self.origin(request.url)
+            let credential = try self.vault.reveal(origin: origin, realm: request.realm, user: request.user)
+            var response = try Self.json(.ok, ["password": credential.password])
+            response.headers.replaceOrAdd(name: "Cache-Control", value: "no-store")
+            return response
+
+        case (.POST, ["v1", "reauth"]):
+            let (reauth, peer) = try self.reauthAndPeer(peer)
+            return try Self.reauthResponse(await reauth.begin(for: peer))
+        case (.POST, let s) where s.count == 3 && s[0] == "v1" && s[1] == "reauth":
+            let (reauth, peer) = try self.reauthAndPeer(peer)
+            guard let id = UInt64(s[2]) else {
+                throw BrokerError.badRequest(code: "invalid_transaction", detail: "'\(s[2].prefix(40))' is not a re-authentication transaction id.")
+            }
+            let request = try Self.decode(ReauthAnswerRequest.self, from: body)
+            let response: PAMResponse
+            if request.cancel == true {
+                response = .cancel
+            } else if let answer = request.answer {
+                response = .answer(PAMSecret(answer))
+            } else {
+                throw BrokerError.badRequest(code: "missing_answer", detail: "Send {\"answer\": \"...\"} to answer the prompt, or {\"cancel\": true}.")
+            }
+            guard let step = await reauth.answer(transaction: id, from: peer, response) else {
+                throw BrokerError(
+                    code: "transaction_not_found", status: .notFound, title: "No such re-authentication",
+                    detail: "Transaction \(id) does not exist, has ended, or belongs to another process. Start again with POST /v1/reauth."
+                )
+            }
+            return try Self.reauthResponse(step)
+
         case (.DELETE, ["v1", "passwords"]):
             let parameters = Self.queryParameters(query)
             guard let url = parameters["url"], let user = parameters["user"] else {
@@ -207,6 +247,8 @@ package struct ControlAPI: Sendable {
         case let s where s.count == 3 && s[0] == "v1" && s[1] == "anchors": ["DELETE"]
         case ["v1", "pins"]: ["GET", "POST", "DELETE"]
         case ["v1", "passwords"]: ["GET", "POST", "DELETE"]
+        case ["v1", "passwords", "reveal"], ["v1", "reauth"]: ["POST"]
+        case let s where s.count == 3 && s[0] == "v1" && s[1] == "reauth": ["POST"]
         case ["v1", "inspect"]: ["POST"]
         default: []
         }
@@ -226,6 +268,65 @@ package struct ControlAPI: Sendable {
                 default: .badRequest
                 }
             throw BrokerError(code: error.code, status: status, title: "Trust store request failed", detail: error.description)
+        }
+    }
+
+    /// Refuses unless `peer` re-authenticated recently (PAM); the error says how to.
+    private func requireGrant(_ peer: PeerIdentity?, for action: String) throws {
+        guard let reauth = self.reauth, let peer, reauth.hasGrant(peer) else {
+            throw BrokerError(
+                code: "reauthentication_required", status: .forbidden, title: "Re-authentication required",
+                detail:
+                    "To \(action), first prove you are the user: POST /v1/reauth and answer its prompts (authbrokerctl does this for you, asking for your login password)."
+            )
+        }
+    }
+
+    private func reauthAndPeer(_ peer: PeerIdentity?) throws -> (ReauthService, PeerIdentity) {
+        guard let reauth = self.reauth else {
+            throw BrokerError(
+                code: "reauthentication_unavailable", status: .serviceUnavailable, title: "Re-authentication unavailable",
+                detail: "This daemon cannot run PAM, so it reveals no secrets. See the daemon's log for why."
+            )
+        }
+        guard let peer else {
+            throw BrokerError(
+                code: "peer_unknown", status: .forbidden, title: "Unknown peer",
+                detail: "The daemon could not identify the process on this connection (SO_PEERCRED and /proc), so it grants nothing to it."
+            )
+        }
+        return (reauth, peer)
+    }
+
+    private static func reauthResponse(_ step: ReauthService.Step) throws -> ControlResponse {
+        switch step {
+        case .prompt(let transaction, let prompt, let messages):
+            return try Self.json(
+                .ok,
+                ReauthStepJSON(
+                    state: "prompt", transaction: String(transaction),
+                    prompt: .init(style: prompt.style.rawValue, text: prompt.text), messages: messages
+                )
+            )
+        case .granted(let expiresIn, let messages):
+            return try Self.json(.ok, ReauthStepJSON(state: "granted", expiresInSeconds: expiresIn, messages: messages))
+        case .refused(let code, let message, let messages):
+            let status: HTTPResponseStatus =
+                switch code {
+                case "authentication_failed", "account_unavailable", "user_unknown", "cancelled": .forbidden
+                case "attempt_in_progress": .conflict
+                case "timed_out": .gatewayTimeout
+                default: .internalServerError
+                }
+            let extra = messages.isEmpty ? "" : " PAM said: " + messages.joined(separator: " ")
+            throw BrokerError(code: code, status: status, title: "Re-authentication refused", detail: message + extra)
+        case .retryAfter(let delay):
+            let seconds = max(1, Int(delay.components.seconds) + (delay.components.attoseconds > 0 ? 1 : 0))
+            throw BrokerError(
+                code: "too_many_attempts", status: .tooManyRequests, title: "Too many failed attempts",
+                detail: "Re-authentication failed several times; try again in \(seconds) s.",
+                retryAfterSeconds: seconds
+            )
         }
     }
 
@@ -309,6 +410,34 @@ package struct ControlAPI: Sendable {
 }
 
 // MARK: - Wire models
+
+struct RevealPasswordRequest: Decodable {
+    var url: String
+    var user: String
+    var realm: String?
+}
+
+struct ReauthAnswerRequest: Decodable {
+    var answer: String?
+    var cancel: Bool?
+}
+
+struct ReauthStepJSON: Encodable {
+    struct Prompt: Encodable {
+        var style: String
+        var text: String
+    }
+    var state: String
+    var transaction: String?
+    var prompt: Prompt?
+    var expiresInSeconds: Int?
+    var messages: [String]
+
+    enum CodingKeys: String, CodingKey {
+        case state, transaction, prompt, messages
+        case expiresInSeconds = "expires_in_seconds"
+    }
+}
 
 struct AddPasswordRequest: Decodable {
     var url: String

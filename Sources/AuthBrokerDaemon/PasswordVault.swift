@@ -71,6 +71,21 @@ package final class PasswordVault: Sendable {
         return removed
     }
 
+    /// The secret itself, for a caller that passed the PAM gate.
+    package func reveal(origin: CanonicalOrigin, realm: String?, user: String) throws(BrokerError) -> PasswordCredential {
+        let found = self.entries.withLockedValue { entries in
+            entries.first { $0.info.origin == origin && $0.info.realm == realm && $0.info.user == user }?.credential
+        }
+        guard let found else {
+            let realmText = realm.map { " (realm \"\($0)\")" } ?? ""
+            throw BrokerError(
+                code: "password_not_found", status: .notFound, title: "No such password",
+                detail: "There is no password for \(user) at \(origin)\(realmText). `authbrokerctl passwords list` shows the ones there are."
+            )
+        }
+        return found
+    }
+
     package func list() -> [StoredPasswordInfo] {
         self.entries.withLockedValue { $0.map(\.info) }
     }

@@ -54,9 +54,10 @@ package final class DaemonProcess: @unchecked Sendable {  // mutable only in sta
     /// - Parameters:
     ///   - config: the text of `config.toml` (written to `$XDG_CONFIG_HOME/authbroker/config.toml`).
     ///   - directory: reuse a directory (and so the state) of an earlier daemon.
+    ///   - user: run as this (test) user through `setpriv`; the directory is handed to it.
     package static func start(
         config: String = "", directory: String? = nil, extraArguments: [String] = [],
-        extraEnvironment: [String: String] = [:]
+        extraEnvironment: [String: String] = [:], user: TestUser? = nil
     ) async throws -> DaemonProcess {
         let directory = try directory ?? makeTemporaryDirectory()
         let runtime = directory + "/run"
@@ -82,8 +83,15 @@ package final class DaemonProcess: @unchecked Sendable {  // mutable only in sta
         environment.merge(extraEnvironment) { _, new in new }
 
         let process = Process()
-        process.executableURL = URL(fileURLWithPath: binDirectory + "/authbrokerd")
-        process.arguments = ["--log-level", "debug"] + extraArguments
+        let arguments = ["--log-level", "debug"] + extraArguments
+        if let user {
+            try user.own(directory)
+            process.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
+            process.arguments = user.setprivArguments + [binDirectory + "/authbrokerd"] + arguments
+        } else {
+            process.executableURL = URL(fileURLWithPath: binDirectory + "/authbrokerd")
+            process.arguments = arguments
+        }
         process.environment = environment
         let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
         log.seekToEndOfFile()

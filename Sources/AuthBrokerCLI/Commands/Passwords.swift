@@ -25,8 +25,9 @@ struct Passwords: AsyncParsableCommand {
               printf '%s\\n' "$PW" | authbrokerctl passwords add https://api.corp.test --user ci --realm api --password-stdin
               authbrokerctl passwords list
               authbrokerctl passwords remove https://git.corp.test --user alice
+              authbrokerctl passwords show https://git.corp.test --user alice
             """,
-        subcommands: [List.self, Add.self, Remove.self]
+        subcommands: [List.self, Add.self, Remove.self, Show.self]
     )
 
     struct List: AsyncParsableCommand {
@@ -157,6 +158,101 @@ struct Passwords: AsyncParsableCommand {
 
         static func encode(_ text: String) -> String {
             text.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? ""
+        }
+    }
+}
+
+extension Passwords {
+    struct Show: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Print a stored password, after you prove you are you (your login password, through PAM).",
+            discussion: """
+                The daemon asks for your login password through PAM (its service \
+                'authbroker'); this command relays its prompts without echo. A success lets \
+                this one process reveal secrets for a few minutes (reauth_grant_seconds).
+
+                Examples:
+                  authbrokerctl passwords show https://git.corp.test --user alice
+                  printf '%s\\n' "$LOGIN_PW" | authbrokerctl passwords show https://git.corp.test --user alice --login-password-stdin
+
+                Exits 8 when there is no such password, 7 when re-authentication is refused.
+                """
+        )
+
+        @OptionGroup var connection: ConnectionOptions
+
+        @Argument(help: ArgumentHelp("The origin the password is for.", valueName: "url"))
+        var url: String
+
+        @Option(help: "The user name.")
+        var user: String
+
+        @Option(help: "The realm it was stored with, if any.")
+        var realm: String?
+
+        @Flag(help: "Answer PAM's password prompt with the first line of stdin instead of asking on the terminal.")
+        var loginPasswordStdin = false
+
+        func run() async throws {
+            try await CommandRunner.run {
+                let api = ControlAPI(client: try connection.client())
+                let request = try RevealPasswordRequest(url: url, user: user, realm: realm).brokerJSON()
+                for attempt in 0..<2 {
+                    let response = try await api.client.control(method: .POST, path: "/v1/passwords/reveal", json: request)
+                    if attempt == 0, response.status == 403, response.problem?.code == "reauthentication_required" {
+                        try await Reauthentication.run(api: api, passwordFromStdin: loginPasswordStdin)
+                        continue
+                    }
+                    let (revealed, _) = try ControlAPI.decode(
+                        response, method: .POST, path: "/v1/passwords/reveal", context: "cannot show password", as: RevealedPassword.self
+                    )
+                    Console.out(revealed.password)
+                    return
+                }
+            }
+        }
+    }
+}
+
+/// The PAM dialogue with the daemon: its prompts on the terminal (or one answer from stdin).
+enum Reauthentication {
+    static func run(api: ControlAPI, passwordFromStdin: Bool) async throws {
+        var (step, _) = try await api.call(.POST, "/v1/reauth", context: "cannot re-authenticate", as: ReauthStep.self)
+        var answeredFromStdin = false
+        while true {
+            for message in step.messages { Console.error(message) }
+            switch step.state {
+            case "granted":
+                return
+            case "prompt":
+                guard let transaction = step.transaction, let prompt = step.prompt else {
+                    throw CLIError.plain(.failure, "cannot re-authenticate: the daemon sent a prompt without its transaction")
+                }
+                var answer: [UInt8]
+                if passwordFromStdin {
+                    guard !answeredFromStdin else {
+                        throw CLIError.plain(.badRequest, "cannot re-authenticate: PAM asks more than one question; run this on a terminal")
+                    }
+                    answeredFromStdin = true
+                    answer = readLine(STDIN_FILENO)
+                } else {
+                    let text = prompt.text.hasSuffix(" ") ? prompt.text : prompt.text + " "
+                    guard let typed = Terminal.readSecret(text) else {
+                        throw CLIError.plain(
+                            .badRequest,
+                            "cannot re-authenticate: there is no terminal to ask on; pipe your login password in with --login-password-stdin"
+                        )
+                    }
+                    answer = typed
+                }
+                defer { for index in answer.indices { answer[index] = 0 } }
+                let body = try ReauthAnswer(answer: String(decoding: answer, as: UTF8.self)).brokerJSON()
+                (step, _) = try await api.call(
+                    .POST, "/v1/reauth/\(transaction)", json: body, context: "re-authentication refused", as: ReauthStep.self
+                )
+            default:
+                throw CLIError.plain(.failure, "cannot re-authenticate: the daemon answered '\(step.state)', which this authbrokerctl does not know")
+            }
         }
     }
 }

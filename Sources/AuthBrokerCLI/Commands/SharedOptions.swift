@@ -146,6 +146,13 @@ struct ControlAPI {
         _ method: HTTPMethod, _ path: String, json: Data? = nil, context: String, as: Answer.Type
     ) async throws -> (answer: Answer, raw: ByteBuffer) {
         let response = try await client.control(method: method, path: path, json: json)
+        return try Self.decode(response, method: method, path: path, context: context, as: Answer.self)
+    }
+
+    /// Decodes a 2xx answer, or throws the problem it carries as a `CLIError`.
+    static func decode<Answer: Decodable>(
+        _ response: ControlResponse, method: HTTPMethod, path: String, context: String, as: Answer.Type
+    ) throws -> (answer: Answer, raw: ByteBuffer) {
         guard (200..<300).contains(response.status) else {
             if let problem = response.problem {
                 throw CLIError(CLIExitCode.forProblem(problem), HumanFormat.problem(problem, context: context, now: Date()))

@@ -93,10 +93,24 @@ package struct BrokerSettings: Sendable, Equatable {
         package init() {}
     }
 
+    /// `[security]`: re-authentication before a secret is revealed.
+    package struct Security: Sendable, Equatable {
+        /// `reauth_grant_seconds`: how long a process may reveal secrets after the user's password.
+        package var reauthGrantSeconds: Int = 300
+        /// `pam_service`: the PAM service (`/etc/pam.d/<name>`).
+        package var pamService: String = "authbroker"
+        /// `pam_config_dir`: read the PAM service from this directory instead of `/etc/pam.d`
+        /// (for tests; it can only weaken the check of the user's own secrets).
+        package var pamConfigDirectory: String? = nil
+
+        package init() {}
+    }
+
     package var daemon = Daemon()
     package var trust = Trust()
     package var upstream = Upstream()
     package var limits = Limits()
+    package var security = Security()
 
     /// Every setting at its default.
     package init() {}
@@ -114,6 +128,7 @@ package struct BrokerSettings: Sendable, Equatable {
             "max_pending_requests_per_origin", "resolve",
         ],
         "limits": ["max_request_head_bytes", "max_response_head_bytes", "request_body_buffer_bytes", "max_client_connections"],
+        "security": ["reauth_grant_seconds", "pam_service", "pam_config_dir"],
     ]
 
     /// The longest Unix socket path Linux accepts: `sun_path` is 108 bytes with the NUL.
@@ -221,6 +236,18 @@ package struct BrokerSettings: Sendable, Equatable {
         if let value = try limits.integer("max_client_connections", in: 1...65_536, unit: count) {
             settings.limits.maxClientConnections = value
         }
+
+        let security = TableReader(file: file, table: "security", document: document)
+        if let value = try security.integer("reauth_grant_seconds", in: 0...86_400, unit: seconds, note: " (0 to 86400)") {
+            settings.security.reauthGrantSeconds = value
+        }
+        if let value = try security.string("pam_service", expected: "a PAM service name, like \"authbroker\"") {
+            guard !value.isEmpty, value.count <= 64, !value.contains("/") else {
+                throw security.error("pam_service", .invalidValue, "a PAM service name is a file name in /etc/pam.d: no '/', 1 to 64 characters")
+            }
+            settings.security.pamService = value
+        }
+        if let value = try security.path("pam_config_dir") { settings.security.pamConfigDirectory = value }
         return settings
     }
 

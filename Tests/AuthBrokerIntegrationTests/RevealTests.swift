@@ -1,0 +1,84 @@
+import Foundation
+import Testing
+import TestSupport
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Revealing a secret needs the user's login password through PAM (DESIGN.md: PAM). The daemon
+/// runs as a test user with a known password, as a real user service runs as its user, and
+/// pam_unix checks that user's own password through its setgid helper.
+@Suite("Reveal behind PAM", .enabled(if: TestUser.canCreate, "making the test user needs root"))
+struct RevealTests {
+    static let secret = "s3cret-Value-9f1c"
+
+    /// authbrokerctl as the test user, on the daemon's socket.
+    static func ctl(_ daemon: DaemonProcess, user: TestUser, _ arguments: [String], stdin: String) throws -> CLIAndClientsTests.Run {
+        try CLIAndClientsTests.run(
+            "/usr/bin/setpriv",
+            user.setprivArguments + [DaemonProcess.binDirectory + "/authbrokerctl"] + arguments + ["--socket", daemon.socketPath],
+            stdin: stdin
+        )
+    }
+
+    @Test("passwords show asks for the login password: wrong is refused, right reveals; no secret reaches the log")
+    func showNeedsLoginPassword() async throws {
+        let user = try TestUser.pamUser()
+        let pamDirectory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: pamDirectory) }
+        try "auth required pam_unix.so\naccount required pam_unix.so\n"
+            .write(toFile: pamDirectory + "/authbroker", atomically: true, encoding: .utf8)
+        chmod(pamDirectory, 0o755)
+        let config = "[security]\npam_config_dir = \"\(pamDirectory)\"\nreauth_grant_seconds = 60\n"
+        let daemon = try await DaemonProcess.start(config: config, user: user)
+        defer { daemon.cleanUp() }
+        do {
+            let added = try Self.ctl(
+                daemon, user: user, ["passwords", "add", "https://git.corp.test", "--user", "alice", "--password-stdin"],
+                stdin: Self.secret + "\n"
+            )
+            #expect(added.status == 0, "\(added.stderr)")
+
+            let wrong = try Self.ctl(
+                daemon, user: user, ["passwords", "show", "https://git.corp.test", "--user", "alice", "--login-password-stdin"],
+                stdin: "not-the-login-password\n"
+            )
+            #expect(wrong.status != 0)
+            #expect(wrong.stdout.isEmpty)
+            #expect(wrong.stderr.contains("refused"), "\(wrong.stderr)")
+            #expect(!wrong.stderr.contains(Self.secret))
+
+            let right = try Self.ctl(
+                daemon, user: user, ["passwords", "show", "https://git.corp.test", "--user", "alice", "--login-password-stdin"],
+                stdin: user.password + "\n"
+            )
+            #expect(right.status == 0, "\(right.stderr)")
+            #expect(right.stdout == Self.secret + "\n")
+
+            // A process that did not re-authenticate gets nothing from the control API.
+            let refused = try CLIAndClientsTests.run(
+                "/usr/bin/setpriv",
+                user.setprivArguments + [
+                    "/usr/bin/curl", "-s", "-w", "\n%{http_code}", "--unix-socket", daemon.socketPath, "-X", "POST",
+                    "-H", "Content-Type: application/json", "-d", #"{"url":"https://git.corp.test","user":"alice"}"#,
+                    "http://localhost/v1/passwords/reveal",
+                ]
+            )
+            #expect(refused.stdout.hasSuffix("\n403"), "\(refused.stdout)")
+            #expect(refused.stdout.contains("reauthentication_required"))
+            #expect(!refused.stdout.contains(Self.secret))
+
+            await daemon.stop()
+            let log = daemon.log
+            #expect(log.contains("re-authenticated"))
+            #expect(!log.contains(Self.secret))
+            #expect(!log.contains(user.password))
+            #expect(!log.contains("not-the-login-password"))
+        } catch {
+            await daemon.stop()
+            print("authbrokerd log:\n\(daemon.log)")
+            throw error
+        }
+    }
+}
