@@ -120,6 +120,7 @@ let package = Package(
             name: "TestSupport",
             dependencies: [
                 "AuthBrokerCore",
+                "AuthBrokerHTTPAuth",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

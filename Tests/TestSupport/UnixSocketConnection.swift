@@ -4,7 +4,7 @@ import Foundation
 import Glibc
 #endif
 
-/// A blocking HTTP/1.1 client over a Unix socket, byte-exact, for tests: it sends exactly what
+/// A blocking HTTP/1.1 client over a Unix socket (or TCP), byte-exact, for tests: it sends exactly what
 /// it is given (so hostile inputs reach the daemon unchanged) and parses responses itself.
 package final class UnixSocketConnection: @unchecked Sendable {  // one test task uses a connection at a time
     private let fd: Int32
@@ -36,6 +36,33 @@ package final class UnixSocketConnection: @unchecked Sendable {  // one test tas
             let message = String(cString: strerror(errno))
             Glibc.close(fd)
             throw TestSupportError("connect \(path): \(message)")
+        }
+        var timeout = timeval(tv_sec: timeoutSeconds, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        self.fd = fd
+    }
+
+    /// Connects over TCP to `host` (an IPv4 literal) instead, for the origin fixtures.
+    package init(tcpPort port: Int, host: String = "127.0.0.1", timeoutSeconds: Int = 60) throws {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { throw TestSupportError("socket: \(String(cString: strerror(errno)))") }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(truncatingIfNeeded: port)).bigEndian
+        guard inet_pton(AF_INET, host, &address.sin_addr) == 1 else {
+            Glibc.close(fd)
+            throw TestSupportError("not an IPv4 address: \(host)")
+        }
+        let result = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
+        }
+        guard result == 0 else {
+            let message = String(cString: strerror(errno))
+            Glibc.close(fd)
+            throw TestSupportError("connect \(host):\(port): \(message)")
         }
         var timeout = timeval(tv_sec: timeoutSeconds, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
