@@ -339,8 +339,9 @@ package struct Interceptor: Sendable {
         var headSent = false
         var upstreamKeepAlive = false
         var clientKeepAlive = clientWantsKeepAlive
+        var iterator = parts.makeAsyncIterator()
         do {
-            for try await part in parts {
+            while let part = try await iterator.next() {
                 switch part {
                 case .head(let head) where head.status.code < 200:
                     // 100 only to a client that asked for it (RFC 9110 §10.1.1); 103 and others pass.
@@ -349,7 +350,7 @@ package struct Interceptor: Sendable {
                     try await writer.write(.head(head))
                 case .head(let head):
                     if head.status == .unauthorized, auth.mayAnswer, await self.answer(head, auth: auth, requestState: state) {
-                        return await Self.readAway(parts: parts, upstreamKeepAlive: head.isKeepAlive)
+                        return await Self.readAway(&iterator, upstreamKeepAlive: head.isKeepAlive)
                     }
                     if head.status != .unauthorized {
                         let authState = auth.state.withLockedValue { $0 }
@@ -425,9 +426,11 @@ package struct Interceptor: Sendable {
     }
 
     /// Reads the rest of an answered 401 away, so its connection can carry the next attempt.
-    private static func readAway(parts: UpstreamExchangeHandler.ResponseParts, upstreamKeepAlive: Bool) async -> ResponsePumpResult {
+    private static func readAway(
+        _ iterator: inout UpstreamExchangeHandler.ResponseParts.AsyncIterator, upstreamKeepAlive: Bool
+    ) async -> ResponsePumpResult {
         do {
-            for try await part in parts {
+            while let part = try await iterator.next() {
                 if case .end = part { return .challengeAnswered(upstreamKeepAlive: upstreamKeepAlive) }
             }
         } catch {}

@@ -1,0 +1,166 @@
+import Foundation
+import Testing
+import TestSupport
+
+/// The daemon answers Basic and Digest challenges from stored passwords: the app never sees the
+/// 401, the origin verifies every answer itself, and a wrong password is never sent twice.
+@Suite("Stored credentials answer challenges")
+struct StoredCredentialTests {
+    static let user = "alice"
+    static let password = "Wonderland-Secret-42"
+
+    static func config(_ origin: TestAuthOrigin) -> String {
+        "[upstream]\nresolve = [\"auth.internal.test:\(origin.port):127.0.0.1\"]\n"
+    }
+
+    static func base(_ origin: TestAuthOrigin) -> String { "http://auth.internal.test:\(origin.port)" }
+
+    /// Stores a password through the control API (session persistence).
+    @discardableResult
+    static func store(_ daemon: DaemonProcess, url: String, user: String = user, password: String = password, realm: String? = nil) throws -> TestResponse {
+        var body: [String: Any] = ["url": url, "user": user, "password": password, "persistence": "session"]
+        if let realm { body["realm"] = realm }
+        let connection = try UnixSocketConnection(path: daemon.socketPath)
+        return try connection.request("POST", "/v1/passwords", headers: [("Content-Type", "application/json")], body: jsonBody(body))
+    }
+
+    @Test(
+        "every Digest algorithm and qop is answered in the daemon; the app gets the 200",
+        arguments: ["MD5", "MD5-sess", "SHA-256", "SHA-256-sess", "SHA-512-256", "SHA-512-256-sess"], ["auth", "auth-int", "none"]
+    )
+    func digest(algorithm: String, qop: String) async throws {
+        if qop == "none" && algorithm.hasSuffix("-sess") { return }  // RFC 2069 has no -sess
+        let origin = try await TestAuthOrigin.start(name: "digest", user: Self.user, password: Self.password)
+        defer { Task { await origin.stop() } }
+        try await withDaemon(config: Self.config(origin)) { daemon in
+            #expect(try Self.store(daemon, url: Self.base(origin)).status == 201)
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            let path = "/digest/\(algorithm)/\(qop)/file.txt"
+            let response = try connection.request("GET", Self.base(origin) + path)
+            #expect(response.status == 200, "\(response.text)")
+            #expect(response.text == "hello \(Self.user)")
+            // A body is hashed into auth-int and replayed after the 401.
+            let posted = try connection.request("POST", Self.base(origin) + path, body: Array("payload for auth-int".utf8))
+            #expect(posted.status == 200, "\(posted.text)")
+            #expect(origin.stats.failures == 0)
+            #expect(origin.stats.successes == 2)
+        }
+    }
+
+    @Test("Basic is answered from the store, then sent preemptively under the challenged directory")
+    func basicAndPreemption() async throws {
+        let origin = try await TestAuthOrigin.start(name: "basic", user: Self.user, password: Self.password)
+        defer { Task { await origin.stop() } }
+        try await withDaemon(config: Self.config(origin)) { daemon in
+            try Self.store(daemon, url: Self.base(origin))
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            for index in 0..<20 {
+                let response = try connection.request("GET", Self.base(origin) + "/basic/docs/page\(index)")
+                #expect(response.status == 200)
+                #expect(response.header("WWW-Authenticate") == nil)
+            }
+            #expect(origin.stats.unauthorized == 1)
+            #expect(origin.stats.successes == 20)
+        }
+    }
+
+    @Test("preemptive Digest: 1000 requests to one space take one 401, with nc counting up and nextnonce followed")
+    func digestPreemption() async throws {
+        let origin = try await TestAuthOrigin.start(
+            name: "preempt", user: Self.user, password: Self.password, behaviour: TestAuthBehaviour(nextNonceEvery: 250)
+        )
+        defer { Task { await origin.stop() } }
+        try await withDaemon(config: Self.config(origin)) { daemon in
+            try Self.store(daemon, url: Self.base(origin))
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            for index in 0..<1000 {
+                let response = try connection.request("GET", Self.base(origin) + "/digest/SHA-256/auth/item\(index)")
+                guard response.status == 200 else {
+                    Issue.record("request \(index) got \(response.status): \(response.text)")
+                    return
+                }
+            }
+            let stats = origin.stats
+            print("Digest, one space, 1000 requests: \(stats.unauthorized) 401 round trips, \(stats.replays) replays, \(stats.stale) stale")
+            #expect(stats.unauthorized == 1)
+            #expect(stats.successes == 1000)
+            #expect(stats.replays == 0)
+        }
+    }
+
+    @Test("a stale nonce is retried with the new one without asking anyone")
+    func staleNonce() async throws {
+        let origin = try await TestAuthOrigin.start(
+            name: "stale", user: Self.user, password: Self.password, behaviour: TestAuthBehaviour(staleAfter: 3)
+        )
+        defer { Task { await origin.stop() } }
+        try await withDaemon(config: Self.config(origin)) { daemon in
+            try Self.store(daemon, url: Self.base(origin))
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            for index in 0..<10 {
+                let response = try connection.request("GET", Self.base(origin) + "/digest/MD5/auth/s\(index)")
+                #expect(response.status == 200, "request \(index): \(response.text)")
+            }
+            #expect(origin.stats.stale > 0)
+            #expect(origin.stats.failures == 0)
+        }
+    }
+
+    @Test("a wrong stored password is sent once, marked failed, and never again; the app gets the 401 with only Basic/Digest")
+    func wrongPassword() async throws {
+        let origin = try await TestAuthOrigin.start(name: "wrong", user: Self.user, password: Self.password)
+        defer { Task { await origin.stop() } }
+        try await withDaemon(config: Self.config(origin)) { daemon in
+            try Self.store(daemon, url: Self.base(origin), password: "not-the-password")
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            let first = try connection.request("GET", Self.base(origin) + "/digest/SHA-256/auth/x")
+            #expect(first.status == 401)
+            #expect(first.header("WWW-Authenticate")?.hasPrefix("Digest ") == true)
+            #expect(origin.stats.failures == 1)
+            for _ in 0..<5 {
+                #expect(try connection.request("GET", Self.base(origin) + "/digest/SHA-256/auth/x").status == 401)
+            }
+            #expect(origin.stats.failures == 1)  // never sent again
+
+            let list = try UnixSocketConnection(path: daemon.socketPath).request("GET", "/v1/passwords")
+            let passwords = list.json["passwords"] as? [[String: Any]]
+            #expect(passwords?.first?["failed"] as? Bool == true)
+
+            // Replacing it clears the mark.
+            try Self.store(daemon, url: Self.base(origin))
+            #expect(try connection.request("GET", Self.base(origin) + "/digest/SHA-256/auth/x").status == 200)
+
+            await daemon.stop()
+            #expect(!daemon.log.contains(Self.password))
+            #expect(!daemon.log.contains("not-the-password"))
+        }
+    }
+
+    @Test("a credential the app sends itself is forwarded untouched and never replaced")
+    func clientCredential() async throws {
+        let origin = try await TestAuthOrigin.start(name: "client", user: Self.user, password: Self.password)
+        defer { Task { await origin.stop() } }
+        try await withDaemon(config: Self.config(origin)) { daemon in
+            try Self.store(daemon, url: Self.base(origin))
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            let wrong = Data("alice:typed-wrong".utf8).base64EncodedString()
+            let response = try connection.request(
+                "GET", Self.base(origin) + "/basic/x", headers: [("Authorization", "Basic \(wrong)")]
+            )
+            #expect(response.status == 401)
+            #expect(origin.stats.failures == 1)
+            #expect(origin.stats.successes == 0)
+        }
+    }
+
+    @Test("no stored password: the app gets the origin's 401")
+    func nothingStored() async throws {
+        let origin = try await TestAuthOrigin.start(name: "none", user: Self.user, password: Self.password)
+        defer { Task { await origin.stop() } }
+        try await withDaemon(config: Self.config(origin)) { daemon in
+            let response = try fetch(daemon, Self.base(origin) + "/basic/x")
+            #expect(response.status == 401)
+            #expect(response.header("WWW-Authenticate")?.contains("basic@test") == true)
+        }
+    }
+}
