@@ -13,13 +13,15 @@ package final class ChallengeBroker<Space: Hashable & Sendable, Answer: Equatabl
 
     /// What an attached agent hears.
     package enum AgentEvent: Equatable, Sendable {
-        case offered(challenge: Queue.ChallengeID, space: Space)
+        case offered(challenge: Queue.ChallengeID, space: Space, requester: Requester?)
         case withdrawn(challenge: Queue.ChallengeID)
     }
 
     private var queue = Queue()
     private var waiting: [Queue.RequestID: CheckedContinuation<Resolution, Never>] = [:]
     private var agentStreams: [Queue.AgentID: AsyncStream<AgentEvent>.Continuation] = [:]
+    /// Who raised each pending challenge first (coalesced waiters share it).
+    private var requesters: [Queue.ChallengeID: Requester] = [:]
     private var nextRequestID: Queue.RequestID = 1
     private var nextAgentID: Queue.AgentID = 1
     private var timer: Task<Void, Never>?
@@ -38,7 +40,8 @@ package final class ChallengeBroker<Space: Hashable & Sendable, Answer: Equatabl
     /// - Parameters:
     ///   - interactive: whether this request may wait for an agent when the store has nothing.
     ///   - timeout: how long it may wait in all.
-    package func resolve(_ space: Space, interactive: Bool, timeout: Duration) async -> Resolution {
+    ///   - requester: the process behind the request, shown to agents.
+    package func resolve(_ space: Space, interactive: Bool, timeout: Duration, requester: Requester? = nil) async -> Resolution {
         let request = self.nextRequestID
         self.nextRequestID += 1
         return await withTaskCancellationHandler {
@@ -57,6 +60,9 @@ package final class ChallengeBroker<Space: Hashable & Sendable, Answer: Equatabl
                     return
                 }
                 self.waiting[request] = continuation
+                if let requester {
+                    for resolve in action.resolve { self.requesters[resolve.challenge] = requester }
+                }
                 self.run(action)
             }
         } onCancel: {
@@ -89,10 +95,10 @@ package final class ChallengeBroker<Space: Hashable & Sendable, Answer: Equatabl
         self.run(self.queue.agentAnswered(agent, challenge: challenge, answer))
     }
 
-    /// What is pending, oldest first, with the age of each.
-    package var pending: [(challenge: Queue.PendingChallenge, age: Duration)] {
+    /// What is pending, oldest first, with the age of each and who raised it.
+    package var pending: [(challenge: Queue.PendingChallenge, age: Duration, requester: Requester?)] {
         let now = self.clock.now
-        return self.queue.pending.map { ($0, $0.raisedAt.duration(to: now)) }
+        return self.queue.pending.map { ($0, $0.raisedAt.duration(to: now), self.requesters[$0.id]) }
     }
 
     package var agentCount: Int { self.agentStreams.count }
@@ -112,13 +118,20 @@ package final class ChallengeBroker<Space: Hashable & Sendable, Answer: Equatabl
         }
         for offer in action.offer {
             for agent in offer.agents {
-                self.agentStreams[agent]?.yield(.offered(challenge: offer.challenge, space: offer.space))
+                self.agentStreams[agent]?.yield(
+                    .offered(challenge: offer.challenge, space: offer.space, requester: self.requesters[offer.challenge])
+                )
             }
         }
         for withdraw in action.withdraw {
             for agent in withdraw.agents {
                 self.agentStreams[agent]?.yield(.withdrawn(challenge: withdraw.challenge))
             }
+        }
+        // Requesters of challenges that ended are forgotten.
+        if !action.resume.isEmpty || !action.withdraw.isEmpty {
+            let live = Set(self.queue.pending.map(\.id))
+            self.requesters = self.requesters.filter { live.contains($0.key) }
         }
         self.rescheduleTimer()
     }
@@ -146,5 +159,19 @@ package final class ChallengeBroker<Space: Hashable & Sendable, Answer: Equatabl
             self.timerDeadline = nil
             self.run(self.queue.tick(now: clock.now))
         }
+    }
+}
+
+/// The process behind a request, from `SO_PEERCRED` and `/proc` (DESIGN.md: caller awareness).
+package struct Requester: Equatable, Sendable, Codable {
+    package var pid: Int32
+    package var uid: UInt32
+    /// `/proc/<pid>/exe`, when readable.
+    package var executable: String?
+
+    package init(pid: Int32, uid: UInt32, executable: String?) {
+        self.pid = pid
+        self.uid = uid
+        self.executable = executable
     }
 }

@@ -85,7 +85,9 @@ package struct ClientConnectionServer: Sendable {
         }
         let abortClient: @Sendable () -> Void = { channel.close(promise: nil) }
         // Who is on the other end, for grants that belong to one process (PAM re-authentication).
-        let peer = (try? await channel.peerCredentials().get()).flatMap { PeerIdentity.read(uid: $0.uid, pid: $0.pid) }
+        let credentials = try? await channel.peerCredentials().get()
+        let peer = credentials.flatMap { PeerIdentity.read(uid: $0.uid, pid: $0.pid) }
+        let requester = credentials?.requester
         let registry = self.registry
         let draining: @Sendable () -> Bool = { registry.isDraining }
 
@@ -117,7 +119,7 @@ package struct ClientConnectionServer: Sendable {
                 guard case .head(let head)? = part else { return }
                 self.registry.setBusy(id, true)
                 let outcome = await self.handle(
-                    head, peer: peer, requests: &requests, writer: outbound, closeClient: closeClient,
+                    head, peer: peer, requester: requester, requests: &requests, writer: outbound, closeClient: closeClient,
                     abortClient: abortClient, draining: draining
                 )
                 self.registry.setBusy(id, false)
@@ -132,7 +134,8 @@ package struct ClientConnectionServer: Sendable {
     }
 
     private func handle(
-        _ head: HTTPRequestHead, peer: PeerIdentity?, requests: inout ClientRequestIterator, writer: ClientResponseWriter,
+        _ head: HTTPRequestHead, peer: PeerIdentity?, requester: Requester?, requests: inout ClientRequestIterator,
+        writer: ClientResponseWriter,
         closeClient: @escaping @Sendable () -> Void, abortClient: @escaping @Sendable () -> Void,
         draining: @escaping @Sendable () -> Bool
     ) async -> RequestOutcome {
@@ -190,7 +193,7 @@ package struct ClientConnectionServer: Sendable {
                     )
                 } else {
                     outcome = await self.interceptor.proxy(
-                        head: head, origin: origin, pathAndQuery: pathAndQuery, requestID: requestID,
+                        head: head, origin: origin, pathAndQuery: pathAndQuery, requestID: requestID, requester: requester,
                         logger: logger, requests: &requests, writer: writer, closeClient: closeClient,
                         abortClient: abortClient, draining: draining
                     )

@@ -93,9 +93,10 @@ package final class HTTPAuthenticator: Sendable {
     ///
     /// - Parameters:
     ///   - replayableBody: the request body, when it can be sent again (nil: it cannot).
+    ///   - agentWait: how long the request may wait for an agent when the store has nothing (nil: not).
     package func answerChallenge(
         _ head: HTTPResponseHead, origin: CanonicalOrigin, method: HTTPMethod, uri: String,
-        replayableBody: [UInt8]?, state: inout RequestAuthState
+        replayableBody: [UInt8]?, agentWait: Duration? = nil, requester: Requester? = nil, state: inout RequestAuthState
     ) async -> Bool {
         defer { state.previousFailures += 1 }
         guard head.status == .unauthorized, state.lastAttempt != .clientCredential,
@@ -112,7 +113,9 @@ package final class HTTPAuthenticator: Sendable {
             }
         }
 
-        let resolution = await self.broker.resolve(space, interactive: false, timeout: Self.resolveTimeout)
+        let resolution = await self.broker.resolve(
+            space, interactive: agentWait != nil, timeout: agentWait ?? Self.resolveTimeout, requester: requester
+        )
         let answer: StoredAnswer? = if case .answered(let answer) = resolution { answer } else { nil }
         let decision = AuthAttemptPolicy.decide(
             previousFailures: state.previousFailures, lastAttempt: state.lastAttempt, stored: answer?.state ?? .none,

@@ -44,7 +44,7 @@ package struct Interceptor: Sendable {
     static let maxAttempts = 4
 
     package func proxy(
-        head: HTTPRequestHead, origin: CanonicalOrigin, pathAndQuery: String, requestID: String,
+        head: HTTPRequestHead, origin: CanonicalOrigin, pathAndQuery: String, requestID: String, requester: Requester? = nil,
         logger: Logger, requests: inout ClientRequestIterator, writer: ClientResponseWriter,
         closeClient: @escaping @Sendable () -> Void, abortClient: @escaping @Sendable () -> Void,
         draining: @escaping @Sendable () -> Bool
@@ -106,7 +106,7 @@ package struct Interceptor: Sendable {
             let retryAllowed = mayRetry && attempt == 1
             let authContext = AuthContext(
                 head: head, origin: origin, uri: pathAndQuery, replay: replay, state: auth,
-                mayAnswer: attempt < Self.maxAttempts
+                mayAnswer: attempt < Self.maxAttempts, agentWait: Self.agentWait(head), requester: requester
             )
             let result = await withTaskGroup(of: ResponsePumpResult.self) { group in
                 group.addTask {
@@ -323,6 +323,21 @@ package struct Interceptor: Sendable {
         var state: NIOLockedValueBox<RequestAuthState>
         /// False on the last allowed attempt: its 401 goes to the client whatever the store holds.
         var mayAnswer: Bool
+        /// How long the request may wait for an agent (`Authbroker-Interactive`); nil: not at all.
+        var agentWait: Duration?
+        var requester: Requester?
+    }
+
+    /// `Authbroker-Interactive: <seconds>` (1 to 600) or `yes` (120 s): the request may wait
+    /// that long for an agent to answer a challenge the store cannot. Absent, or anything
+    /// else: it may not, and such a challenge goes to the client at once.
+    static func agentWait(_ head: HTTPRequestHead) -> Duration? {
+        guard let value = ProxyHeaders.brokerDirectives(head.headers).last(where: { $0.name == BrokerHeaders.interactive })?.value
+        else { return nil }
+        let text = value.filter { $0 != " " && $0 != "\t" }.lowercased()
+        if text == "yes" || text == "true" || text == "?1" { return .seconds(120) }
+        guard let seconds = Int(text), (1...600).contains(seconds) else { return nil }
+        return .seconds(seconds)
     }
 
     /// How long a 401 waits for the rest of the request body before deciding without it.
@@ -419,7 +434,8 @@ package struct Interceptor: Sendable {
         }
         var state = auth.state.withLockedValue { $0 }
         let retry = await self.authenticator.answerChallenge(
-            head, origin: auth.origin, method: auth.head.method, uri: auth.uri, replayableBody: body, state: &state
+            head, origin: auth.origin, method: auth.head.method, uri: auth.uri, replayableBody: body,
+            agentWait: auth.agentWait, requester: auth.requester, state: &state
         )
         auth.state.withLockedValue { $0 = state }
         return retry

@@ -100,6 +100,12 @@ package enum ListeningSocket: Sendable {
 package struct PeerCredentials: Sendable {
     package var pid: Int32
     package var uid: UInt32
+
+    /// The process as agents and the audit log show it: pid, uid and executable.
+    package var requester: Requester {
+        let executable = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(self.pid)/exe")
+        return Requester(pid: self.pid, uid: self.uid, executable: executable)
+    }
 }
 
 /// Raised from the child channel initializer to drop a connection before any byte is read.

@@ -51,7 +51,7 @@ struct ChallengeBrokerTests {
         }
         var iterator = agent.events.makeAsyncIterator()
         let event = await iterator.next()
-        guard case .offered(let challenge, let space)? = event else {
+        guard case .offered(let challenge, let space, _)? = event else {
             Issue.record("expected an offer, got \(String(describing: event))")
             return
         }
@@ -74,7 +74,7 @@ struct ChallengeBrokerTests {
         let result = await broker.resolve("realm-a", interactive: true, timeout: .milliseconds(100))
         #expect(result == .unanswered(.timedOut))
         var iterator = agent.events.makeAsyncIterator()
-        guard case .offered(let challenge, _)? = await iterator.next() else {
+        guard case .offered(let challenge, _, _)? = await iterator.next() else {
             Issue.record("expected an offer")
             return
         }
@@ -100,7 +100,7 @@ struct ChallengeBrokerTests {
         let agent = broker.attachAgent()
         let waiter = Task { await broker.resolve("realm-a", interactive: true, timeout: .seconds(60)) }
         var iterator = agent.events.makeAsyncIterator()
-        guard case .offered(let challenge, _)? = await iterator.next() else {
+        guard case .offered(let challenge, _, _)? = await iterator.next() else {
             Issue.record("expected an offer")
             return
         }
