@@ -61,10 +61,16 @@ struct TestAuthOriginTests {
         #expect(garbage.status == 401)
         let digest = try Self.request(origin, "/basic/x", authorization: #"Digest username="alice""#)
         #expect(digest.status == 401)
+        // HEAD: the same answer without a body, on a connection that stays usable.
+        let connection = try UnixSocketConnection(tcpPort: origin.port)
+        let head = try connection.request("HEAD", "/basic/x")
+        #expect(head.status == 401 && head.body.isEmpty)
+        #expect(try connection.request("GET", "/basic/x").status == 401)
+        connection.close()
 
         var expected = TestAuthStats()
-        expected.requests = 5
-        expected.unauthorized = 4
+        expected.requests = 7
+        expected.unauthorized = 6
         expected.successes = 1
         expected.failures = 1
         expected.rejections = 2

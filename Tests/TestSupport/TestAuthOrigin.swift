@@ -565,11 +565,12 @@ private final class AuthOriginHandler: ChannelInboundHandler {
                 ? AuthOriginReply(status: .payloadTooLarge, body: "request body over \(AuthOriginCore.maxBodyBytes) bytes")
                 : self.core.respond(method: head.method.rawValue, target: head.uri, headers: head.headers, body: self.body)
             self.body = []
-            self.write(reply, context: context, keepAlive: head.isKeepAlive && !self.bodyTooLarge)
+            self.write(reply, context: context, keepAlive: head.isKeepAlive && !self.bodyTooLarge, withBody: head.method != .HEAD)
         }
     }
 
-    private func write(_ reply: AuthOriginReply, context: ChannelHandlerContext, keepAlive: Bool) {
+    /// Writes the reply; a HEAD reply keeps its content-length but sends no body.
+    private func write(_ reply: AuthOriginReply, context: ChannelHandlerContext, keepAlive: Bool, withBody: Bool) {
         var headers = HTTPHeaders()
         for (name, value) in reply.headers { headers.add(name: name, value: value) }
         headers.add(name: "content-type", value: reply.contentType)
@@ -577,7 +578,9 @@ private final class AuthOriginHandler: ChannelInboundHandler {
         headers.add(name: "x-origin", value: self.core.name)
         if !keepAlive { headers.add(name: "connection", value: "close") }
         context.write(self.wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: reply.status, headers: headers))), promise: nil)
-        context.write(self.wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: reply.body)))), promise: nil)
+        if withBody {
+            context.write(self.wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: reply.body)))), promise: nil)
+        }
         let channel = context.channel
         context.writeAndFlush(self.wrapOutboundOut(.end(nil))).whenComplete { _ in
             if !keepAlive { channel.close(promise: nil) }
