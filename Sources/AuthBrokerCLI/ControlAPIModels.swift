@@ -200,3 +200,62 @@ package struct ReauthStep: Codable, Sendable {
 package struct ReauthAnswer: Codable, Sendable {
     package var answer: String
 }
+
+/// A pending challenge (`GET /v1/challenges`, and the agent stream).
+package struct ChallengeRecord: Codable, Sendable, Equatable {
+    package struct Requester: Codable, Sendable, Equatable {
+        package var pid: Int32
+        package var uid: UInt32
+        package var executable: String?
+    }
+    package var id: String
+    package var scheme: String
+    package var host: String
+    package var port: Int
+    package var realm: String
+    package var authScheme: String
+    package var requester: Requester?
+    package var ageSeconds: Double?
+    package var waiting: Int?
+    package var awaitingAgent: Bool?
+
+    enum CodingKeys: String, CodingKey {
+        case id, scheme, host, port, realm, requester, waiting
+        case authScheme = "auth_scheme"
+        case ageSeconds = "age_seconds"
+        case awaitingAgent = "awaiting_agent"
+    }
+}
+
+package struct ChallengeList: Codable, Sendable, Equatable {
+    package var challenges: [ChallengeRecord]
+}
+
+/// One line of `GET /v1/agent`.
+package struct AgentEvent: Codable, Sendable {
+    package var event: String
+    package var agent: String?
+    package var id: String?
+    package var challenge: ChallengeRecord?
+}
+
+/// `POST /v1/agent/{id}/answer`.
+package struct AgentAnswer: Codable, Sendable {
+    package var challenge: String
+    package var user: String?
+    package var password: String?
+    package var persistence: String?
+    package var decline: Bool?
+
+    package init(challenge: String, user: String? = nil, password: String? = nil, persistence: String? = nil, decline: Bool? = nil) {
+        self.challenge = challenge
+        self.user = user
+        self.password = password
+        self.persistence = persistence
+        self.decline = decline
+    }
+}
+
+package struct AgentAnswerAccepted: Codable, Sendable {
+    package var accepted: Bool
+}

@@ -158,6 +158,31 @@ package enum HumanFormat {
         return table(header: ["ORIGIN", "REALM", "USER", "KEPT", "STATE"], rows: rows)
     }
 
+    /// `challenges`: what waits, for whom, how long.
+    package static func challengesTable(_ challenges: [ChallengeRecord]) -> String {
+        guard !challenges.isEmpty else { return "No challenges are waiting." }
+        let rows = challenges.map { challenge in
+            [
+                challenge.id, "\(sanitized(challenge.scheme))://\(sanitized(challenge.host)):\(challenge.port)",
+                sanitized(challenge.realm), sanitized(challenge.authScheme), String(challenge.waiting ?? 0),
+                String(format: "%.1fs", challenge.ageSeconds ?? 0),
+                challenge.requester.map { "\($0.pid) \(sanitized($0.executable ?? "?"))" } ?? "?",
+            ]
+        }
+        return table(header: ["ID", "SERVER", "REALM", "SCHEME", "WAITING", "AGE", "REQUESTER"], rows: rows)
+    }
+
+    /// What `agent` shows for a challenge before asking.
+    package static func challengeOffer(_ challenge: ChallengeRecord) -> String {
+        let requester = challenge.requester.map { "pid \($0.pid) (\(sanitized($0.executable ?? "unknown executable")))" } ?? "an unknown process"
+        return [
+            "",
+            "Challenge \(challenge.id): \(requester) wants to reach \(sanitized(challenge.scheme))://\(sanitized(challenge.host)):\(challenge.port)",
+            "  realm:  \(sanitized(challenge.realm))",
+            "  scheme: \(sanitized(challenge.authScheme))",
+        ].joined(separator: "\n")
+    }
+
     /// One password in a sentence (`passwords add` / `remove`).
     package static func passwordLine(_ password: PasswordRecord) -> String {
         let realm = password.realm.map { ", realm \"\(sanitized($0))\"" } ?? ""

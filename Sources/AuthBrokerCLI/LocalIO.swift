@@ -158,6 +158,15 @@ package enum Terminal {
         return text == "y" || text == "yes"
     }
 
+    /// Asks for a line on `/dev/tty` (echoed); nil when there is no terminal to ask on.
+    package static func ask(_ prompt: String) -> String? {
+        let descriptor = open("/dev/tty", O_RDWR | O_CLOEXEC | O_NOCTTY)
+        guard descriptor >= 0 else { return nil }
+        defer { close(descriptor) }
+        guard (try? LocalFile.writeAll(ByteBuffer(string: prompt), to: descriptor)) != nil else { return nil }
+        return String(decoding: readLine(descriptor), as: UTF8.self)
+    }
+
     /// Reads a secret on `/dev/tty` with echo off; nil when there is no terminal to ask on.
     package static func readSecret(_ prompt: String) -> [UInt8]? {
         let descriptor = open("/dev/tty", O_RDWR | O_CLOEXEC | O_NOCTTY)

@@ -124,7 +124,7 @@ package enum BrokerDaemon {
             logger: logger
         )
         let control = ControlAPI(
-            store: store, vault: vault, reauth: reauth,
+            store: store, vault: vault, reauth: reauth, authenticator: authenticator,
             status: {
                 StatusReport(
                     version: AuthBrokerVersion.current, pid: Int(getpid()), startedAt: startedAt,

@@ -1,5 +1,6 @@
 import AuthBrokerCore
 import AuthBrokerPAM
+import Foundation
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore
@@ -90,6 +91,13 @@ package struct ClientConnectionServer: Sendable {
         let requester = credentials?.requester
         let registry = self.registry
         let draining: @Sendable () -> Bool = { registry.isDraining }
+        let closeFuture = channel.closeFuture
+        // Cancellable (an EventLoopFuture's get() is not): the stream ends on close or on cancellation.
+        let clientGone: @Sendable () async -> Void = {
+            let (closed, signal) = AsyncStream<Void>.makeStream()
+            closeFuture.whenComplete { _ in signal.finish() }
+            for await _ in closed {}
+        }
 
         try? await connection.executeThenClose { inbound, outbound in
             var requests = inbound.makeAsyncIterator()
@@ -119,7 +127,8 @@ package struct ClientConnectionServer: Sendable {
                 guard case .head(let head)? = part else { return }
                 self.registry.setBusy(id, true)
                 let outcome = await self.handle(
-                    head, peer: peer, requester: requester, requests: &requests, writer: outbound, closeClient: closeClient,
+                    head, peer: peer, requester: requester, requests: &requests, writer: outbound, clientGone: clientGone,
+                    closeClient: closeClient,
                     abortClient: abortClient, draining: draining
                 )
                 self.registry.setBusy(id, false)
@@ -135,7 +144,7 @@ package struct ClientConnectionServer: Sendable {
 
     private func handle(
         _ head: HTTPRequestHead, peer: PeerIdentity?, requester: Requester?, requests: inout ClientRequestIterator,
-        writer: ClientResponseWriter,
+        writer: ClientResponseWriter, clientGone: @escaping @Sendable () async -> Void,
         closeClient: @escaping @Sendable () -> Void, abortClient: @escaping @Sendable () -> Void,
         draining: @escaping @Sendable () -> Bool
     ) async -> RequestOutcome {
@@ -195,7 +204,7 @@ package struct ClientConnectionServer: Sendable {
                     outcome = await self.interceptor.proxy(
                         head: head, origin: origin, pathAndQuery: pathAndQuery, requestID: requestID, requester: requester,
                         logger: logger, requests: &requests, writer: writer, closeClient: closeClient,
-                        abortClient: abortClient, draining: draining
+                        abortClient: abortClient, draining: draining, clientGone: clientGone
                     )
                 }
             }
@@ -243,6 +252,9 @@ package struct ClientConnectionServer: Sendable {
         guard complete else {
             return RequestOutcome(status: 0, bytes: 0, brokerError: "client_closed", disposition: .close)
         }
+        if head.method == .GET, path == "/v1/agent", let authenticator = self.control.authenticator {
+            return await self.serveAgent(authenticator, requestID: requestID, logger: logger, requests: &requests, writer: writer)
+        }
         let response = await self.control.handle(
             method: head.method, path: path, query: query, body: body, requestID: requestID, peer: peer
         )
@@ -263,6 +275,55 @@ package struct ClientConnectionServer: Sendable {
         )
     }
 
+    /// `GET /v1/agent`: a long-lived stream of JSON lines — `attached` (with the agent's id), then
+    /// `challenge` and `withdrawn` events — until the agent disconnects, which withdraws it from
+    /// every challenge it holds. Answers come on other connections (`POST /v1/agent/{id}/answer`).
+    private func serveAgent(
+        _ authenticator: HTTPAuthenticator, requestID: String, logger: Logger, requests: inout ClientRequestIterator,
+        writer: ClientResponseWriter
+    ) async -> RequestOutcome {
+        let (agent, events) = await authenticator.attachAgent()
+        logger.info("agent attached", metadata: ["agent": "\(agent)"])
+        var headers = HTTPHeaders()
+        headers.add(name: "Content-Type", value: "application/x-ndjson")
+        headers.add(name: "Cache-Control", value: "no-store")
+        headers.add(name: BrokerHeaders.requestID, value: requestID)
+        headers.add(name: "Connection", value: "close")
+        try? await writer.write(.head(HTTPResponseHead(version: .http1_1, status: .ok, headers: headers)))
+        try? await writer.write(.body(.byteBuffer(Self.line(AgentEventJSON(event: "attached", agent: String(agent))))))
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask {
+                for await event in events {
+                    let json: AgentEventJSON =
+                        switch event {
+                        case .offered(let challenge, let space, let requester):
+                            AgentEventJSON(event: "challenge", challenge: ChallengeJSON(challenge, space: space, requester: requester))
+                        case .withdrawn(let challenge):
+                            AgentEventJSON(event: "withdrawn", id: String(challenge))
+                        }
+                    do {
+                        try await writer.write(.body(.byteBuffer(Self.line(json))))
+                    } catch {
+                        return
+                    }
+                }
+            }
+            // The agent sends nothing more; the stream ends when it closes its connection.
+            while (try? await requests.next()) != nil {}
+            group.cancelAll()
+        }
+        await authenticator.detachAgent(agent)
+        try? await writer.write(.end(nil))
+        logger.info("agent detached", metadata: ["agent": "\(agent)"])
+        return RequestOutcome(status: 200, bytes: 0, brokerError: nil, disposition: .close)
+    }
+
+    private static func line(_ value: some Encodable) -> ByteBuffer {
+        var buffer = (try? BrokerJSON.encoder().encode(value)).map { ByteBuffer(bytes: $0) } ?? ByteBuffer()
+        buffer.writeString("\n")
+        return buffer
+    }
+
     /// The request head's size as it was on the wire, near enough for the configured limit.
     static func approximateSize(of head: HTTPRequestHead) -> Int {
         var size = head.method.rawValue.utf8.count + 1 + head.uri.utf8.count + 11
@@ -281,4 +342,12 @@ package enum RequestIDs {
         let hex = String(value, radix: 16)
         return String(repeating: "0", count: 16 - hex.count) + hex
     }
+}
+
+/// One line of the agent stream.
+struct AgentEventJSON: Encodable {
+    var event: String
+    var agent: String? = nil
+    var id: String? = nil
+    var challenge: ChallengeJSON? = nil
 }

@@ -81,16 +81,20 @@ package struct ControlAPI: Sendable {
     package let vault: PasswordVault
     /// The PAM gate in front of revealing secrets; nil when this daemon has none (reveal refused).
     package let reauth: ReauthService?
+    /// Challenges and agents; nil in tests of the router alone.
+    package let authenticator: HTTPAuthenticator?
     package let status: @Sendable () -> StatusReport
     package let inspect: @Sendable (CanonicalOrigin) async throws -> Inspection
 
     package init(
-        store: TrustStore, vault: PasswordVault, reauth: ReauthService? = nil, status: @escaping @Sendable () -> StatusReport,
+        store: TrustStore, vault: PasswordVault, reauth: ReauthService? = nil, authenticator: HTTPAuthenticator? = nil,
+        status: @escaping @Sendable () -> StatusReport,
         inspect: @escaping @Sendable (CanonicalOrigin) async throws -> Inspection
     ) {
         self.store = store
         self.vault = vault
         self.reauth = reauth
+        self.authenticator = authenticator
         self.status = status
         self.inspect = inspect
     }
@@ -149,6 +153,37 @@ package struct ControlAPI: Sendable {
             var response = try Self.json(.ok, ["password": credential.password])
             response.headers.replaceOrAdd(name: "Cache-Control", value: "no-store")
             return response
+
+        case (.GET, ["v1", "challenges"]):
+            let pending = await (try self.agentsAvailable()).pendingChallenges()
+            return try Self.json(
+                .ok,
+                ["challenges": pending.map { ChallengeJSON($0.challenge.id, space: $0.challenge.space, requester: $0.requester, age: $0.age, waiting: $0.challenge.waiters.count, awaitingAgent: $0.challenge.awaitingAgent) }]
+            )
+        case (.POST, let s) where s.count == 4 && s[0] == "v1" && s[1] == "agent" && s[3] == "answer":
+            guard let agent = UInt64(s[2]) else {
+                throw BrokerError.badRequest(code: "invalid_agent", detail: "'\(s[2].prefix(40))' is not an agent id (the first event of GET /v1/agent names it).")
+            }
+            let request = try Self.decode(AgentAnswerRequest.self, from: body)
+            guard let challenge = UInt64(request.challenge) else {
+                throw BrokerError.badRequest(code: "invalid_challenge", detail: "'\(request.challenge.prefix(40))' is not a challenge id.")
+            }
+            let reply: HTTPAuthenticator.AgentReply
+            if request.decline == true {
+                reply = .decline
+            } else if let user = request.user, let password = request.password {
+                guard !user.contains(":") else {
+                    throw BrokerError.badRequest(code: "invalid_user", detail: "A user name for Basic authentication cannot contain ':' (RFC 7617 §2).")
+                }
+                let persistence = try Self.persistence(request.persistence ?? "none", allowNone: true)
+                reply = .credential(PasswordCredential(user: user, password: password), persistence: persistence)
+            } else {
+                throw BrokerError.badRequest(
+                    code: "missing_answer", detail: "Answer with {\"challenge\", \"user\", \"password\", \"persistence\"} or {\"challenge\", \"decline\": true}."
+                )
+            }
+            try await (try self.agentsAvailable()).agentReplied(agent: agent, challenge: challenge, reply)
+            return try Self.json(.ok, ["accepted": true])
 
         case (.POST, ["v1", "reauth"]):
             let (reauth, peer) = try self.reauthAndPeer(peer)
@@ -248,6 +283,8 @@ package struct ControlAPI: Sendable {
         case ["v1", "pins"]: ["GET", "POST", "DELETE"]
         case ["v1", "passwords"]: ["GET", "POST", "DELETE"]
         case ["v1", "passwords", "reveal"], ["v1", "reauth"]: ["POST"]
+        case ["v1", "challenges"], ["v1", "agent"]: ["GET"]
+        case let s where s.count == 4 && s[0] == "v1" && s[1] == "agent" && s[3] == "answer": ["POST"]
         case let s where s.count == 3 && s[0] == "v1" && s[1] == "reauth": ["POST"]
         case ["v1", "inspect"]: ["POST"]
         default: []
@@ -339,9 +376,16 @@ package struct ControlAPI: Sendable {
         }
     }
 
-    private static func persistence(_ text: String?) throws -> CredentialPersistence {
+    package func agentsAvailable() throws -> HTTPAuthenticator {
+        guard let authenticator = self.authenticator else {
+            throw BrokerError.internalError("This daemon was started without a challenge broker.")
+        }
+        return authenticator
+    }
+
+    private static func persistence(_ text: String?, allowNone: Bool = false) throws -> CredentialPersistence {
         guard let text else { return .session }
-        guard let persistence = CredentialPersistence(rawValue: text), persistence != .none else {
+        guard let persistence = CredentialPersistence(rawValue: text), allowNone || persistence != .none else {
             throw BrokerError.badRequest(
                 code: "invalid_persistence",
                 detail: "persistence must be \"session\" (kept until the daemon stops) or \"permanent\" (kept in the secret store), not '\(text.prefix(40))'."
@@ -410,6 +454,48 @@ package struct ControlAPI: Sendable {
 }
 
 // MARK: - Wire models
+
+struct AgentAnswerRequest: Decodable {
+    var challenge: String
+    var user: String?
+    var password: String?
+    var persistence: String?
+    var decline: Bool?
+}
+
+/// A pending challenge, for `GET /v1/challenges` and the agent stream.
+package struct ChallengeJSON: Encodable {
+    var id: String
+    var scheme: String
+    var host: String
+    var port: Int
+    var realm: String
+    var authScheme: String
+    var requester: Requester?
+    var ageSeconds: Double?
+    var waiting: Int?
+    var awaitingAgent: Bool?
+
+    package init(_ id: UInt64, space: ProtectionSpace, requester: Requester?, age: Duration? = nil, waiting: Int? = nil, awaitingAgent: Bool? = nil) {
+        self.id = String(id)
+        self.scheme = space.origin.scheme.rawValue
+        self.host = space.origin.host
+        self.port = space.origin.port
+        self.realm = space.realm
+        self.authScheme = space.authScheme
+        self.requester = requester
+        self.ageSeconds = age.map { Double($0.components.seconds) + Double($0.components.attoseconds) / 1e18 }
+        self.waiting = waiting
+        self.awaitingAgent = awaitingAgent
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case id, scheme, host, port, realm, requester, waiting
+        case authScheme = "auth_scheme"
+        case ageSeconds = "age_seconds"
+        case awaitingAgent = "awaiting_agent"
+    }
+}
 
 struct RevealPasswordRequest: Decodable {
     var url: String

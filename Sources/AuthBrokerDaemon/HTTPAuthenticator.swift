@@ -182,6 +182,49 @@ package final class HTTPAuthenticator: Sendable {
         }
     }
 
+    // MARK: - Agents
+
+    package typealias AgentEvent = ChallengeBroker<ProtectionSpace, StoredAnswer>.AgentEvent
+
+    /// What an agent says to a challenge it was offered.
+    package enum AgentReply: Sendable {
+        case credential(PasswordCredential, persistence: CredentialPersistence)
+        case decline
+    }
+
+    package func attachAgent() async -> (id: UInt64, events: AsyncStream<AgentEvent>) {
+        await self.broker.attachAgent()
+    }
+
+    package func detachAgent(_ id: UInt64) async {
+        await self.broker.detachAgent(id)
+    }
+
+    /// Passes an agent's reply to the broker; a credential with `session` persistence is kept
+    /// in the vault for the challenge's space (`permanent` needs the secret store).
+    package func agentReplied(agent: UInt64, challenge: UInt64, _ reply: AgentReply) async throws(BrokerError) {
+        switch reply {
+        case .decline:
+            await self.broker.agentAnswered(agent, challenge: challenge, .decline)
+        case .credential(let credential, let persistence):
+            if persistence != .none {
+                guard let space = await self.broker.pending.first(where: { $0.challenge.id == challenge })?.challenge.space else {
+                    throw BrokerError(
+                        code: "challenge_not_found", status: .notFound, title: "No such challenge",
+                        detail: "Challenge \(challenge) is no longer pending (it was answered, withdrawn or timed out)."
+                    )
+                }
+                try self.vault.add(origin: space.origin, realm: space.realm, credential: credential, persistence: persistence)
+            }
+            await self.broker.agentAnswered(agent, challenge: challenge, .answer(StoredAnswer(credential: credential, state: .usable)))
+        }
+    }
+
+    /// The challenges that wait, oldest first.
+    package func pendingChallenges() async -> [(challenge: ChallengeQueue<ProtectionSpace, StoredAnswer, ContinuousClock.Instant>.PendingChallenge, age: Duration, requester: Requester?)] {
+        await self.broker.pending
+    }
+
     // MARK: - Helpers
 
     /// The known space whose prefix covers `uri` most narrowly.

@@ -47,7 +47,7 @@ package struct Interceptor: Sendable {
         head: HTTPRequestHead, origin: CanonicalOrigin, pathAndQuery: String, requestID: String, requester: Requester? = nil,
         logger: Logger, requests: inout ClientRequestIterator, writer: ClientResponseWriter,
         closeClient: @escaping @Sendable () -> Void, abortClient: @escaping @Sendable () -> Void,
-        draining: @escaping @Sendable () -> Bool
+        draining: @escaping @Sendable () -> Bool, clientGone: @escaping @Sendable () async -> Void = {}
     ) async -> RequestOutcome {
         let upstreamHead = Self.upstreamHead(for: head, origin: origin, pathAndQuery: pathAndQuery)
         let route: UpstreamRoute
@@ -106,7 +106,8 @@ package struct Interceptor: Sendable {
             let retryAllowed = mayRetry && attempt == 1
             let authContext = AuthContext(
                 head: head, origin: origin, uri: pathAndQuery, replay: replay, state: auth,
-                mayAnswer: attempt < Self.maxAttempts, agentWait: Self.agentWait(head), requester: requester
+                mayAnswer: attempt < Self.maxAttempts, agentWait: Self.agentWait(head), requester: requester,
+                clientGone: clientGone
             )
             let result = await withTaskGroup(of: ResponsePumpResult.self) { group in
                 group.addTask {
@@ -326,6 +327,8 @@ package struct Interceptor: Sendable {
         /// How long the request may wait for an agent (`Authbroker-Interactive`); nil: not at all.
         var agentWait: Duration?
         var requester: Requester?
+        /// Returns when the client's connection has closed.
+        var clientGone: @Sendable () async -> Void
     }
 
     /// `Authbroker-Interactive: <seconds>` (1 to 600) or `yes` (120 s): the request may wait
@@ -427,18 +430,35 @@ package struct Interceptor: Sendable {
 
     /// Asks the authenticator about a 401, once the request body it would resend is known.
     private func answer(_ head: HTTPResponseHead, auth: AuthContext, requestState: ExchangeState) async -> Bool {
-        var body: [UInt8]?
+        var kept: [UInt8]?
         if auth.replay.mayComplete {
             _ = await requestState.waitForRequestComplete(upTo: Self.replayWait)
-            body = requestState.requestComplete ? auth.replay.bytes : nil
+            kept = requestState.requestComplete ? auth.replay.bytes : nil
         }
-        var state = auth.state.withLockedValue { $0 }
-        let retry = await self.authenticator.answerChallenge(
-            head, origin: auth.origin, method: auth.head.method, uri: auth.uri, replayableBody: body,
-            agentWait: auth.agentWait, requester: auth.requester, state: &state
-        )
-        auth.state.withLockedValue { $0 = state }
-        return retry
+        let body = kept
+        let authenticator = self.authenticator
+        // A client that goes away while its challenge waits cancels the wait, which withdraws
+        // the challenge from agents (nobody would read the answer).
+        let decided: (retry: Bool, state: RequestAuthState)? = await withTaskGroup(of: (retry: Bool, state: RequestAuthState)?.self) { group in
+            group.addTask {
+                var state = auth.state.withLockedValue { $0 }
+                let retry = await authenticator.answerChallenge(
+                    head, origin: auth.origin, method: auth.head.method, uri: auth.uri, replayableBody: body,
+                    agentWait: auth.agentWait, requester: auth.requester, state: &state
+                )
+                return (retry, state)
+            }
+            group.addTask {
+                await auth.clientGone()
+                return nil
+            }
+            let first = await group.next() ?? nil
+            group.cancelAll()
+            return first
+        }
+        guard let decided else { return false }
+        auth.state.withLockedValue { $0 = decided.state }
+        return decided.retry
     }
 
     /// Reads the rest of an answered 401 away, so its connection can carry the next attempt.

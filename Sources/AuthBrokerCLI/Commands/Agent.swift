@@ -1,0 +1,116 @@
+import ArgumentParser
+import AuthBrokerCore
+import Foundation
+import NIOCore
+import NIOHTTP1
+
+/// `authbrokerctl challenges`: what waits for an answer.
+struct Challenges: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "List the authentication challenges waiting for an answer, with their ages.",
+        discussion: """
+            A challenge waits when the daemon has no stored password for it and the request \\
+            said it may wait for an agent (header Authbroker-Interactive). Answer them with \\
+            'authbrokerctl agent'.
+
+            Examples:
+              authbrokerctl challenges
+              authbrokerctl challenges --json
+            """
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+    @OptionGroup var output: OutputOptions
+
+    func run() async throws {
+        try await CommandRunner.run {
+            let api = ControlAPI(client: try connection.client())
+            let (list, raw) = try await api.call(.GET, "/v1/challenges", context: "cannot list challenges", as: ChallengeList.self)
+            if output.json { Console.out(raw) } else { Console.out(HumanFormat.challengesTable(list.challenges)) }
+        }
+    }
+}
+
+/// `authbrokerctl agent`: answers challenges in this terminal.
+struct Agent: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Answer HTTP Basic/Digest challenges interactively in this terminal.",
+        discussion: """
+            Attaches to the daemon as an agent. For each challenge it shows the requesting \\
+            process (pid and executable), the server, realm and scheme, and asks for a user \\
+            name and password (without echo), and whether to keep the password: not at all, \\
+            for this session (until the daemon stops), or permanently. An empty user name \\
+            declines. Ctrl-C detaches; challenges it held go back to their requests.
+
+            Examples:
+              authbrokerctl agent
+            """
+    )
+
+    @OptionGroup var connection: ConnectionOptions
+
+    func run() async throws {
+        try await CommandRunner.run {
+            let client = try connection.client()
+            var head = HTTPRequestHead(version: .http1_1, method: .GET, uri: "/v1/agent")
+            head.headers.add(name: "Host", value: "localhost")
+            try await client.execute(head) { responseHead, body in
+                guard responseHead.status == .ok else {
+                    throw CLIError.plain(.failure, "cannot attach as an agent: the daemon answered HTTP \(responseHead.status.code)")
+                }
+                var pending = ByteBuffer()
+                var agentID: String?
+                while var chunk = try await body.next() {
+                    pending.writeBuffer(&chunk)
+                    while let newline = pending.readableBytesView.firstIndex(of: UInt8(ascii: "\n")) {
+                        let length = newline - pending.readerIndex
+                        guard let line = pending.readBytes(length: length) else { break }
+                        pending.moveReaderIndex(forwardBy: 1)
+                        try await Self.handle(line: line, client: client, agentID: &agentID)
+                    }
+                }
+                Console.error("the daemon ended the agent stream")
+            }
+        }
+    }
+
+    static func handle(line: [UInt8], client: BrokerSocketClient, agentID: inout String?) async throws {
+        guard let event = try? BrokerJSON.decoder().decode(AgentEvent.self, from: Data(line)) else { return }
+        switch event.event {
+        case "attached":
+            agentID = event.agent
+            Console.out("Attached as agent \(event.agent ?? "?"). Waiting for challenges; Ctrl-C to stop.")
+        case "withdrawn":
+            Console.out("Challenge \(event.id ?? "?") no longer needs an answer (answered elsewhere, timed out, or its request went away).")
+        case "challenge":
+            guard let challenge = event.challenge, let agent = agentID else { return }
+            Console.out(HumanFormat.challengeOffer(challenge))
+            let answer = Self.ask(challenge)
+            let api = ControlAPI(client: client)
+            do {
+                _ = try await api.call(
+                    .POST, "/v1/agent/\(agent)/answer", json: try answer.brokerJSON(), context: "cannot answer the challenge",
+                    as: AgentAnswerAccepted.self
+                )
+                Console.out(answer.decline == true ? "Declined." : "Answered.")
+            } catch let error as CLIError {
+                Console.error(error.message)
+            }
+        default:
+            return
+        }
+    }
+
+    static func ask(_ challenge: ChallengeRecord) -> AgentAnswer {
+        guard let user = Terminal.ask("User (empty to decline): "), !user.isEmpty else {
+            return AgentAnswer(challenge: challenge.id, decline: true)
+        }
+        guard var secret = Terminal.readSecret("Password: ") else { return AgentAnswer(challenge: challenge.id, decline: true) }
+        defer { for index in secret.indices { secret[index] = 0 } }
+        let keep = (Terminal.ask("Keep it? [n]o, [s]ession, [p]ermanently: ") ?? "n").lowercased()
+        let persistence = keep.hasPrefix("s") ? "session" : keep.hasPrefix("p") ? "permanent" : "none"
+        return AgentAnswer(
+            challenge: challenge.id, user: user, password: String(decoding: secret, as: UTF8.self), persistence: persistence
+        )
+    }
+}
