@@ -87,6 +87,9 @@ final class ResponseRelay: Sendable {
                     return .part(part, producer)
                 }
                 if case .some(let error) = state.finished { return .end(error) }
+                if state.consumer != nil {
+                    return .end(BrokerClientError.protocolError(reason: "a response body was iterated by two tasks at once"))
+                }
                 state.consumer = continuation
                 return .waiting
             }

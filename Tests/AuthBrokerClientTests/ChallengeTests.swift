@@ -1,6 +1,7 @@
 import AuthBrokerClient
 import Foundation
 import NIOConcurrencyHelpers
+import NIOPosix
 import Testing
 import TestSupport
 
@@ -15,17 +16,21 @@ struct ChallengeTests {
 
     /// Records each challenge the handler saw and answers from a script.
     final class ScriptedHandler: Sendable {
-        private let state = NIOLockedValueBox<(seen: [BrokerAuthenticationChallenge], answers: [BrokerChallengeDisposition])>(([], []))
+        private let state = NIOLockedValueBox<(seen: [BrokerAuthenticationChallenge], answers: [BrokerChallengeDisposition], onEventLoop: Bool)>(([], [], false))
 
         init(_ answers: [BrokerChallengeDisposition]) {
             state.withLockedValue { $0.answers = answers }
         }
 
         var seen: [BrokerAuthenticationChallenge] { state.withLockedValue { $0.seen } }
+        /// Whether any call came on a NIO event loop thread (it must not).
+        var calledOnEventLoop: Bool { state.withLockedValue { $0.onEventLoop } }
 
         var handler: BrokerChallengeHandler {
             { challenge in
-                self.state.withLockedValue { state in
+                let onEventLoop = MultiThreadedEventLoopGroup.currentEventLoop != nil
+                return self.state.withLockedValue { state in
+                    state.onEventLoop = state.onEventLoop || onEventLoop
                     state.seen.append(challenge)
                     return state.answers.isEmpty ? .performDefaultHandling : state.answers.removeFirst()
                 }
@@ -55,6 +60,7 @@ struct ChallengeTests {
             #expect(space.authenticationScheme == (path.hasPrefix("/basic") ? .basic : .digest))
             #expect(space.realm == (path.hasPrefix("/basic") ? TestAuthOrigin.basicRealm : TestAuthOrigin.digestRealm))
             #expect(script.seen.first?.previousFailureCount == 0)
+            #expect(!script.calledOnEventLoop)
             #expect(origin.stats.successes == 1)
             #expect(origin.stats.failures == 0)
         }

@@ -113,7 +113,9 @@ struct StreamingTests {
             // The daemon logs the request as finished, far short of the body, and holds no
             // upstream connection any more (the origin's connection was closed, not pooled).
             let logged = await eventually {
-                daemon.log.split(separator: "\n").contains { $0.contains("request") && $0.contains("target=http://origin.internal.test:\(origin.port)") }
+                daemon.log.split(separator: "\n").contains {
+                    $0.contains(" request ") && $0.contains("error=aborted") && $0.contains("target=http://origin.internal.test:\(origin.port)")
+                }
             }
             #expect(logged, "the daemon logged the aborted request")
             let released = try await eventually {
@@ -125,6 +127,46 @@ struct StreamingTests {
             print("daemon log for the cancelled request: \(line ?? "none")")
             let total = try await client.status().counters["bytes_from_upstream"] ?? 0
             #expect(total < 1024 * 1024 * 1024, "the daemon stopped pulling from the origin (\(total) bytes)")
+        }
+    }
+
+    @Test("cancelling while waiting for the head ends the call at once with CancellationError")
+    func cancelBeforeHead() async throws {
+        let origin = try await TestOrigin.start(name: "slow")
+        defer { Task { await origin.stop() } }
+        try await withDaemon(config: configText(resolving: [("origin.internal.test", origin.port)])) { daemon, client in
+            let started = ContinuousClock.now
+            let waiting = Task {
+                try await client.send(BrokerRequest(url: try url("http://origin.internal.test:\(origin.port)/slow-head/3000")))
+            }
+            try await Task.sleep(for: .milliseconds(300))
+            waiting.cancel()
+            let outcome = await waiting.result
+            var cancelled = false
+            if case .failure(let error) = outcome { cancelled = error is CancellationError }
+            #expect(cancelled, "got \(outcome)")
+            #expect(ContinuousClock.now - started < .seconds(2))
+            // What the daemon does with the upstream request whose client left before the head.
+            _ = await eventually(seconds: 5) { daemon.log.contains("target=http://origin.internal.test:\(origin.port)") }
+            let line = daemon.log.split(separator: "\n").last { $0.contains("target=http://origin.internal.test:\(origin.port)") }
+            print("daemon log for the request cancelled before its head: \(line ?? "none yet")")
+        }
+    }
+
+    @Test("a response dropped unread closes its connection")
+    func droppedResponse() async throws {
+        let origin = try await TestOrigin.start(name: "dropped")
+        defer { Task { await origin.stop() } }
+        try await withDaemon(config: configText(resolving: [("origin.internal.test", origin.port)])) { _, client in
+            do {
+                let response = try await client.send(BrokerRequest(url: try url("http://origin.internal.test:\(origin.port)/bytes/\(64 * 1024 * 1024 * 1024)")))
+                #expect(response.status == 200)
+            }
+            let released = try await eventually {
+                let counters = try await client.status().counters
+                return counters["upstream_connections_open"] == 0 && counters["requests_in_flight"] == 1
+            }
+            #expect(released, "the daemon let go of the upstream request")
         }
     }
 }
