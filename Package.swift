@@ -178,8 +178,9 @@ let package = Package(
         .testTarget(
             name: "AuthBrokerClientTests",
             dependencies: [
-                "AuthBrokerClient", "TestSupport",
+                "AuthBrokerClient", "AuthBrokerCore", "AuthBrokerHTTPAuth", "TestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             ],
