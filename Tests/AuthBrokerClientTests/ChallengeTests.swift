@@ -178,4 +178,29 @@ struct ChallengeTests {
             #expect(!text.contains("authbroker-"), "\(text)")
         }
     }
+
+    @Test("stale=true (right credentials, expired nonce) is answered again with the new nonce without asking the handler")
+    func staleNonce() async throws {
+        let origin = try await TestAuthOrigin.start(
+            name: "auth", user: Self.user, password: Self.password, behaviour: TestAuthBehaviour(nonceLifetime: .milliseconds(300))
+        )
+        defer { Task { await origin.stop() } }
+        let slow: BrokerChallengeHandler = { _ in
+            // Slower than the nonce lives: the answer arrives with an expired nonce.
+            try? await Task.sleep(for: .milliseconds(600))
+            return .useCredential(user: Self.user, password: Self.password, persistence: .none)
+        }
+        let calls = NIOLockedValueBox(0)
+        let counting: BrokerChallengeHandler = { challenge in
+            calls.withLockedValue { $0 += 1 }
+            return await slow(challenge)
+        }
+        try await withDaemon(config: configText(resolving: [("auth.internal.test", origin.port)]), challengeHandler: counting) { _, client in
+            let (_, head) = try await client.data(for: BrokerRequest(url: try url(Self.base(origin) + "/digest/SHA-256/auth/x")))
+            #expect(head.status == 200)
+            #expect(origin.stats.stale == 1)
+            #expect(origin.stats.successes == 1)
+            #expect(calls.withLockedValue { $0 } == 1)
+        }
+    }
 }
