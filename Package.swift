@@ -14,6 +14,9 @@ let package = Package(
     products: [
         .executable(name: "authbrokerd", targets: ["authbrokerd"]),
         .executable(name: "authbrokerctl", targets: ["authbrokerctl"]),
+        // The only public API: a Swift library for apps that fetch through the daemon.
+        .library(name: "AuthBrokerClient", targets: ["AuthBrokerClient"]),
+        .executable(name: "authbroker-example", targets: ["authbroker-example"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.3"),
@@ -102,6 +105,21 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
+        // The library apps link: async client, control API wrappers, BrokerURLProtocol.
+        .target(
+            name: "AuthBrokerClient",
+            dependencies: [
+                "AuthBrokerCore",
+                "AuthBrokerHTTPAuth",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        // Example app for the README: fetches a URL with each API of AuthBrokerClient.
+        .executableTarget(name: "authbroker-example", dependencies: ["AuthBrokerClient"], swiftSettings: strictSettings),
         .executableTarget(
             name: "authbrokerd",
             dependencies: [
@@ -155,6 +173,17 @@ let package = Package(
         .testTarget(
             name: "AuthBrokerPAMTests",
             dependencies: ["AuthBrokerPAM", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "AuthBrokerClientTests",
+            dependencies: [
+                "AuthBrokerClient", "AuthBrokerCore", "AuthBrokerHTTPAuth", "TestSupport",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+            ],
             swiftSettings: strictSettings
         ),
         .testTarget(

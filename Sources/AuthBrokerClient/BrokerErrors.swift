@@ -1,0 +1,228 @@
+import AuthBrokerCore
+import Foundation
+import NIOHTTP1
+
+/// A failure the daemon itself reported: it could not (or would not) fetch, or a control
+/// request was refused. Built from the `Proxy-Status` field (RFC 9209) and the
+/// `application/problem+json` body (RFC 9457) the daemon sends.
+///
+/// For an untrusted server it carries what the user needs to decide: the chain with its
+/// fingerprints, and the `authbrokerctl` commands that would trust it.
+public struct BrokerError: Error, Sendable, Hashable, CustomStringConvertible {
+    /// The HTTP status the daemon answered with (502, 504, 400, ... for control requests 4xx).
+    public var status: Int
+    /// The RFC 9209 error type from `Proxy-Status` (`tls_certificate_error`, `dns_error`, ...),
+    /// nil for errors that are not about an upstream fetch (bad requests, control API errors).
+    public var proxyStatus: String?
+    /// The daemon's stable error code (`untrusted_server`, `upstream_unreachable`, ...).
+    public var code: String
+    public var title: String
+    /// What happened and what to do about it, in a sentence or two.
+    public var detail: String
+    /// The upstream host (and port) involved, when there is one.
+    public var host: String?
+    /// Each reason the daemon gave, most important first.
+    public var reasons: [String]
+    /// The certificate chain the server presented, leaf first (trust failures).
+    public var chain: [BrokerCertificate]
+    /// Commands that would fix the problem, ready to paste.
+    public var fix: [String]
+    /// `Authbroker-Request-Id`: the id in the daemon's log lines about this request.
+    public var requestID: String?
+
+    /// The SHA-256 fingerprints of `chain`, leaf first.
+    public var fingerprints: [String] { chain.map(\.sha256) }
+
+    public var description: String {
+        var text = "authbrokerd: \(title) [\(code)]: \(detail)"
+        for command in fix { text += "\n  fix: \(command)" }
+        return text
+    }
+
+    init(problem: ProblemDetails, proxyStatus: String?, requestID: String?) {
+        self.status = problem.status
+        self.proxyStatus = proxyStatus ?? problem.proxyStatus?.rawValue
+        self.code = problem.code
+        self.title = problem.title
+        self.detail = problem.detail
+        self.host = problem.host
+        self.reasons = problem.reasons ?? []
+        self.chain = (problem.chain ?? []).map(BrokerCertificate.init)
+        self.fix = problem.fix ?? []
+        self.requestID = requestID ?? problem.instance
+    }
+
+    /// A broker error whose body could not be read: what the head says is all there is.
+    init(status: Int, proxyStatus: String?, details: String?, requestID: String?) {
+        self.status = status
+        self.proxyStatus = proxyStatus
+        self.code = proxyStatus ?? "broker_error"
+        self.title = "The broker could not complete the request"
+        self.detail = details ?? "authbrokerd answered \(status) without a readable problem description."
+        self.host = nil
+        self.reasons = []
+        self.chain = []
+        self.fix = []
+        self.requestID = requestID
+    }
+}
+
+/// One certificate of a chain the daemon shows in a `BrokerError`.
+public struct BrokerCertificate: Sendable, Hashable {
+    /// RFC 4514 subject, e.g. `CN=host.internal.test`.
+    public var subject: String
+    public var issuer: String
+    public var notBefore: Date
+    public var notAfter: Date
+    /// SHA-256 of the DER certificate, colon-separated upper-case hex.
+    public var sha256: String
+    /// Base64 SHA-256 of the SubjectPublicKeyInfo (what a pin takes).
+    public var spkiSHA256: String
+    public var dnsNames: [String]
+    public var ipAddresses: [String]
+    public var isSelfSigned: Bool
+    public var isCA: Bool
+
+    init(_ info: CertificateInfo) {
+        self.subject = info.subject
+        self.issuer = info.issuer
+        self.notBefore = info.notBefore
+        self.notAfter = info.notAfter
+        self.sha256 = info.sha256
+        self.spkiSHA256 = info.spkiSHA256
+        self.dnsNames = info.dnsNames
+        self.ipAddresses = info.ipAddresses
+        self.isSelfSigned = info.isSelfSigned
+        self.isCA = info.isCA
+    }
+}
+
+/// Why a request could not be made or finished, apart from errors the daemon reports
+/// (those are `BrokerError`).
+public enum BrokerClientError: Error, Sendable, Hashable, CustomStringConvertible {
+    /// Nothing listens on the socket: start the daemon (`systemctl --user start authbrokerd.socket`).
+    case daemonNotRunning(socketPath: String)
+    /// The socket exists but this user may not connect to it.
+    case permissionDenied(socketPath: String)
+    /// The socket path cannot be used (too long, not a socket, ...).
+    case unusableSocket(socketPath: String, reason: String)
+    /// The daemon closed the connection before the response was complete.
+    case connectionClosed
+    /// The daemon's bytes were not a valid HTTP/1.1 response.
+    case protocolError(reason: String)
+    /// The request cannot be sent (not an absolute http(s) URL, a bad header, ...).
+    case invalidRequest(reason: String)
+    /// A body was larger than the caller allowed (`data(for:maxBytes:)`, control responses).
+    case responseTooLarge(limit: Int)
+    /// The challenge handler answered `.cancel`.
+    case challengeCancelled
+    /// A control API answer that was not what its documentation promises.
+    case unexpectedResponse(status: Int, reason: String)
+
+    public var description: String {
+        switch self {
+        case .daemonNotRunning(let path):
+            "authbrokerd is not running: nothing listens on \(path). Start it with `systemctl --user start authbrokerd.socket` (or `authbrokerd`)."
+        case .permissionDenied(let path): "permission denied connecting to \(path): the socket belongs to another user"
+        case .unusableSocket(let path, let reason): "cannot use the socket \(path): \(reason)"
+        case .connectionClosed: "authbrokerd closed the connection before the response was complete"
+        case .protocolError(let reason): "authbrokerd's response was not valid HTTP/1.1: \(reason)"
+        case .invalidRequest(let reason): "invalid request: \(reason)"
+        case .responseTooLarge(let limit): "the response body is larger than the \(limit) bytes allowed"
+        case .challengeCancelled: "the request was cancelled by the challenge handler"
+        case .unexpectedResponse(let status, let reason): "unexpected control API response \(status): \(reason)"
+        }
+    }
+}
+
+/// Reading a response head: is it the daemon's own error, the origin's answer, or undecided?
+enum BrokerErrorDetection {
+    enum Verdict: Equatable {
+        /// `Proxy-Status` names authbrokerd with an error (RFC 9209 §2).
+        case brokerError(proxyStatus: String, details: String?)
+        /// problem+json without the broker's `Proxy-Status`: the body's `type` decides.
+        case possibleBrokerProblem
+        case origin
+    }
+
+    static let problemTypePrefix = "urn:authbroker:problem:"
+    /// Largest problem body read to build a `BrokerError`.
+    static let maxProblemBytes = 1024 * 1024
+
+    static func classify(_ head: HTTPResponseHead) -> Verdict {
+        let proxyStatus = head.headers["Proxy-Status"].joined(separator: ", ")
+        if let member = firstMember(of: proxyStatus), let error = brokerErrorType(in: member) {
+            return .brokerError(proxyStatus: error, details: parameter("details", in: member))
+        }
+        let contentType = head.headers.first(name: "Content-Type")?.lowercased() ?? ""
+        let mediaType = contentType.split(separator: ";").first.map { String($0.trimmingASCIIWhitespace()) }
+        if head.status.code >= 400, mediaType == ProblemDetails.mediaType { return .possibleBrokerProblem }
+        return .origin
+    }
+
+    /// The `error` token of the broker's member, kept even when it is a type this library does
+    /// not know (the daemon may grow).
+    static func brokerErrorType(in member: String) -> String? {
+        let parts = member.split(separator: ";").map { $0.trimmingASCIIWhitespace() }
+        guard parts.first == Substring(ProxyStatusField.proxyName) || parts.first == "\"\(ProxyStatusField.proxyName)\"" else {
+            return nil
+        }
+        for parameter in parts.dropFirst() {
+            let pair = parameter.split(separator: "=", maxSplits: 1)
+            if pair.count == 2, pair[0] == "error" { return String(pair[1]) }
+        }
+        return nil
+    }
+
+    /// The broker's problem document in `body`, or nil when the body is something else.
+    static func brokerProblem(in body: [UInt8]) -> ProblemDetails? {
+        guard let problem = try? BrokerJSON.decoder().decode(ProblemDetails.self, from: Data(body)),
+            problem.type.hasPrefix(problemTypePrefix)
+        else { return nil }
+        return problem
+    }
+
+    /// The first list member of a structured field (RFC 8941 §3.1), commas inside strings kept.
+    static func firstMember(of field: String) -> String? {
+        var inString = false
+        var escaped = false
+        var end = field.endIndex
+        for index in field.indices {
+            let character = field[index]
+            if escaped {
+                escaped = false
+            } else if inString, character == "\\" {
+                escaped = true
+            } else if character == "\"" {
+                inString.toggle()
+            } else if character == ",", !inString {
+                end = index
+                break
+            }
+        }
+        let member = Substring(field[..<end]).trimmingASCIIWhitespace()
+        return member.isEmpty ? nil : String(member)
+    }
+
+    /// A parameter's value in a member, an sf-string unescaped (RFC 8941 §3.3.3).
+    static func parameter(_ name: String, in member: String) -> String? {
+        guard let range = member.range(of: ";" + name + "=") ?? member.range(of: "; " + name + "=") else { return nil }
+        let rest = member[range.upperBound...]
+        guard rest.first == "\"" else { return String(rest.prefix { $0 != ";" }.trimmingASCIIWhitespace()) }
+        var value = ""
+        var escaped = false
+        for character in rest.dropFirst() {
+            if escaped {
+                value.append(character)
+                escaped = false
+            } else if character == "\\" {
+                escaped = true
+            } else if character == "\"" {
+                return value
+            } else {
+                value.append(character)
+            }
+        }
+        return value
+    }
+}

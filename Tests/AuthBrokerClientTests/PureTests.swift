@@ -1,0 +1,133 @@
+import AuthBrokerCore
+import AuthBrokerHTTPAuth
+import Foundation
+import NIOCore
+import NIOHTTP1
+import Testing
+
+@testable import AuthBrokerClient
+
+/// The library's decisions without sockets: targets, heads, error detection, challenge order,
+/// the relay's back-pressure.
+@Suite("AuthBrokerClient without sockets")
+struct PureTests {
+    @Test(
+        "a URL becomes the absolute-form target, the origin-form Digest uri and the Host field",
+        arguments: [
+            ("https://Example.com/a/b?x=1#frag", "https://Example.com/a/b?x=1", "/a/b?x=1", "Example.com", 443),
+            ("http://example.com", "http://example.com/", "/", "example.com", 80),
+            ("http://[::1]:8080/p%20q", "http://[::1]:8080/p%20q", "/p%20q", "[::1]:8080", 8080),
+            ("https://h.test:8443?q", "https://h.test:8443/?q", "/?q", "h.test:8443", 8443),
+        ]
+    )
+    func target(url: String, absolute: String, originForm: String, hostHeader: String, port: Int) throws {
+        let target = try BrokerRequest(url: try #require(URL(string: url))).target()
+        #expect(target.absolute == absolute)
+        #expect(target.originForm == originForm)
+        #expect(target.hostHeader == hostHeader)
+        #expect(target.port == port)
+    }
+
+    @Test("only absolute http(s) URLs are sent", arguments: ["ftp://example.com/", "/relative", "file:///etc/passwd", "https:///nohost"])
+    func refusedTargets(url: String) throws {
+        #expect(throws: BrokerClientError.self) { try BrokerRequest(url: try #require(URL(string: url))).target() }
+    }
+
+    @Test("the request head: framing is the library's, directives are added, Connection is never the app's")
+    func requestHead() throws {
+        var headers = BrokerHeaders()
+        headers.add("Connection", "keep-alive, X-Secret")
+        headers.add("Content-Length", "999")
+        headers.add("Accept", "text/plain")
+        headers.add("Authorization", "Bearer app-token")
+        let request = BrokerRequest(
+            url: try #require(URL(string: "https://h.test/x")), method: "POST", headers: headers, body: .bytes([1, 2, 3]),
+            identity: "work"
+        )
+        let head = try BrokerClient.requestHead(request, target: try request.target(), authorization: nil, persist: nil)
+        #expect(head.uri == "https://h.test/x")
+        #expect(head.headers["Content-Length"] == ["3"])
+        #expect(head.headers["Connection"] == ["close"])
+        #expect(head.headers["Authbroker-Identity"] == ["work"])
+        #expect(head.headers["Authorization"] == ["Bearer app-token"])
+        #expect(head.headers["Host"] == ["h.test"])
+
+        let answered = try BrokerClient.requestHead(request, target: try request.target(), authorization: "Basic eA==", persist: "permanent")
+        #expect(answered.headers["Authorization"] == ["Basic eA=="])
+        #expect(answered.headers["Authbroker-Persist"] == ["permanent"])
+
+        let streamed = BrokerRequest(url: try #require(URL(string: "https://h.test/x")), method: "PUT", body: .stream(PatternChunks(total: 1, chunkSize: 1)))
+        let chunked = try BrokerClient.requestHead(streamed, target: try streamed.target(), authorization: nil, persist: nil)
+        #expect(chunked.headers["Transfer-Encoding"] == ["chunked"])
+        #expect(chunked.headers["Content-Length"].isEmpty)
+        #expect(throws: BrokerClientError.self) {
+            let bad = BrokerRequest(url: try #require(URL(string: "https://h.test/x")), method: "GET /evil")
+            _ = try BrokerClient.requestHead(bad, target: try bad.target(), authorization: nil, persist: nil)
+        }
+    }
+
+    static func head(_ status: HTTPResponseStatus, _ fields: [(String, String)]) -> HTTPResponseHead {
+        HTTPResponseHead(version: .http1_1, status: status, headers: HTTPHeaders(fields))
+    }
+
+    @Test("a broker error is told from the origin's response by Proxy-Status, then by the problem type")
+    func errorDetection() {
+        let broker = Self.head(.badGateway, [("Proxy-Status", #"authbrokerd; error=tls_certificate_error; details="a, \"b\"""#)])
+        #expect(BrokerErrorDetection.classify(broker) == .brokerError(proxyStatus: "tls_certificate_error", details: #"a, "b""#))
+        // Another proxy's member first: the origin side's, not ours.
+        let other = Self.head(.badGateway, [("Proxy-Status", "cdn; error=dns_error, authbrokerd")])
+        #expect(BrokerErrorDetection.classify(other) == .origin)
+        let problem = Self.head(.badRequest, [("Content-Type", "application/problem+json; charset=utf-8")])
+        #expect(BrokerErrorDetection.classify(problem) == .possibleBrokerProblem)
+        #expect(BrokerErrorDetection.classify(Self.head(.ok, [("Content-Type", "application/problem+json")])) == .origin)
+        #expect(BrokerErrorDetection.brokerProblem(in: Array(#"{"type":"urn:other:x","title":"t","status":400,"detail":"d","code":"x"}"#.utf8)) == nil)
+        #expect(
+            BrokerErrorDetection.brokerProblem(in: Array(#"{"type":"urn:authbroker:problem:x","title":"t","status":400,"detail":"d","code":"x"}"#.utf8))?.code
+                == "x"
+        )
+    }
+
+    @Test("challenges are offered strongest first: Digest by hash strength, then Basic; unanswerable ones never")
+    func challengeOrder() {
+        let fields = [
+            #"Basic realm="b", Digest realm="md5", nonce="n1", qop="auth""#,
+            #"Digest realm="sha", nonce="n2", qop="auth", algorithm=SHA-256, Digest realm="bad", nonce="n3", algorithm=UNKNOWN"#,
+            #"Negotiate, Bearer realm="x""#,
+        ]
+        let ordered = ChallengeDialogue.preferenceOrder(ChallengeSelection.clientVisible(AuthChallenge.parse(fieldValues: fields)))
+        #expect(ordered.map { $0.challenge.realm } == ["sha", "md5", "b"])
+    }
+
+    @Test("the relay holds at most its capacity: the producer waits until the reader takes a part")
+    func relayBackPressure() async throws {
+        let relay = ResponseRelay(capacity: 2)
+        let produced = Counter()
+        let producer = Task {
+            for index in 0..<10 {
+                try await relay.yield(.body(ByteBuffer(integer: UInt8(index))))
+                await produced.increment()
+            }
+            try await relay.yield(.end(nil))
+            relay.finish()
+        }
+        try await Task.sleep(for: .milliseconds(100))
+        // Two fit; the second yield waits for room (it returns once the reader takes one).
+        #expect(await produced.value <= 2)
+        var read: [UInt8] = []
+        while let part = try await relay.next() {
+            if case .body(var buffer) = part, let byte = buffer.readInteger(as: UInt8.self) { read.append(byte) }
+        }
+        try await producer.value
+        #expect(read == Array(0..<10))
+
+        // A cancelled reader fails the producer's next yield.
+        let cancelled = ResponseRelay(capacity: 1)
+        cancelled.cancel()
+        await #expect(throws: CancellationError.self) { try await cancelled.yield(.end(nil)) }
+    }
+
+    actor Counter {
+        var value = 0
+        func increment() { value += 1 }
+    }
+}
