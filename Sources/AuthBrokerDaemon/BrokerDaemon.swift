@@ -114,7 +114,18 @@ package enum BrokerDaemon {
         let startedAt = Date()
         let boundPath: String = if case .path(let path) = listening { path } else { socketPath }
         let vault = PasswordVault()
-        let authenticator = HTTPAuthenticator(vault: vault, logger: logger)
+        let audit: AuditLog
+        do {
+            try FileManager.default.createDirectory(
+                atPath: stateDirectory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700]
+            )
+            audit = try AuditLog(path: (stateDirectory as NSString).appendingPathComponent("audit.jsonl"), logger: logger)
+        } catch let error as StartupError {
+            throw error
+        } catch {
+            throw StartupError(description: "authbrokerd: \(error)", exitCode: 1)
+        }
+        let authenticator = HTTPAuthenticator(vault: vault, audit: audit, logger: logger)
         let reauth = ReauthService(
             authenticator: PAMAuthenticator(
                 configuration: .init(service: settings.security.pamService, configDirectory: settings.security.pamConfigDirectory),

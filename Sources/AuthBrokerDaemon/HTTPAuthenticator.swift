@@ -15,9 +15,26 @@ package struct RequestAuthState: Sendable {
     var user: String?
     /// The `Authorization` value the broker adds to the next attempt.
     var authorization: String?
+    /// A Basic credential the client sent itself, and how long it asked the broker to keep it
+    /// once the server accepts it (`Authbroker-Persist`).
+    var clientCredential: PasswordCredential?
+    var persist: CredentialPersistence?
 
     package init(clientSentAuthorization: Bool) {
         if clientSentAuthorization { self.lastAttempt = .clientCredential }
+    }
+
+    /// The state for a request with these headers: whether the client authorised it itself,
+    /// and whether it asked for its Basic credential to be kept (Digest answers cannot be: the
+    /// broker never sees that password).
+    package init(headers: HTTPHeaders) {
+        let authorization = headers.first(name: "authorization")
+        self.init(clientSentAuthorization: authorization != nil)
+        let persist = ProxyHeaders.brokerDirectives(headers).last { $0.name == "authbroker-persist" }?.value.lowercased()
+        guard let authorization, let persist, let persistence = CredentialPersistence(rawValue: persist), persistence != .none
+        else { return }
+        self.clientCredential = BasicAuthorization.credential(fromHeaderValue: authorization)
+        self.persist = persistence
     }
 }
 
@@ -45,10 +62,17 @@ package final class HTTPAuthenticator: Sendable {
     private let broker: ChallengeBroker<ProtectionSpace, StoredAnswer>
     private let digestSessions = NIOLockedValueBox<[ProtectionSpace: DigestSession]>([:])
     private let knownSpaces = NIOLockedValueBox<[CanonicalOrigin: [KnownSpace]]>([:])
+    /// The Basic space whose 401 last went to the client, per origin: a credential the client
+    /// then sends with `Authbroker-Persist` is kept for that realm.
+    private let offeredToClient = NIOLockedValueBox<[CanonicalOrigin: ProtectionSpace]>([:])
+    /// Origins remembered in `offeredToClient` at most (the oldest entries are dropped).
+    static let maxOfferedOrigins = 256
+    private let audit: AuditLog?
     private let logger: Logger
 
-    package init(vault: PasswordVault, logger: Logger) {
+    package init(vault: PasswordVault, audit: AuditLog? = nil, logger: Logger) {
         self.vault = vault
+        self.audit = audit
         self.logger = logger
         self.broker = ChallengeBroker { space in vault.credential(for: space) }
     }
@@ -59,7 +83,7 @@ package final class HTTPAuthenticator: Sendable {
 
     /// Sets `state.authorization` when a known space covers `uri` and its credential is usable.
     package func authorizePreemptively(
-        origin: CanonicalOrigin, method: HTTPMethod, uri: String, state: inout RequestAuthState
+        origin: CanonicalOrigin, method: HTTPMethod, uri: String, requester: Requester? = nil, state: inout RequestAuthState
     ) {
         guard state.lastAttempt == .noCredentials, let known = self.knownSpace(origin: origin, uri: uri),
             let answer = self.vault.credential(for: known.space), AuthAttemptPolicy.mayPreempt(stored: answer.state)
@@ -81,6 +105,7 @@ package final class HTTPAuthenticator: Sendable {
             }
             state.space = space
             state.user = answer.credential.user
+            self.audit?.record(.credentialUsed(space: space, user: answer.credential.user, requester: requester))
         } catch {
             self.logger.debug("no preemptive authorization", metadata: ["space": "\(space)", "error": "\((error as? HTTPAuthError)?.code ?? "\(error)")"])
         }
@@ -123,6 +148,12 @@ package final class HTTPAuthenticator: Sendable {
         )
         switch decision {
         case .passToClient:
+            if space.authScheme == "basic" {
+                self.offeredToClient.withLockedValue { offered in
+                    if offered.count >= Self.maxOfferedOrigins { offered.removeAll() }
+                    offered[origin] = space
+                }
+            }
             return false
         case .markStoredFailedAndPassToClient:
             let user = state.user ?? answer?.credential.user ?? ""
@@ -157,6 +188,7 @@ package final class HTTPAuthenticator: Sendable {
             state.lastAttempt = .storedCredential
             state.space = space
             state.user = answer.credential.user
+            self.audit?.record(.credentialUsed(space: space, user: answer.credential.user, requester: requester))
             return true
         }
     }
@@ -166,6 +198,11 @@ package final class HTTPAuthenticator: Sendable {
     /// A response other than a 401 ended a request the broker authorised: the space is known
     /// from now on, and Digest takes the server's `nextnonce`.
     package func responseAccepted(_ head: HTTPResponseHead, origin: CanonicalOrigin, uri: String, state: RequestAuthState) {
+        if state.lastAttempt == .clientCredential, let credential = state.clientCredential, let persist = state.persist,
+            (200..<400).contains(head.status.code)
+        {
+            self.keepClientCredential(credential, origin: origin, persistence: persist)
+        }
         guard let space = state.space, state.lastAttempt != .clientCredential, head.status != .unauthorized else { return }
         let info = head.headers[space.authenticationInfoFieldName]
         if space.authScheme == "digest", !info.isEmpty {
@@ -223,6 +260,20 @@ package final class HTTPAuthenticator: Sendable {
     /// The challenges that wait, oldest first.
     package func pendingChallenges() async -> [(challenge: ChallengeQueue<ProtectionSpace, StoredAnswer, ContinuousClock.Instant>.PendingChallenge, age: Duration, requester: Requester?)] {
         await self.broker.pending
+    }
+
+    /// `Authbroker-Persist`: the server accepted a Basic credential the client sent; keep it for
+    /// the realm the client was challenged with (any realm at the origin when unknown).
+    private func keepClientCredential(_ credential: PasswordCredential, origin: CanonicalOrigin, persistence: CredentialPersistence) {
+        let realm = self.offeredToClient.withLockedValue { $0[origin]?.realm }
+        do {
+            try self.vault.add(origin: origin, realm: realm, credential: credential, persistence: persistence)
+            self.logger.info(
+                "kept the credential the client supplied", metadata: ["origin": "\(origin)", "user": "\(credential.user)", "persistence": "\(persistence.rawValue)"]
+            )
+        } catch {
+            self.logger.notice("could not keep the credential the client supplied", metadata: ["origin": "\(origin)", "error": "\(error.code)"])
+        }
     }
 
     // MARK: - Helpers

@@ -67,9 +67,11 @@ package struct Interceptor: Sendable {
         let mayRetry = Self.hasNoBody(head)
         // The body is kept (up to a bound) so the request can be sent again after a 401.
         let replay = ReplayBuffer(limit: self.settings.limits.requestBodyBufferBytes, head: head)
-        let auth = NIOLockedValueBox(RequestAuthState(clientSentAuthorization: head.headers.contains(name: "authorization")))
+        let auth = NIOLockedValueBox(RequestAuthState(headers: head.headers))
         auth.withLockedValue { state in
-            self.authenticator.authorizePreemptively(origin: origin, method: head.method, uri: pathAndQuery, state: &state)
+            self.authenticator.authorizePreemptively(
+                origin: origin, method: head.method, uri: pathAndQuery, requester: requester, state: &state
+            )
         }
         var attempt = 0
         var requestEnded = false

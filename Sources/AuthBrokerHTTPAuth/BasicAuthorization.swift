@@ -31,6 +31,24 @@ package enum BasicAuthorization {
         return try headerValue(for: credential, charsetUTF8: charset == "utf-8")
     }
 
+    /// Largest `Authorization` value read back (a Basic credential of sane size fits easily).
+    package static let maxHeaderValueBytes = 8192
+
+    /// The credential in a `Basic` `Authorization` value, or nil when it is not one: another
+    /// scheme, not base64, not UTF-8, no ':' separating user and password, control characters,
+    /// or longer than `maxHeaderValueBytes`. Total: every input gives a credential or nil.
+    package static func credential(fromHeaderValue value: String) -> PasswordCredential? {
+        guard value.utf8.count <= Self.maxHeaderValueBytes else { return nil }
+        let parts = value.split(separator: " ", maxSplits: 1, omittingEmptySubsequences: true)
+        guard parts.count == 2, AuthListSyntax.lowercasedASCII(String(parts[0])) == "basic",
+            let decoded = Data(base64Encoded: String(parts[1]).trimmingCharacters(in: .whitespaces)),
+            let pair = String(data: decoded, encoding: .utf8), let colon = pair.firstIndex(of: ":")
+        else { return nil }
+        let credential = PasswordCredential(user: String(pair[..<colon]), password: String(pair[pair.index(after: colon)...]))
+        guard !containsControl(credential.user), !containsControl(credential.password) else { return nil }
+        return credential
+    }
+
     /// C0 controls and DEL (RFC 5234 CTL).
     static func containsControl(_ text: String) -> Bool {
         text.unicodeScalars.contains { $0.value < 0x20 || $0.value == 0x7F }

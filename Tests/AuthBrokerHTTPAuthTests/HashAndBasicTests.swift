@@ -100,3 +100,27 @@ struct BasicTests {
         #expect(!String(describing: Mirror(reflecting: credential).children.map(\.value)).contains("hunter2"))
     }
 }
+
+@Suite("Basic credentials read back")
+struct BasicCredentialParsingTests {
+    @Test(
+        "hostile and foreign Authorization values give nil",
+        arguments: [
+            "", "Basic", "Basic ", "Bearer QWxhZGRpbjpvcGVuIHNlc2FtZQ==", "Basic !!!not-base64!!!", "Basic bm9jb2xvbg==",
+            "Basic " + String(repeating: "QUFB", count: 3000), "Digest username=\"a\"", "Basic AA==", "Basic /w==",
+        ]
+    )
+    func hostile(value: String) {
+        #expect(BasicAuthorization.credential(fromHeaderValue: value) == nil)
+    }
+
+    @Test("RFC 7617 examples read back, case-insensitive scheme; a ':' in the password is kept")
+    func examples() throws {
+        let aladdin = try #require(BasicAuthorization.credential(fromHeaderValue: "Basic QWxhZGRpbjpvcGVuIHNlc2FtZQ=="))
+        #expect(aladdin.user == "Aladdin" && aladdin.password == "open sesame")
+        let utf8 = try #require(BasicAuthorization.credential(fromHeaderValue: "basic dGVzdDoxMjPCow=="))
+        #expect(utf8.user == "test" && utf8.password == "123£")
+        let value = try BasicAuthorization.headerValue(for: PasswordCredential(user: "u", password: "a:b:c"))
+        #expect(BasicAuthorization.credential(fromHeaderValue: value)?.password == "a:b:c")
+    }
+}

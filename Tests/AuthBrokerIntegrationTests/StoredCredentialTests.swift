@@ -164,3 +164,49 @@ struct StoredCredentialTests {
         }
     }
 }
+
+@Suite("Credentials the app supplies, and the audit log")
+struct PersistAndAuditTests {
+    @Test("Authbroker-Persist: session keeps a Basic credential the server accepted, for its realm; later requests need none")
+    func persistSession() async throws {
+        let origin = try await TestAuthOrigin.start(name: "persist", user: "alice", password: StoredCredentialTests.password)
+        defer { Task { await origin.stop() } }
+        try await withDaemon(config: StoredCredentialTests.config(origin)) { daemon in
+            let url = StoredCredentialTests.base(origin) + "/basic/x"
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            #expect(try connection.request("GET", url).status == 401)
+            let basic = Data("alice:\(StoredCredentialTests.password)".utf8).base64EncodedString()
+            let supplied = try connection.request(
+                "GET", url, headers: [("Authorization", "Basic \(basic)"), ("Authbroker-Persist", "session")]
+            )
+            #expect(supplied.status == 200)
+            #expect(try connection.request("GET", url).status == 200)
+            let list = try UnixSocketConnection(path: daemon.socketPath).request("GET", "/v1/passwords")
+            let first = (list.json["passwords"] as? [[String: Any]])?.first
+            #expect(first?["realm"] as? String == TestAuthOrigin.basicRealm)
+            #expect(first?["persistence"] as? String == "session")
+        }
+    }
+
+    @Test("the audit log records which process used which stored credential for which server, never the secret")
+    func auditLog() async throws {
+        let origin = try await TestAuthOrigin.start(name: "audit", user: "alice", password: StoredCredentialTests.password)
+        defer { Task { await origin.stop() } }
+        try await withDaemon(config: StoredCredentialTests.config(origin)) { daemon in
+            try StoredCredentialTests.store(daemon, url: StoredCredentialTests.base(origin))
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            #expect(try connection.request("GET", StoredCredentialTests.base(origin) + "/digest/MD5/auth/a").status == 200)
+            #expect(try connection.request("GET", StoredCredentialTests.base(origin) + "/digest/MD5/auth/b").status == 200)
+            let text = try String(contentsOfFile: daemon.directory + "/state/authbroker/audit.jsonl", encoding: .utf8)
+            let lines = text.split(separator: "\n").compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }
+            #expect(lines.count == 2)
+            #expect(lines.allSatisfy { $0["event"] as? String == "credential_used" && $0["user"] as? String == "alice" })
+            #expect(lines.first?["realm"] as? String == TestAuthOrigin.digestRealm)
+            #expect(lines.first?["pid"] as? Int == Int(getpid()))
+            #expect((lines.first?["executable"] as? String)?.contains("AuthBrokerPackageTests") == true)
+            #expect(!text.contains(StoredCredentialTests.password))
+            let attributes = try FileManager.default.attributesOfItem(atPath: daemon.directory + "/state/authbroker/audit.jsonl")
+            #expect((attributes[.posixPermissions] as? Int) == 0o600)
+        }
+    }
+}

@@ -1,0 +1,84 @@
+import AuthBrokerCore
+import AuthBrokerHTTPAuth
+import Foundation
+import Logging
+import NIOConcurrencyHelpers
+
+/// An append-only record of which process used which stored credential or client identity for
+/// which server (DESIGN.md: caller awareness), one JSON object per line in
+/// `$XDG_STATE_HOME/authbroker/audit.jsonl`, mode 0600. It never holds a secret: user names,
+/// realms and identity names only.
+package final class AuditLog: Sendable {
+    package enum Event: Sendable {
+        case credentialUsed(space: ProtectionSpace, user: String, requester: Requester?)
+        case identityPresented(name: String, origin: CanonicalOrigin, requester: Requester?)
+    }
+
+    private struct Line: Encodable {
+        var time: Date
+        var event: String
+        var scheme: String
+        var host: String
+        var port: Int
+        var realm: String?
+        var authScheme: String?
+        var user: String?
+        var identity: String?
+        var pid: Int32?
+        var uid: UInt32?
+        var executable: String?
+
+        enum CodingKeys: String, CodingKey {
+            case time, event, scheme, host, port, realm, user, identity, pid, uid, executable
+            case authScheme = "auth_scheme"
+        }
+    }
+
+    package let path: String
+    private let descriptor: NIOLockedValueBox<Int32>
+    private let logger: Logger
+
+    /// Opens (creating, 0600) the log for appending.
+    package init(path: String, logger: Logger) throws {
+        let fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o600)
+        guard fd >= 0 else {
+            throw StartupError(
+                description: "authbrokerd: cannot open the audit log \(path): \(String(cString: strerror(errno))). Check the state directory's permissions.",
+                exitCode: 1
+            )
+        }
+        self.path = path
+        self.descriptor = NIOLockedValueBox(fd)
+        self.logger = logger
+    }
+
+    deinit {
+        self.descriptor.withLockedValue { _ = close($0) }
+    }
+
+    /// Appends one line; a failure is logged and the request goes on.
+    package func record(_ event: Event) {
+        let line: Line
+        switch event {
+        case .credentialUsed(let space, let user, let requester):
+            line = Line(
+                time: Date(), event: "credential_used", scheme: space.origin.scheme.rawValue, host: space.origin.host,
+                port: space.origin.port, realm: space.realm, authScheme: space.authScheme, user: user,
+                pid: requester?.pid, uid: requester?.uid, executable: requester?.executable
+            )
+        case .identityPresented(let name, let origin, let requester):
+            line = Line(
+                time: Date(), event: "identity_presented", scheme: origin.scheme.rawValue, host: origin.host, port: origin.port,
+                identity: name, pid: requester?.pid, uid: requester?.uid, executable: requester?.executable
+            )
+        }
+        guard var bytes = try? BrokerJSON.encoder().encode(line) else { return }
+        bytes.append(UInt8(ascii: "\n"))
+        let written = self.descriptor.withLockedValue { fd in
+            bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        }
+        if written != bytes.count {
+            self.logger.warning("cannot append to the audit log", metadata: ["path": "\(self.path)"])
+        }
+    }
+}
