@@ -95,6 +95,7 @@ let package = Package(
                 "AuthBrokerTrust",
                 "AuthBrokerHTTPAuth",
                 "AuthBrokerPAM",
+                "AuthBrokerSecrets",
                 "CAuthBrokerSystem",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
