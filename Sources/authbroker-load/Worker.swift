@@ -147,7 +147,7 @@ final class Worker {
         started += 1
         let startedAt: NIODeadline =
             plan.mode == .newConnectionPerRequest && isFirstOnConnection ? connectStartedAt : .now()
-        handler.send(startedAt: startedAt, closeAfter: plan.mode == .newConnectionPerRequest)
+        handler.send(startedAt: startedAt)
     }
 
     /// A whole response arrived and was checked.
@@ -244,8 +244,16 @@ final class ExchangeHandler: ChannelInboundHandler, RemovableChannelHandler {
     private var keepAlive = true
     private var bodyBytes = 0
 
+    /// The same request every time, built once per connection.
+    private let head: HTTPRequestHead
+
     init(worker: Worker) {
         self.worker = worker
+        var headers = HTTPHeaders()
+        headers.add(name: "Host", value: worker.plan.hostHeader)
+        headers.add(name: "User-Agent", value: "authbroker-load")
+        if worker.plan.mode == .newConnectionPerRequest { headers.add(name: "Connection", value: "close") }
+        head = HTTPRequestHead(version: .http1_1, method: .GET, uri: worker.plan.requestTarget, headers: headers)
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -261,17 +269,12 @@ final class ExchangeHandler: ChannelInboundHandler, RemovableChannelHandler {
         context.fireChannelActive()
     }
 
-    func send(startedAt: NIODeadline, closeAfter: Bool) {
+    func send(startedAt: NIODeadline) {
         guard let context else { return }
         inFlight = true
         self.startedAt = startedAt
         firstByteAt = nil
         bodyBytes = 0
-        var headers = HTTPHeaders()
-        headers.add(name: "Host", value: worker.plan.hostHeader)
-        headers.add(name: "User-Agent", value: "authbroker-load")
-        if closeAfter { headers.add(name: "Connection", value: "close") }
-        let head = HTTPRequestHead(version: .http1_1, method: .GET, uri: worker.plan.requestTarget, headers: headers)
         context.write(wrapOutboundOut(.head(head)), promise: nil)
         context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
     }
