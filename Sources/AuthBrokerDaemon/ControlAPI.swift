@@ -175,6 +175,11 @@ package struct ControlAPI: Sendable {
         case (.POST, ["v1", "passwords"]):
             let request = try Self.decode(AddPasswordRequest.self, from: body)
             let origin = try Self.origin(request.url)
+            guard !request.user.isEmpty, !request.user.contains(":") else {
+                throw BrokerError.badRequest(
+                    code: "invalid_user", detail: "The user name must not be empty or contain ':' (Basic authentication cannot carry it, RFC 7617 §2)."
+                )
+            }
             let persistence = try Self.persistence(request.persistence)
             try await self.vault.add(
                 origin: origin, realm: request.realm, credential: PasswordCredential(user: request.user, password: request.password),

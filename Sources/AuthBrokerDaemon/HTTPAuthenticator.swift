@@ -19,6 +19,9 @@ package struct RequestAuthState: Sendable {
     /// once the server accepts it (`Authbroker-Persist`).
     var clientCredential: PasswordCredential?
     var persist: CredentialPersistence?
+    /// The Digest answer the broker sent on the latest attempt, and with which credential, to
+    /// check the server's `rspauth` (RFC 7616 §3.5).
+    var digestSent: (authorization: DigestAuthorization, credential: PasswordCredential)?
 
     package init(clientSentAuthorization: Bool) {
         if clientSentAuthorization { self.lastAttempt = .clientCredential }
@@ -101,6 +104,7 @@ package final class HTTPAuthenticator: Sendable {
                 }
                 guard let authorization else { return }
                 state.authorization = authorization.headerValue
+                state.digestSent = (authorization, answer.credential)
                 state.lastAttempt = .preemptiveDigest
             }
             state.space = space
@@ -171,14 +175,16 @@ package final class HTTPAuthenticator: Sendable {
                 case .basic(let challenge):
                     state.authorization = try BasicAuthorization.headerValue(for: answer.credential, challenge: challenge)
                 case .digest(let digest, _):
-                    state.authorization = try self.digestSessions.withLockedValue { sessions throws(HTTPAuthError) in
+                    let authorization = try self.digestSessions.withLockedValue { sessions throws(HTTPAuthError) in
                         var session = stale ? (sessions[space] ?? DigestSession(protectionSpace: space, challenge: digest))
                             : DigestSession(protectionSpace: space, challenge: digest)
                         defer { sessions[space] = session }
                         return try session.authorization(
                             credential: answer.credential, method: method.rawValue, uri: uri, body: .bytes(body)
-                        ).headerValue
+                        )
                     }
+                    state.authorization = authorization.headerValue
+                    state.digestSent = (authorization, answer.credential)
                 }
             } catch {
                 self.logger.notice("cannot answer the challenge", metadata: ["space": "\(space)", "error": "\((error as? HTTPAuthError)?.code ?? "\(error)")"])
@@ -207,6 +213,20 @@ package final class HTTPAuthenticator: Sendable {
         let info = head.headers[space.authenticationInfoFieldName]
         if space.authScheme == "digest", !info.isEmpty {
             let parsed = AuthenticationInfo(parsing: info)
+            if let sent = state.digestSent {
+                let verdict = self.digestSessions.withLockedValue { sessions in
+                    sessions[space]?.challenge.verifyResponseAuth(parsed, credential: sent.credential, authorization: sent.authorization)
+                }
+                if verdict == .mismatch {
+                    // The server did not prove it knows the password: stop trusting this space.
+                    self.forget(space)
+                    self.logger.warning(
+                        "the server's rspauth does not match the request; its space is no longer answered preemptively",
+                        metadata: ["space": "\(space)"]
+                    )
+                    return
+                }
+            }
             self.digestSessions.withLockedValue { sessions in sessions[space]?.accept(authenticationInfo: parsed) }
         }
         let prefix = space.authScheme == "basic" ? Self.directory(of: uri) : "/"

@@ -9,8 +9,8 @@ struct Challenges: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "List the authentication challenges waiting for an answer, with their ages.",
         discussion: """
-            A challenge waits when the daemon has no stored password for it and the request \\
-            said it may wait for an agent (header Authbroker-Interactive). Answer them with \\
+            A challenge waits when the daemon has no stored password for it and the request \
+            said it may wait for an agent (header Authbroker-Interactive). Answer them with \
             'authbrokerctl agent'.
 
             Examples:
@@ -36,10 +36,10 @@ struct Agent: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Answer HTTP Basic/Digest challenges interactively in this terminal.",
         discussion: """
-            Attaches to the daemon as an agent. For each challenge it shows the requesting \\
-            process (pid and executable), the server, realm and scheme, and asks for a user \\
-            name and password (without echo), and whether to keep the password: not at all, \\
-            for this session (until the daemon stops), or permanently. An empty user name \\
+            Attaches to the daemon as an agent. For each challenge it shows the requesting \
+            process (pid and executable), the server, realm and scheme, and asks for a user \
+            name and password (without echo), and whether to keep the password: not at all, \
+            for this session (until the daemon stops), or permanently. An empty user name \
             declines. Ctrl-C detaches; challenges it held go back to their requests.
 
             Examples:

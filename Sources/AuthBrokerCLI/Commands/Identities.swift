@@ -16,10 +16,10 @@ struct Identities: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Import, list, remove and export the client certificates the daemon presents to servers (mTLS).",
         discussion: """
-            An identity is a certificate chain and its private key. The key goes into the \\
-            daemon's secret store and is used only inside the daemon. The daemon presents an \\
-            identity to the hosts its --hosts patterns name, or to any host when a request \\
-            names it with the header 'Authbroker-Identity: NAME'. Expired identities are never \\
+            An identity is a certificate chain and its private key. The key goes into the \
+            daemon's secret store and is used only inside the daemon. The daemon presents an \
+            identity to the hosts its --hosts patterns name, or to any host when a request \
+            names it with the header 'Authbroker-Identity: NAME'. Expired identities are never \
             presented.
 
             Examples:
@@ -53,7 +53,7 @@ struct Identities: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Import a client identity from a PKCS#12 file, or from a PEM certificate chain and key.",
             discussion: """
-                The PKCS#12 passphrase (or an encrypted PEM key's) is asked for on the terminal \\
+                The PKCS#12 passphrase (or an encrypted PEM key's) is asked for on the terminal \
                 without echo, or read from the first line of stdin with --passphrase-stdin.
 
                 Examples:
@@ -170,7 +170,7 @@ struct Identities: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Write a client identity out as it was imported, after you prove you are you (PAM).",
             discussion: """
-                Writes the PKCS#12 file (or the PEM key) that was imported, protected by the \\
+                Writes the PKCS#12 file (or the PEM key) that was imported, protected by the \
                 passphrase it was imported with. Asks for your login password first.
 
                 Examples:

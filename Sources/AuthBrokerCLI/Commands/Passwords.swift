@@ -237,7 +237,9 @@ enum Reauthentication {
                     answer = readLine(STDIN_FILENO)
                 } else {
                     let text = prompt.text.hasSuffix(" ") ? prompt.text : prompt.text + " "
-                    guard let typed = Terminal.readSecret(text) else {
+                    // PAM says which answers may be shown as typed (a user name) and which not.
+                    let read = prompt.style == "visible" ? Terminal.ask(text).map { Array($0.utf8) } : Terminal.readSecret(text)
+                    guard let typed = read else {
                         throw CLIError.plain(
                             .badRequest,
                             "cannot re-authenticate: there is no terminal to ask on; pipe your login password in with --login-password-stdin"

@@ -249,7 +249,7 @@ package struct BrokerSettings: Sendable, Equatable {
         }
 
         let security = TableReader(file: file, table: "security", document: document)
-        if let value = try security.integer("reauth_grant_seconds", in: 0...86_400, unit: seconds, note: " (0 to 86400)") {
+        if let value = try security.integer("reauth_grant_seconds", in: 1...86_400, unit: seconds, note: " (1 to 86400)") {
             settings.security.reauthGrantSeconds = value
         }
         if let value = try security.string("pam_service", expected: "a PAM service name, like \"authbroker\"") {
