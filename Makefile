@@ -20,7 +20,7 @@ run:
 test:
 	scripts/install-deps test
 	$(SWIFT) build --build-tests
-	$(SWIFT) test --skip-build --no-parallel
+	scripts/with-test-keyring $(SWIFT) test --skip-build --no-parallel
 
 build:
 	$(SWIFT) build

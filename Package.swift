@@ -60,6 +60,23 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
+        // libsecret (the Secret Service client library) through a shim of non-variadic helpers.
+        .systemLibrary(
+            name: "CLibsecret",
+            pkgConfig: "libsecret-1",
+            providers: [.apt(["libsecret-1-dev"])]
+        ),
+        // The SecretStore protocol and its backends: the Secret Service and an encrypted file.
+        .target(
+            name: "AuthBrokerSecrets",
+            dependencies: [
+                "AuthBrokerCore",
+                "CLibsecret",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strictSettings
+        ),
         // Linux calls Swift cannot reach cleanly (struct ucred needs _GNU_SOURCE).
         .target(name: "CAuthBrokerSystem"),
         // Linux-PAM's application API (libpam).
@@ -163,6 +180,11 @@ let package = Package(
         .testTarget(
             name: "AuthBrokerTrustTests",
             dependencies: ["AuthBrokerTrust", "TestSupport"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "AuthBrokerSecretsTests",
+            dependencies: ["AuthBrokerSecrets"],
             swiftSettings: strictSettings
         ),
         .testTarget(

@@ -259,3 +259,68 @@ package struct AgentAnswer: Codable, Sendable {
 package struct AgentAnswerAccepted: Codable, Sendable {
     package var accepted: Bool
 }
+
+/// A client identity's public part.
+package struct IdentityRecord: Codable, Sendable, Equatable {
+    package var name: String
+    package var hosts: [String]
+    package var subject: String
+    package var issuer: String
+    package var notBefore: Date
+    package var notAfter: Date
+    package var sha256: String
+    package var expired: Bool
+    package var expiresWithin30Days: Bool
+
+    enum CodingKeys: String, CodingKey {
+        case name, hosts, subject, issuer, sha256, expired
+        case notBefore = "not_before"
+        case notAfter = "not_after"
+        case expiresWithin30Days = "expires_within_30_days"
+    }
+}
+
+package struct IdentityList: Codable, Sendable { package var identities: [IdentityRecord] }
+package struct ImportedIdentity: Codable, Sendable { package var identity: IdentityRecord }
+package struct RemovedIdentity: Codable, Sendable { package var removed: IdentityRecord }
+
+package struct ImportIdentityRequest: Codable, Sendable {
+    package var name: String
+    package var hosts: [String]
+    package var replace: Bool
+    package var pkcs12Base64: String?
+    package var certPEM: String?
+    package var keyPEM: String?
+    package var passphrase: String?
+
+    package init(
+        name: String, hosts: [String], replace: Bool, pkcs12Base64: String? = nil, certPEM: String? = nil,
+        keyPEM: String? = nil, passphrase: String? = nil
+    ) {
+        self.name = name
+        self.hosts = hosts
+        self.replace = replace
+        self.pkcs12Base64 = pkcs12Base64
+        self.certPEM = certPEM
+        self.keyPEM = keyPEM
+        self.passphrase = passphrase
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case name, hosts, replace, passphrase
+        case pkcs12Base64 = "pkcs12_base64"
+        case certPEM = "cert_pem"
+        case keyPEM = "key_pem"
+    }
+}
+
+package struct ExportedIdentity: Codable, Sendable {
+    package var format: String
+    package var dataBase64: String
+    package var passphrase: String?
+
+    enum CodingKeys: String, CodingKey {
+        case format, passphrase
+        case dataBase64 = "data_base64"
+    }
+}

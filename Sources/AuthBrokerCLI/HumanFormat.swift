@@ -158,6 +158,33 @@ package enum HumanFormat {
         return table(header: ["ORIGIN", "REALM", "USER", "KEPT", "STATE"], rows: rows)
     }
 
+    /// `identities list`.
+    package static func identitiesTable(_ identities: [IdentityRecord]) -> String {
+        guard !identities.isEmpty else {
+            return "No client identities. Import one with 'authbrokerctl identities import FILE.p12 --hosts PATTERN'."
+        }
+        let rows = identities.map { identity in
+            [
+                sanitized(identity.name), sanitized(identity.subject), sanitized(identity.issuer),
+                date(identity.notAfter) + (identity.expired ? " (EXPIRED)" : identity.expiresWithin30Days ? " (soon)" : ""),
+                scope(identity.hosts).replacingOccurrences(of: "any host", with: "when named"),
+                String(sanitized(identity.sha256).prefix(23)) + "…",
+            ]
+        }
+        return table(header: ["NAME", "SUBJECT", "ISSUER", "EXPIRES", "HOSTS", "SHA-256"], rows: rows)
+    }
+
+    package static func importedIdentity(_ identity: IdentityRecord) -> String {
+        [
+            "Imported identity \(sanitized(identity.name))",
+            "  subject:  \(sanitized(identity.subject))",
+            "  issuer:   \(sanitized(identity.issuer))",
+            "  SHA-256:  \(sanitized(identity.sha256))",
+            "  expires:  \(timestamp(identity.notAfter))\(identity.expired ? " (EXPIRED: it will not be presented)" : "")",
+            "  hosts:    \(identity.hosts.isEmpty ? "only when a request names it (Authbroker-Identity)" : scope(identity.hosts))",
+        ].joined(separator: "\n")
+    }
+
     /// `challenges`: what waits, for whom, how long.
     package static func challengesTable(_ challenges: [ChallengeRecord]) -> String {
         guard !challenges.isEmpty else { return "No challenges are waiting." }

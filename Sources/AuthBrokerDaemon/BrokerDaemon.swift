@@ -152,7 +152,7 @@ package enum BrokerDaemon {
         let server = ClientConnectionServer(
             interceptor: Interceptor(
                 pool: pool, settings: settings, counters: counters, store: store,
-                trustGeneration: { connector.trustGeneration }, authenticator: authenticator
+                trustGeneration: { connector.trustGeneration }, authenticator: authenticator, audit: audit
             ),
             control: control, registry: registry, counters: counters, settings: settings, logger: logger
         )

@@ -83,11 +83,14 @@ package struct ControlAPI: Sendable {
     package let reauth: ReauthService?
     /// Challenges and agents; nil in tests of the router alone.
     package let authenticator: HTTPAuthenticator?
+    /// Client identities; nil when the daemon has no secret store for their keys.
+    package let identities: ClientIdentities?
     package let status: @Sendable () -> StatusReport
     package let inspect: @Sendable (CanonicalOrigin) async throws -> Inspection
 
     package init(
         store: TrustStore, vault: PasswordVault, reauth: ReauthService? = nil, authenticator: HTTPAuthenticator? = nil,
+        identities: ClientIdentities? = nil,
         status: @escaping @Sendable () -> StatusReport,
         inspect: @escaping @Sendable (CanonicalOrigin) async throws -> Inspection
     ) {
@@ -95,6 +98,7 @@ package struct ControlAPI: Sendable {
         self.vault = vault
         self.reauth = reauth
         self.authenticator = authenticator
+        self.identities = identities
         self.status = status
         self.inspect = inspect
     }
@@ -151,6 +155,44 @@ package struct ControlAPI: Sendable {
             let origin = try Self.origin(request.url)
             let credential = try self.vault.reveal(origin: origin, realm: request.realm, user: request.user)
             var response = try Self.json(.ok, ["password": credential.password])
+            response.headers.replaceOrAdd(name: "Cache-Control", value: "no-store")
+            return response
+
+        case (.GET, ["v1", "identities"]):
+            return try Self.json(.ok, ["identities": self.store.identities().map { IdentityJSON($0, now: Date()) }])
+        case (.POST, ["v1", "identities"]):
+            let request = try Self.decode(ImportIdentityRequest.self, from: body)
+            let hosts = try Self.hostPatterns(request.hosts ?? [])
+            let input: IdentityImport
+            if let pkcs12 = request.pkcs12Base64 {
+                guard let data = Data(base64Encoded: pkcs12) else {
+                    throw BrokerError.badRequest(code: "invalid_identity", detail: "pkcs12_base64 is not base64.")
+                }
+                input = .pkcs12(data: Array(data), passphrase: Array((request.passphrase ?? "").utf8))
+            } else if let cert = request.certPEM, let key = request.keyPEM {
+                input = .pem(chain: Array(cert.utf8), key: Array(key.utf8), passphrase: request.passphrase.map { Array($0.utf8) })
+            } else {
+                throw BrokerError.badRequest(
+                    code: "missing_identity", detail: "Give pkcs12_base64 (and passphrase), or cert_pem and key_pem."
+                )
+            }
+            let imported = try await self.identityService().importIdentity(
+                name: request.name, hosts: hosts, replace: request.replace ?? false, from: input
+            )
+            return try Self.json(.created, ["identity": IdentityJSON(imported, now: Date())])
+        case (.DELETE, let s) where s.count == 3 && s[0] == "v1" && s[1] == "identities":
+            let removed = try await self.identityService().remove(name: s[2])
+            return try Self.json(.ok, ["removed": IdentityJSON(removed, now: Date())])
+        case (.POST, let s) where s.count == 4 && s[0] == "v1" && s[1] == "identities" && s[3] == "export":
+            try self.requireGrant(peer, for: "export a client identity")
+            let exported = try await self.identityService().export(name: s[2])
+            var response = try Self.json(
+                .ok,
+                ExportedIdentityJSON(
+                    format: exported.format, dataBase64: Data(exported.data).base64EncodedString(),
+                    passphrase: exported.passphrase.map { String(decoding: $0, as: UTF8.self) }
+                )
+            )
             response.headers.replaceOrAdd(name: "Cache-Control", value: "no-store")
             return response
 
@@ -284,6 +326,9 @@ package struct ControlAPI: Sendable {
         case ["v1", "passwords"]: ["GET", "POST", "DELETE"]
         case ["v1", "passwords", "reveal"], ["v1", "reauth"]: ["POST"]
         case ["v1", "challenges"], ["v1", "agent"]: ["GET"]
+        case ["v1", "identities"]: ["GET", "POST"]
+        case let s where s.count == 3 && s[0] == "v1" && s[1] == "identities": ["DELETE"]
+        case let s where s.count == 4 && s[0] == "v1" && s[1] == "identities" && s[3] == "export": ["POST"]
         case let s where s.count == 4 && s[0] == "v1" && s[1] == "agent" && s[3] == "answer": ["POST"]
         case let s where s.count == 3 && s[0] == "v1" && s[1] == "reauth": ["POST"]
         case ["v1", "inspect"]: ["POST"]
@@ -376,6 +421,16 @@ package struct ControlAPI: Sendable {
         }
     }
 
+    private func identityService() throws -> ClientIdentities {
+        guard let identities = self.identities else {
+            throw BrokerError(
+                code: "secret_store_unavailable", status: .serviceUnavailable, title: "No secret store",
+                detail: "Client identities keep their keys in the secret store, which this daemon could not open; `authbrokerctl status` says why."
+            )
+        }
+        return identities
+    }
+
     package func agentsAvailable() throws -> HTTPAuthenticator {
         guard let authenticator = self.authenticator else {
             throw BrokerError.internalError("This daemon was started without a challenge broker.")
@@ -454,6 +509,66 @@ package struct ControlAPI: Sendable {
 }
 
 // MARK: - Wire models
+
+struct ImportIdentityRequest: Decodable {
+    var name: String
+    var hosts: [String]?
+    var replace: Bool?
+    var pkcs12Base64: String?
+    var passphrase: String?
+    var certPEM: String?
+    var keyPEM: String?
+
+    enum CodingKeys: String, CodingKey {
+        case name, hosts, replace, passphrase
+        case pkcs12Base64 = "pkcs12_base64"
+        case certPEM = "cert_pem"
+        case keyPEM = "key_pem"
+    }
+}
+
+/// A client identity's public part (`GET /v1/identities`): never the key.
+struct IdentityJSON: Encodable {
+    var name: String
+    var hosts: [String]
+    var subject: String
+    var issuer: String
+    var notBefore: Date
+    var notAfter: Date
+    var sha256: String
+    var expired: Bool
+    var expiresWithin30Days: Bool
+
+    init(_ identity: ClientIdentity, now: Date) {
+        self.name = identity.name
+        self.hosts = identity.hosts.map(\.description)
+        self.subject = identity.certificate.subject
+        self.issuer = identity.certificate.issuer
+        self.notBefore = identity.certificate.notBefore
+        self.notAfter = identity.certificate.notAfter
+        self.sha256 = identity.certificate.sha256
+        self.expired = identity.isExpired(at: now)
+        self.expiresWithin30Days = identity.expires(within: 30 * 86400, of: now)
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case name, hosts, subject, issuer, sha256, expired
+        case notBefore = "not_before"
+        case notAfter = "not_after"
+        case expiresWithin30Days = "expires_within_30_days"
+    }
+}
+
+struct ExportedIdentityJSON: Encodable {
+    var format: String
+    var dataBase64: String
+    var passphrase: String?
+
+    enum CodingKeys: String, CodingKey {
+        case format, passphrase
+        case dataBase64 = "data_base64"
+    }
+}
 
 struct AgentAnswerRequest: Decodable {
     var challenge: String

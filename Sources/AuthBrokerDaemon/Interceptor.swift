@@ -39,6 +39,8 @@ package struct Interceptor: Sendable {
     package let trustGeneration: @Sendable () -> UInt64
     /// Answers Basic and Digest challenges from stored credentials.
     package let authenticator: HTTPAuthenticator
+    /// Records which process had a client identity presented for it.
+    package let audit: AuditLog?
 
     /// Attempts per request at most: a stale pooled connection, a challenge, a stale nonce.
     static let maxAttempts = 4
@@ -58,6 +60,9 @@ package struct Interceptor: Sendable {
                 error, requestID: requestID, logger: logger, requests: &requests, writer: writer,
                 clientWantsKeepAlive: head.isKeepAlive
             )
+        }
+        if let identity = route.clientIdentity {
+            self.audit?.record(.identityPresented(name: identity, origin: origin, requester: requester))
         }
         let expectsContinue = head.headers["expect"].contains { $0.lowercased() == "100-continue" }
         let clientWantsKeepAlive = head.isKeepAlive && head.version == .http1_1

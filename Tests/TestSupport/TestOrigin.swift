@@ -30,15 +30,21 @@ package final class TestOrigin: Sendable {
     }
 
     /// Starts a server; with `identity`, it speaks TLS with that certificate (and `chain` after it).
+    /// With `clientCA`, it requires a client certificate issued by that CA (mTLS).
     package static func start(
-        name: String, identity: TestIdentity? = nil, chain: [TestIdentity] = [], host: String = "127.0.0.1"
+        name: String, identity: TestIdentity? = nil, chain: [TestIdentity] = [], host: String = "127.0.0.1",
+        clientCA: TestIdentity? = nil
     ) async throws -> TestOrigin {
         var sslContext: NIOSSLContext?
         if let identity {
             let certificates = try ([identity] + chain).map { NIOSSLCertificateSource.certificate(try $0.nioCertificate()) }
-            let configuration = TLSConfiguration.makeServerConfiguration(
+            var configuration = TLSConfiguration.makeServerConfiguration(
                 certificateChain: certificates, privateKey: .privateKey(try identity.nioPrivateKey())
             )
+            if let clientCA {
+                configuration.certificateVerification = .noHostnameVerification
+                configuration.trustRoots = .certificates([try clientCA.nioCertificate()])
+            }
             sslContext = try NIOSSLContext(configuration: configuration)
         }
         let context = sslContext
