@@ -77,6 +77,18 @@ package struct BrokerPaths: Sendable {
         return join(fallbackDirectory(uid: uid), "state")
     }
 
+    /// The directory for the encrypted secrets file: `$XDG_DATA_HOME/authbroker` >
+    /// `$HOME/.local/share/authbroker` > the state directory's fallback.
+    package static func dataDirectory(environment: [String: String], uid: UInt32) -> String {
+        if let dataHome = xdgDirectory("XDG_DATA_HOME", in: environment) {
+            return join(dataHome, applicationDirectoryName)
+        }
+        if let home = xdgDirectory("HOME", in: environment) {
+            return join(home, ".local", "share", applicationDirectoryName)
+        }
+        return join(fallbackDirectory(uid: uid), "data")
+    }
+
     /// `/tmp/authbroker-<uid>`: the per-user directory used when the XDG directories are missing.
     package static func fallbackDirectory(uid: UInt32) -> String {
         "/tmp/\(applicationDirectoryName)-\(uid)"

@@ -296,7 +296,8 @@ package final class SecretServiceStore: SecretStore {
     static func unavailableError(_ why: String) -> SecretStoreError {
         SecretStoreError(
             .serviceUnavailable,
-            "No Secret Service on the session bus (\(why)). Start gnome-keyring (or another Secret Service such as KeePassXC) in your session, or set store = \"file\" in config.toml."
+            "No Secret Service on the session bus (\(why)). Start gnome-keyring (or another Secret Service such as KeePassXC) in your session, or set store = \"file\" in config.toml.",
+            cause: why
         )
     }
 

@@ -34,10 +34,13 @@ package struct SecretStoreError: Error, CustomStringConvertible, Equatable {
     package var code: String { self._code.rawValue }
     /// What happened and what to do.
     package let message: String
+    /// What happened only, without the advice (for a sentence that gives its own).
+    package let cause: String
 
-    init(_ code: Code, _ message: String) {
+    init(_ code: Code, _ message: String, cause: String? = nil) {
         self._code = code
         self.message = message
+        self.cause = cause ?? message
     }
 
     package var description: String { self.message }

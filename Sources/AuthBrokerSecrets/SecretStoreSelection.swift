@@ -45,7 +45,7 @@ package func selectSecretStore(
             try SecretServiceStore(timeout: probeTimeout, environment: environment).probe()
             status = "the Secret Service answered on the session bus"
         } catch {
-            status = "the Secret Service does not answer now, so secret operations fail until it does: \(error.message)"
+            status = "the Secret Service does not answer now (\(error.cause)), so secret operations fail until it does"
         }
         selected = SelectedSecretStore(store: service, reason: "store = \"secret-service\": \(status)")
     case .auto:
@@ -58,7 +58,7 @@ package func selectSecretStore(
         } catch {
             selected = SelectedSecretStore(
                 store: file,
-                reason: "auto: no Secret Service on the session bus (\(error.code): \(error.message)); using \(fileDescription)"
+                reason: "auto: no Secret Service on the session bus (\(error.cause)); using \(fileDescription)"
             )
         }
     }

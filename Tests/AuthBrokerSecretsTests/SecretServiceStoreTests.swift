@@ -105,6 +105,27 @@ struct SecretServiceStoreTests {
         #expect(try fixture.store.lookup(kind: .password, attributes: attributes)?.stringValue() == "after")
     }
 
+    @Test func aKeyringThatStopsAnsweringTimesOutAndIsUsedAgainAfterwards() throws {
+        let fixture = try StoreFixture(.secretService)
+        let store = SecretServiceStore(timeout: .seconds(1))
+        let attributes = ["server": fixture.host, "user": "alice"]
+        try store.store(kind: .password, attributes: attributes, label: "x", secret: SecretValue("s"))
+        guard let pid = try Self.ownerPID() else { throw SetupFailure("no keyring daemon owns \(Self.busName)") }
+        kill(pid, SIGSTOP)
+        let clock = ContinuousClock()
+        let started = clock.now
+        do throws(SecretStoreError) {
+            _ = try store.lookup(kind: .password, attributes: attributes)
+            Issue.record("a lookup against a stopped keyring daemon succeeded")
+        } catch {
+            #expect(error == .serviceUnavailable, "\(error)")
+            #expect(error.message.contains("did not answer within"))
+        }
+        kill(pid, SIGCONT)
+        #expect(clock.now - started < .seconds(5))
+        #expect(try store.lookup(kind: .password, attributes: attributes)?.stringValue() == "s")
+    }
+
     @Test func autoSelectsTheSecretServiceWhenItAnswers() throws {
         try SecretServiceTestEnvironment.require()
         let directory = try makeTemporaryDirectory()
@@ -168,7 +189,8 @@ struct SecretStoreSelectionTests {
     @Test func autoFallsBackToTheFileWithoutASessionBus() throws {
         let selected = selectSecretStore(.auto, filePath: "/nonexistent/secrets.bin", keyFilePath: "/nonexistent/key", environment: [:])
         #expect(selected.store.backendName == "file")
-        #expect(selected.reason.hasPrefix("auto: no Secret Service on the session bus ("))
+        #expect(selected.reason.hasPrefix("auto: no Secret Service on the session bus (DBUS_SESSION_BUS_ADDRESS is unset"))
+        #expect(!selected.reason.contains("set store"))
         #expect(selected.reason.contains("using the encrypted file /nonexistent/secrets.bin"))
     }
 

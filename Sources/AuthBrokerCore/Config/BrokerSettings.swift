@@ -111,6 +111,16 @@ package struct BrokerSettings: Sendable, Equatable {
     package var upstream = Upstream()
     package var limits = Limits()
     package var security = Security()
+    package var secrets = Secrets()
+
+    /// `[secrets]`: where passwords and identity keys are kept.
+    package struct Secrets: Sendable, Equatable {
+        /// `store`: "auto" (the Secret Service when one answers on the session bus, else the
+        /// encrypted file), "secret-service" or "file".
+        package var store: String = "auto"
+
+        package init() {}
+    }
 
     /// Every setting at its default.
     package init() {}
@@ -129,6 +139,7 @@ package struct BrokerSettings: Sendable, Equatable {
         ],
         "limits": ["max_request_head_bytes", "max_response_head_bytes", "request_body_buffer_bytes", "max_client_connections"],
         "security": ["reauth_grant_seconds", "pam_service", "pam_config_dir"],
+        "secrets": ["store"],
     ]
 
     /// The longest Unix socket path Linux accepts: `sun_path` is 108 bytes with the NUL.
@@ -248,6 +259,14 @@ package struct BrokerSettings: Sendable, Equatable {
             settings.security.pamService = value
         }
         if let value = try security.path("pam_config_dir") { settings.security.pamConfigDirectory = value }
+
+        let secrets = TableReader(file: file, table: "secrets", document: document)
+        if let value = try secrets.string("store", expected: "\"auto\", \"secret-service\" or \"file\"") {
+            guard ["auto", "secret-service", "file"].contains(value) else {
+                throw secrets.error("store", .invalidValue, "use \"auto\", \"secret-service\" or \"file\", not \"\(value.prefix(40))\"")
+            }
+            settings.secrets.store = value
+        }
         return settings
     }
 
