@@ -5,7 +5,7 @@ SWIFT ?= swift
 PREFIX ?= $(HOME)/.local
 UNIT_DIR ?= $(HOME)/.config/systemd/user
 
-.PHONY: run test build release install uninstall verify-units clean
+.PHONY: run test bench build release install uninstall verify-units clean
 
 ## Installs what is missing, builds, and runs authbrokerd in the foreground (Ctrl-C stops it).
 run:
@@ -21,6 +21,11 @@ test:
 	scripts/install-deps test
 	$(SWIFT) build --build-tests
 	scripts/with-test-keyring $(SWIFT) test --skip-build --no-parallel
+
+## Benchmarks against nginx directly and Squid on loopback (minutes; never part of `test`).
+## Installs nginx and squid-openssl if missing; writes bench-results/RESULTS.md.
+bench:
+	scripts/bench
 
 build:
 	$(SWIFT) build

@@ -27,6 +27,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
+        // Latency histograms for the benchmark load generator only.
+        .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift.git", from: "0.2.0"),
     ],
     targets: [
         // Pure values and state machines: no sockets, no files, no NIOPosix.
@@ -95,6 +97,7 @@ let package = Package(
                 "AuthBrokerTrust",
                 "AuthBrokerHTTPAuth",
                 "AuthBrokerPAM",
+                "AuthBrokerSecrets",
                 "CAuthBrokerSystem",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -147,6 +150,20 @@ let package = Package(
             swiftSettings: strictSettings
         ),
         .executableTarget(name: "authbrokerctl", dependencies: ["AuthBrokerCLI"], swiftSettings: strictSettings),
+        // BENCHMARK TOOL, not a product: the load generator `scripts/bench` drives (`make bench`).
+        .executableTarget(
+            name: "authbroker-load",
+            dependencies: [
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                // Only for the direct HTTPS baseline (the load generator's own TLS to the origin).
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Histogram", package: "hdrhistogram-swift"),
+            ],
+            swiftSettings: strictSettings
+        ),
         // TEST TOOL, not a product: runs PAM as the (non-root) user it is started as.
         .executableTarget(name: "authbroker-pam-probe", dependencies: ["AuthBrokerPAM"], swiftSettings: strictSettings),
 

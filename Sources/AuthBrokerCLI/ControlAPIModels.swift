@@ -26,9 +26,17 @@ package struct StatusReport: Codable, Sendable, Equatable {
     package var pins: Int?
     /// Named counters; a dictionary so counters the daemon adds later still show.
     package var counters: [String: Int64]
+    package struct SecretStoreStatus: Codable, Sendable, Equatable {
+        package var backend: String
+        package var reason: String
+    }
+    package var secretStore: SecretStoreStatus?
+    package var identities: Int?
+    package var warnings: [String]?
 
     enum CodingKeys: String, CodingKey {
-        case version, pid, socket, counters, pins
+        case version, pid, socket, counters, pins, identities, warnings
+        case secretStore = "secret_store"
         case userAnchors = "user_anchors"
         case startedAt = "started_at"
         case uptimeSeconds = "uptime_seconds"

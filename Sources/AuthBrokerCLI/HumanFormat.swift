@@ -258,9 +258,16 @@ package enum HumanFormat {
         }
         if let userAnchors = report.userAnchors { fields.append(("your anchors", String(userAnchors))) }
         if let pins = report.pins { fields.append(("your pins", String(pins))) }
+        if let identities = report.identities { fields.append(("identities", String(identities))) }
+        if let store = report.secretStore {
+            fields.append(("secret store", "\(sanitized(store.backend)): \(sanitized(store.reason))"))
+        }
         let width = fields.map(\.0.count).max() ?? 0
         for (label, value) in fields {
             lines.append("\(label):" + String(repeating: " ", count: width - label.count + 1) + value)
+        }
+        for warning in report.warnings ?? [] {
+            lines.append("warning: " + sanitized(warning))
         }
         if !report.counters.isEmpty {
             lines.append("counters:")

@@ -1,5 +1,6 @@
 import AuthBrokerCore
 import AuthBrokerPAM
+import AuthBrokerSecrets
 import AuthBrokerTrust
 import CAuthBrokerSystem
 import Foundation
@@ -84,9 +85,25 @@ package enum BrokerDaemon {
 
         let group = MultiThreadedEventLoopGroup.singleton
         let counters = BrokerCounters()
+        // The secret store: the Secret Service when asked for (or, with "auto", when it answers),
+        // else the encrypted file. The probe may block for a moment, so not on this pool.
+        let secretsFile = (BrokerPaths.dataDirectory(environment: environment, uid: uid) as NSString).appendingPathComponent("secrets.bin")
+        let secretsKey = ((configFile as NSString).deletingLastPathComponent as NSString).appendingPathComponent("secrets.key")
+        let choice = SecretStoreChoice(rawValue: settings.secrets.store) ?? .auto
+        let selected: SelectedSecretStore
+        do {
+            selected = try await NIOThreadPool.singleton.runIfActive {
+                selectSecretStore(choice, filePath: secretsFile, keyFilePath: secretsKey, environment: environment, logger: logger)
+            }
+        } catch {
+            throw StartupError(description: "authbrokerd: cannot choose a secret store: \(error)", exitCode: 1)
+        }
+        logger.info("secret store", metadata: ["backend": "\(selected.store.backendName)", "reason": "\(selected.reason)"])
+        let identities = ClientIdentities(store: store, keys: SecretStoreIdentityKeys(store: selected.store))
+
         let connector: UpstreamConnector
         do {
-            connector = try UpstreamConnector(group: group, settings: settings, trust: evaluator, logger: logger)
+            connector = try UpstreamConnector(group: group, settings: settings, trust: evaluator, identities: identities, logger: logger)
         } catch {
             throw StartupError(description: "authbrokerd: cannot set up TLS: \(error)", exitCode: 1)
         }
@@ -113,7 +130,7 @@ package enum BrokerDaemon {
 
         let startedAt = Date()
         let boundPath: String = if case .path(let path) = listening { path } else { socketPath }
-        let vault = PasswordVault()
+        let vault = PasswordVault(permanent: SecretStorePasswords(store: selected.store))
         let audit: AuditLog
         do {
             try FileManager.default.createDirectory(
@@ -135,7 +152,7 @@ package enum BrokerDaemon {
             logger: logger
         )
         let control = ControlAPI(
-            store: store, vault: vault, reauth: reauth, authenticator: authenticator,
+            store: store, vault: vault, reauth: reauth, authenticator: authenticator, identities: identities,
             status: {
                 StatusReport(
                     version: AuthBrokerVersion.current, pid: Int(getpid()), startedAt: startedAt,
@@ -143,7 +160,10 @@ package enum BrokerDaemon {
                     configFile: configFile, configLoaded: loaded != nil, stateDirectory: stateDirectory,
                     systemAnchors: .init(path: settings.trust.systemAnchorsPath, count: evaluator.systemAnchorCount),
                     userAnchors: store.anchors().count, pins: store.pins().count,
-                    counters: counters.snapshot
+                    counters: counters.snapshot,
+                    secretStore: .init(backend: selected.store.backendName, reason: selected.reason),
+                    identities: store.identities().count,
+                    warnings: StatusReport.warnings(identities: store.identities(), failedPasswords: vault.failedCount, now: Date())
                 )
             },
             inspect: { origin in try await connector.inspect(origin: origin) }

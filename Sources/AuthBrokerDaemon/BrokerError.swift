@@ -1,4 +1,5 @@
 import AuthBrokerCore
+import AuthBrokerSecrets
 import AuthBrokerTrust
 import Foundation
 import NIOCore
@@ -181,6 +182,17 @@ extension BrokerError {
                 "The TLS handshake with \(origin.hostHeader) failed (\(underlying)). Check that the server speaks TLS 1.2 or later on this port and that the URL's scheme is right; if it requires a client certificate, import one with `authbrokerctl identities import`.",
             host: origin.hostHeader
         )
+    }
+
+    /// The secret store refused or failed; its message says what is wrong and what to do.
+    package static func secretStore(_ error: SecretStoreError) -> BrokerError {
+        let status: HTTPResponseStatus =
+            switch error.code {
+            case "invalid_input": .badRequest
+            case "locked", "service_unavailable", "busy": .serviceUnavailable
+            default: .internalServerError
+            }
+        return BrokerError(code: "secret_store_" + error.code, status: status, title: "The secret store failed", detail: error.message)
     }
 
     package static func clientCertificateRequired(origin: CanonicalOrigin, presented: String?) -> BrokerError {

@@ -35,12 +35,44 @@ package struct StatusReport: Codable, Sendable {
     package var userAnchors: Int
     package var pins: Int
     package var counters: [String: Int]
+    package struct SecretStoreStatus: Codable, Sendable {
+        package var backend: String
+        package var reason: String
+        package init(backend: String, reason: String) {
+            self.backend = backend
+            self.reason = reason
+        }
+    }
+    /// Which secret store is in use and why.
+    package var secretStore: SecretStoreStatus?
+    package var identities: Int
+    /// Things the user should act on: identities expired or expiring within 30 days, passwords refused.
+    package var warnings: [String]
+
+    package static func warnings(identities: [ClientIdentity], failedPasswords: Int, now: Date) -> [String] {
+        var warnings: [String] = []
+        for identity in identities {
+            if identity.isExpired(at: now) {
+                warnings.append("The client identity '\(identity.name)' has expired and is not presented; import a renewed certificate.")
+            } else if identity.expires(within: 30 * 86400, of: now) {
+                let days = Int(identity.certificate.notAfter.timeIntervalSince(now) / 86400)
+                warnings.append("The client identity '\(identity.name)' expires in \(days) days (\(identity.certificate.notAfter)); import a renewed certificate.")
+            }
+        }
+        if failedPasswords > 0 {
+            warnings.append("\(failedPasswords) stored password(s) were refused by their servers and are not sent; `authbrokerctl passwords list` shows them.")
+        }
+        return warnings
+    }
 
     package init(
         version: String, pid: Int, startedAt: Date, uptimeSeconds: Double, socket: String, configFile: String,
         configLoaded: Bool, stateDirectory: String, systemAnchors: SystemAnchors, userAnchors: Int, pins: Int,
-        counters: [String: Int]
+        counters: [String: Int], secretStore: SecretStoreStatus? = nil, identities: Int = 0, warnings: [String] = []
     ) {
+        self.secretStore = secretStore
+        self.identities = identities
+        self.warnings = warnings
         self.version = version
         self.pid = pid
         self.startedAt = startedAt
@@ -56,7 +88,8 @@ package struct StatusReport: Codable, Sendable {
     }
 
     enum CodingKeys: String, CodingKey {
-        case version, pid, socket, counters, pins
+        case version, pid, socket, counters, pins, identities, warnings
+        case secretStore = "secret_store"
         case startedAt = "started_at"
         case uptimeSeconds = "uptime_seconds"
         case configFile = "config_file"
@@ -138,12 +171,12 @@ package struct ControlAPI: Sendable {
             return try Self.json(.ok, ["removed": AnchorJSON(removed)])
 
         case (.GET, ["v1", "passwords"]):
-            return try Self.json(.ok, ["passwords": self.vault.list().map(PasswordJSON.init)])
+            return try Self.json(.ok, ["passwords": try await self.vault.list().map(PasswordJSON.init)])
         case (.POST, ["v1", "passwords"]):
             let request = try Self.decode(AddPasswordRequest.self, from: body)
             let origin = try Self.origin(request.url)
             let persistence = try Self.persistence(request.persistence)
-            try self.vault.add(
+            try await self.vault.add(
                 origin: origin, realm: request.realm, credential: PasswordCredential(user: request.user, password: request.password),
                 persistence: persistence
             )
@@ -153,7 +186,7 @@ package struct ControlAPI: Sendable {
             let request = try Self.decode(RevealPasswordRequest.self, from: body)
             try self.requireGrant(peer, for: "reveal a password")
             let origin = try Self.origin(request.url)
-            let credential = try self.vault.reveal(origin: origin, realm: request.realm, user: request.user)
+            let credential = try await self.vault.reveal(origin: origin, realm: request.realm, user: request.user)
             var response = try Self.json(.ok, ["password": credential.password])
             response.headers.replaceOrAdd(name: "Cache-Control", value: "no-store")
             return response
@@ -260,7 +293,7 @@ package struct ControlAPI: Sendable {
                     detail: "DELETE /v1/passwords needs the query parameters url and user (and realm, if the password has one), percent-encoded."
                 )
             }
-            let removed = try self.vault.remove(origin: try Self.origin(url), realm: parameters["realm"], user: user)
+            let removed = try await self.vault.remove(origin: try Self.origin(url), realm: parameters["realm"], user: user)
             return try Self.json(.ok, ["removed": PasswordJSON(removed)])
 
         case (.GET, ["v1", "pins"]):

@@ -74,7 +74,7 @@ package final class HTTPAuthenticator: Sendable {
         self.vault = vault
         self.audit = audit
         self.logger = logger
-        self.broker = ChallengeBroker { space in vault.credential(for: space) }
+        self.broker = ChallengeBroker { space in await vault.credential(for: space) }
     }
 
     package var challengeBroker: ChallengeBroker<ProtectionSpace, StoredAnswer> { self.broker }
@@ -86,7 +86,7 @@ package final class HTTPAuthenticator: Sendable {
         origin: CanonicalOrigin, method: HTTPMethod, uri: String, requester: Requester? = nil, state: inout RequestAuthState
     ) {
         guard state.lastAttempt == .noCredentials, let known = self.knownSpace(origin: origin, uri: uri),
-            let answer = self.vault.credential(for: known.space), AuthAttemptPolicy.mayPreempt(stored: answer.state)
+            let answer = self.vault.cachedCredential(for: known.space), AuthAttemptPolicy.mayPreempt(stored: answer.state)
         else { return }
         let space = known.space
         do {
@@ -251,7 +251,7 @@ package final class HTTPAuthenticator: Sendable {
                         detail: "Challenge \(challenge) is no longer pending (it was answered, withdrawn or timed out)."
                     )
                 }
-                try self.vault.add(origin: space.origin, realm: space.realm, credential: credential, persistence: persistence)
+                try await self.vault.add(origin: space.origin, realm: space.realm, credential: credential, persistence: persistence)
             }
             await self.broker.agentAnswered(agent, challenge: challenge, .answer(StoredAnswer(credential: credential, state: .usable)))
         }
@@ -266,13 +266,18 @@ package final class HTTPAuthenticator: Sendable {
     /// the realm the client was challenged with (any realm at the origin when unknown).
     private func keepClientCredential(_ credential: PasswordCredential, origin: CanonicalOrigin, persistence: CredentialPersistence) {
         let realm = self.offeredToClient.withLockedValue { $0[origin]?.realm }
-        do {
-            try self.vault.add(origin: origin, realm: realm, credential: credential, persistence: persistence)
-            self.logger.info(
-                "kept the credential the client supplied", metadata: ["origin": "\(origin)", "user": "\(credential.user)", "persistence": "\(persistence.rawValue)"]
-            )
-        } catch {
-            self.logger.notice("could not keep the credential the client supplied", metadata: ["origin": "\(origin)", "error": "\(error.code)"])
+        let (vault, logger) = (self.vault, self.logger)
+        // Off the response path: a keyring write must not delay the response.
+        Task {
+            do {
+                try await vault.add(origin: origin, realm: realm, credential: credential, persistence: persistence)
+                logger.info(
+                    "kept the credential the client supplied",
+                    metadata: ["origin": "\(origin)", "user": "\(credential.user)", "persistence": "\(persistence.rawValue)"]
+                )
+            } catch {
+                logger.notice("could not keep the credential the client supplied", metadata: ["origin": "\(origin)", "error": "\((error as? BrokerError)?.code ?? "\(error)")"])
+            }
         }
     }
 

@@ -101,9 +101,11 @@ package struct Interceptor: Sendable {
                 exchange = try await lease.connection.startExchange(head: attemptHead)
             } catch {
                 self.pool.release(lease, reusable: false)
-                if mayRetry && attempt == 1 { continue }
+                let closedBy = lease.connection.closingTLSError
+                if mayRetry && attempt == 1 && closedBy == nil { continue }
                 return await self.respondWithError(
-                    .connectionClosedEarly(origin: origin), requestID: requestID, logger: logger,
+                    closedBy.map { .tlsHandshakeFailed(origin: origin, underlying: $0, identity: route.clientIdentity) }
+                        ?? .connectionClosedEarly(origin: origin), requestID: requestID, logger: logger,
                     requests: &requests, writer: writer, clientWantsKeepAlive: clientWantsKeepAlive,
                     requestEnded: requestEnded
                 )
@@ -119,7 +121,8 @@ package struct Interceptor: Sendable {
             let result = await withTaskGroup(of: ResponsePumpResult.self) { group in
                 group.addTask {
                     await self.pumpResponse(
-                        exchange.responseParts, route: route, requestID: requestID, logger: logger, writer: writer,
+                        exchange.responseParts, route: route, connection: lease.connection, requestID: requestID, logger: logger,
+                        writer: writer,
                         expectsContinue: expectsContinue, clientWantsKeepAlive: clientWantsKeepAlive,
                         state: state, auth: authContext, closeClient: closeClient, draining: draining,
                         retryAllowed: retryAllowed
@@ -162,11 +165,11 @@ package struct Interceptor: Sendable {
                 )
             case .failedBeforeHead(let error):
                 self.pool.release(lease, reusable: false)
-                if case .connectionClosed? = error, mayRetry, attempt == 1 {
+                if case .connectionClosed? = error, mayRetry, attempt == 1, lease.connection.closingTLSError == nil {
                     logger.debug("pooled connection was closed by the origin; retrying once on a new one")
                     continue
                 }
-                let brokerError = self.mapExchangeError(error, route: route)
+                let brokerError = self.mapExchangeError(error, route: route, connection: lease.connection)
                 let (errorHead, body) = brokerError.response(requestID: requestID)
                 var headWithClose = errorHead
                 let keepAlive = state.requestComplete && clientWantsKeepAlive && !draining()
@@ -354,7 +357,8 @@ package struct Interceptor: Sendable {
     static let replayWait: Duration = .seconds(5)
 
     private func pumpResponse(
-        _ parts: UpstreamExchangeHandler.ResponseParts, route: UpstreamRoute, requestID: String, logger: Logger,
+        _ parts: UpstreamExchangeHandler.ResponseParts, route: UpstreamRoute, connection: UpstreamConnection,
+        requestID: String, logger: Logger,
         writer: ClientResponseWriter, expectsContinue: Bool, clientWantsKeepAlive: Bool,
         state: ExchangeState, auth: AuthContext, closeClient: @Sendable () -> Void, draining: @Sendable () -> Bool,
         retryAllowed: Bool
@@ -418,14 +422,14 @@ package struct Interceptor: Sendable {
             // The sequence ended without .end: the origin closed mid-response.
             if headSent { return .abortedAfterHead(status: status, bytes: bytes) }
             return await self.failBeforeHead(
-                .connectionClosed, route: route, requestID: requestID, writer: writer,
+                .connectionClosed, route: route, connection: connection, requestID: requestID, writer: writer,
                 clientWantsKeepAlive: clientWantsKeepAlive, state: state, closeClient: closeClient,
                 draining: draining, retryAllowed: retryAllowed
             )
         } catch let error as UpstreamExchangeError {
             if headSent { return .abortedAfterHead(status: status, bytes: bytes) }
             return await self.failBeforeHead(
-                error, route: route, requestID: requestID, writer: writer,
+                error, route: route, connection: connection, requestID: requestID, writer: writer,
                 clientWantsKeepAlive: clientWantsKeepAlive, state: state, closeClient: closeClient,
                 draining: draining, retryAllowed: retryAllowed
             )
@@ -484,14 +488,14 @@ package struct Interceptor: Sendable {
     /// while the request body may still be arriving, then end the client connection if that
     /// body did not finish (its rest may never come).
     private func failBeforeHead(
-        _ error: UpstreamExchangeError, route: UpstreamRoute, requestID: String, writer: ClientResponseWriter,
-        clientWantsKeepAlive: Bool, state: ExchangeState, closeClient: @Sendable () -> Void,
+        _ error: UpstreamExchangeError, route: UpstreamRoute, connection: UpstreamConnection, requestID: String,
+        writer: ClientResponseWriter, clientWantsKeepAlive: Bool, state: ExchangeState, closeClient: @Sendable () -> Void,
         draining: @Sendable () -> Bool, retryAllowed: Bool
     ) async -> ResponsePumpResult {
-        if retryAllowed && self.isConnectionClosed(error) {
+        if retryAllowed && self.isConnectionClosed(error) && connection.closingTLSError == nil {
             return .failedBeforeHead(error)
         }
-        let brokerError = self.mapExchangeError(error, route: route)
+        let brokerError = self.mapExchangeError(error, route: route, connection: connection)
         let requestDone = state.requestComplete
         let keepAlive = requestDone && clientWantsKeepAlive && !draining()
         var (head, body) = brokerError.response(requestID: requestID)
@@ -521,8 +525,13 @@ package struct Interceptor: Sendable {
         return BrokerError.fromConnectError(error, origin: origin, settings: self.settings)
     }
 
-    private func mapExchangeError(_ error: UpstreamExchangeError?, route: UpstreamRoute) -> BrokerError {
+    private func mapExchangeError(_ error: UpstreamExchangeError?, route: UpstreamRoute, connection: UpstreamConnection) -> BrokerError {
         let origin = route.origin
+        // A TLS alert that closed the connection says more than "closed" (TLS 1.3 reports a
+        // refused client certificate this way).
+        if let tlsError = connection.closingTLSError {
+            return .tlsHandshakeFailed(origin: origin, underlying: tlsError, identity: route.clientIdentity)
+        }
         switch error {
         case .connectionClosed?, nil, .busy?:
             return .connectionClosedEarly(origin: origin)
@@ -533,7 +542,7 @@ package struct Interceptor: Sendable {
         case .responseHeadTooLarge?:
             return .responseHeadTooLarge(origin: origin, limit: self.settings.limits.maxResponseHeadBytes)
         case .protocolError(let underlying)?:
-            if underlying is NIOSSLError || underlying is BoringSSLError {
+            if underlying is NIOSSLError || underlying is BoringSSLError || ClientCertificateAlert(underlying) != nil {
                 return .tlsHandshakeFailed(origin: origin, underlying: underlying, identity: route.clientIdentity)
             }
             return .upstreamProtocolError(origin: origin, underlying: underlying)

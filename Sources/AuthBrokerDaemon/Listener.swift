@@ -9,9 +9,7 @@ import NIOPosix
 #if canImport(Glibc)
 import Glibc
 #endif
-// `struct stat` comes from a header CoreFoundation's clang module also includes; with
-// MemberImportVisibility the compiler can attribute its members to CoreFoundation.
-import CoreFoundation
+
 
 /// Why the daemon cannot listen; each message says what to do.
 package struct ListenerError: Error, CustomStringConvertible {
@@ -43,8 +41,9 @@ package enum ListeningSocket: Sendable {
     /// a stale socket file removed.
     package static func prepare(path: String) throws(ListenerError) {
         let directory = (path as NSString).deletingLastPathComponent
-        var info = stat()
-        if stat(directory, &info) != 0 {
+        var owner: uid_t = 0
+        var mode: UInt32 = 0
+        if cab_file_owner_mode(directory, 1, &owner, &mode) != 0 {
             let oldMask = umask(0o077)
             defer { umask(oldMask) }
             do {
@@ -56,25 +55,26 @@ package enum ListeningSocket: Sendable {
                     description: "cannot create the socket directory \(directory): \(error.localizedDescription). Check that its parent exists and is writable, or choose another path with --socket."
                 )
             }
-            guard stat(directory, &info) == 0 else {
+            guard cab_file_owner_mode(directory, 1, &owner, &mode) == 0 else {
                 throw ListenerError(description: "cannot read the socket directory \(directory) after creating it.")
             }
         }
-        guard info.st_uid == getuid() else {
+        guard owner == getuid() else {
             throw ListenerError(
-                description: "the socket directory \(directory) belongs to uid \(info.st_uid), not to you (uid \(getuid())); another user could replace the socket. Remove it or choose another path with --socket."
+                description: "the socket directory \(directory) belongs to uid \(owner), not to you (uid \(getuid())); another user could replace the socket. Remove it or choose another path with --socket."
             )
         }
-        if info.st_mode & 0o077 != 0 {
+        if mode & 0o077 != 0 {
             // Our own directory: tighten it rather than refuse (e.g. created by hand with 0755).
             guard chmod(directory, 0o700) == 0 else {
                 throw ListenerError(description: "cannot set mode 0700 on the socket directory \(directory).")
             }
         }
 
-        var existing = stat()
-        guard lstat(path, &existing) == 0 else { return }
-        guard existing.st_mode & S_IFMT == S_IFSOCK else {
+        var existingOwner: uid_t = 0
+        var existingMode: UInt32 = 0
+        guard cab_file_owner_mode(path, 0, &existingOwner, &existingMode) == 0 else { return }
+        guard existingMode & UInt32(S_IFMT) == UInt32(S_IFSOCK) else {
             throw ListenerError(
                 description: "\(path) exists and is not a socket; refusing to replace it. Move it away or choose another path with --socket."
             )

@@ -1,6 +1,8 @@
 import AuthBrokerCore
 import AuthBrokerHTTPAuth
+import AuthBrokerSecrets
 import NIOConcurrencyHelpers
+import NIOPosix
 import NIOHTTP1
 
 /// How long a credential is kept, as URLCredential's persistence: for this request only (`none`,
@@ -25,42 +27,73 @@ package struct StoredPasswordInfo: Sendable, Equatable {
 /// The passwords the broker answers Basic and Digest challenges with.
 ///
 /// A password belongs to an origin and optionally a realm; for a protection space the entry with
-/// the same realm wins over one for any realm. A password the server refused is marked failed
-/// and not offered again until it is replaced (`AuthAttemptPolicy`). Secrets stay in
-/// `PasswordCredential`, whose descriptions are redacted.
+/// the same realm wins over one for any realm. `session` ones live in memory; `permanent` ones in
+/// the secret store (read on first need and cached, so repeat requests never wait on a keyring).
+/// A password the server refused is marked failed and not offered again until it is replaced
+/// (`AuthAttemptPolicy`). Secrets stay in `PasswordCredential`, whose descriptions are redacted.
 package final class PasswordVault: Sendable {
     private struct Entry: Sendable {
         var info: StoredPasswordInfo
         var credential: PasswordCredential
     }
 
-    private let entries = NIOLockedValueBox<[Entry]>([])
-
-    package init() {}
-
-    /// Adds a password, replacing one for the same origin, realm and user (and clearing its failed mark).
-    package func add(origin: CanonicalOrigin, realm: String?, credential: PasswordCredential, persistence: CredentialPersistence) throws(BrokerError) {
-        guard persistence == .session else {
-            throw BrokerError.badRequest(
-                code: "persistence_unavailable",
-                detail:
-                    "Only session persistence (kept until the daemon stops) is available in this version; the secret-store backed permanent persistence is not built yet. Add the password with persistence \"session\"."
-            )
-        }
-        let info = StoredPasswordInfo(origin: origin, realm: realm, user: credential.user, persistence: persistence, failed: false)
-        self.entries.withLockedValue { entries in
-            entries.removeAll { $0.info.origin == origin && $0.info.realm == realm && $0.info.user == credential.user }
-            entries.append(Entry(info: info, credential: credential))
-        }
+    private struct Key: Hashable, Sendable {
+        var origin: CanonicalOrigin
+        var realm: String?
+        var user: String
     }
 
-    /// Removes the password for `origin`, `realm` and `user`; returns what was removed.
-    package func remove(origin: CanonicalOrigin, realm: String?, user: String) throws(BrokerError) -> StoredPasswordInfo {
-        let removed: StoredPasswordInfo? = self.entries.withLockedValue { entries in
-            guard let index = entries.firstIndex(where: { $0.info.origin == origin && $0.info.realm == realm && $0.info.user == user })
+    private let session = NIOLockedValueBox<[Entry]>([])
+    /// Permanent credentials read from the store so far.
+    private let permanentCache = NIOLockedValueBox<[Key: PasswordCredential]>([:])
+    private let failed = NIOLockedValueBox<Set<Key>>([])
+    private let permanent: SecretStorePasswords?
+    private let pool: NIOThreadPool
+
+    /// - Parameter permanent: the secret store for `permanent` passwords; nil: session only.
+    package init(permanent: SecretStorePasswords? = nil, pool: NIOThreadPool = .singleton) {
+        self.permanent = permanent
+        self.pool = pool
+    }
+
+    /// Adds a password, replacing one for the same origin, realm and user (and clearing its failed mark).
+    package func add(
+        origin: CanonicalOrigin, realm: String?, credential: PasswordCredential, persistence: CredentialPersistence
+    ) async throws(BrokerError) {
+        let key = Key(origin: origin, realm: realm, user: credential.user)
+        switch persistence {
+        case .none:
+            return
+        case .session:
+            let info = StoredPasswordInfo(origin: origin, realm: realm, user: credential.user, persistence: .session, failed: false)
+            self.session.withLockedValue { entries in
+                entries.removeAll { Key(origin: $0.info.origin, realm: $0.info.realm, user: $0.info.user) == key }
+                entries.append(Entry(info: info, credential: credential))
+            }
+        case .permanent:
+            let store = try self.permanentStore()
+            try await self.blocking { try store.add(origin: origin, realm: realm, credential: credential) }
+            self.permanentCache.withLockedValue { $0[key] = credential }
+        }
+        self.failed.withLockedValue { _ = $0.remove(key) }
+    }
+
+    /// Removes the password for `origin`, `realm` and `user` (session and permanent); returns what was removed.
+    package func remove(origin: CanonicalOrigin, realm: String?, user: String) async throws(BrokerError) -> StoredPasswordInfo {
+        let key = Key(origin: origin, realm: realm, user: user)
+        var removed: StoredPasswordInfo? = self.session.withLockedValue { entries in
+            guard let index = entries.firstIndex(where: { Key(origin: $0.info.origin, realm: $0.info.realm, user: $0.info.user) == key })
             else { return nil }
             return entries.remove(at: index).info
         }
+        if let store = self.permanent {
+            let count = try await self.blocking { try store.remove(origin: origin, realm: realm, user: user) }
+            self.permanentCache.withLockedValue { $0[key] = nil }
+            if count > 0, removed == nil {
+                removed = StoredPasswordInfo(origin: origin, realm: realm, user: user, persistence: .permanent, failed: false)
+            }
+        }
+        self.failed.withLockedValue { _ = $0.remove(key) }
         guard let removed else {
             let realmText = realm.map { " (realm \"\($0)\")" } ?? ""
             throw BrokerError(
@@ -71,49 +104,120 @@ package final class PasswordVault: Sendable {
         return removed
     }
 
+    /// Session passwords, then permanent ones (metadata only).
+    package func list() async throws(BrokerError) -> [StoredPasswordInfo] {
+        let failed = self.failed.withLockedValue { $0 }
+        var infos = self.session.withLockedValue { $0.map(\.info) }.map { info in
+            var info = info
+            info.failed = failed.contains(Key(origin: info.origin, realm: info.realm, user: info.user))
+            return info
+        }
+        if let store = self.permanent {
+            let entries = try await self.blocking { try store.allEntries() }
+            infos += entries.map { entry in
+                StoredPasswordInfo(
+                    origin: entry.origin, realm: entry.realm, user: entry.user, persistence: .permanent,
+                    failed: failed.contains(Key(origin: entry.origin, realm: entry.realm, user: entry.user))
+                )
+            }
+        }
+        return infos
+    }
+
     /// The secret itself, for a caller that passed the PAM gate.
-    package func reveal(origin: CanonicalOrigin, realm: String?, user: String) throws(BrokerError) -> PasswordCredential {
-        let found = self.entries.withLockedValue { entries in
-            entries.first { $0.info.origin == origin && $0.info.realm == realm && $0.info.user == user }?.credential
+    package func reveal(origin: CanonicalOrigin, realm: String?, user: String) async throws(BrokerError) -> PasswordCredential {
+        let key = Key(origin: origin, realm: realm, user: user)
+        if let found = self.session.withLockedValue({ entries in
+            entries.first { Key(origin: $0.info.origin, realm: $0.info.realm, user: $0.info.user) == key }?.credential
+        }) {
+            return found
         }
-        guard let found else {
-            let realmText = realm.map { " (realm \"\($0)\")" } ?? ""
-            throw BrokerError(
-                code: "password_not_found", status: .notFound, title: "No such password",
-                detail: "There is no password for \(user) at \(origin)\(realmText). `authbrokerctl passwords list` shows the ones there are."
-            )
+        if let store = self.permanent, let password = try await self.blocking({ try store.password(origin: origin, realm: realm, user: user) }) {
+            return PasswordCredential(user: user, password: password)
         }
-        return found
+        let realmText = realm.map { " (realm \"\($0)\")" } ?? ""
+        throw BrokerError(
+            code: "password_not_found", status: .notFound, title: "No such password",
+            detail: "There is no password for \(user) at \(origin)\(realmText). `authbrokerctl passwords list` shows the ones there are."
+        )
     }
 
-    package func list() -> [StoredPasswordInfo] {
-        self.entries.withLockedValue { $0.map(\.info) }
+    /// The credential for `space` and whether it may be sent, reading the secret store when it
+    /// is not cached. nil when there is none (or the store cannot be read: the 401 then goes to
+    /// the client, and the error to the log).
+    package func credential(for space: ProtectionSpace) async -> StoredAnswer? {
+        if let known = self.cachedCredential(for: space) { return known }
+        guard let store = self.permanent else { return nil }
+        let origin = space.origin
+        let found: (user: String, realm: String?, password: String)?
+        do {
+            found = try await self.blocking {
+                let entries = try store.entries(origin: origin)
+                guard let entry = entries.first(where: { $0.realm == space.realm }) ?? entries.first(where: { $0.realm == nil }),
+                    let password = try store.password(origin: origin, realm: entry.realm, user: entry.user)
+                else { return nil }
+                return (entry.user, entry.realm, password)
+            }
+        } catch {
+            return nil
+        }
+        guard let found else { return nil }
+        let credential = PasswordCredential(user: found.user, password: found.password)
+        let key = Key(origin: origin, realm: found.realm, user: found.user)
+        self.permanentCache.withLockedValue { $0[key] = credential }
+        let isFailed = self.failed.withLockedValue { $0.contains(key) }
+        return StoredAnswer(credential: credential, state: isFailed ? .markedFailed : .usable)
     }
 
-    /// The credential for `space` and whether it may be sent: the entry for its realm, else one
-    /// for any realm at its origin. nil when there is none.
-    package func credential(for space: ProtectionSpace) -> StoredAnswer? {
-        self.entries.withLockedValue { entries in
+    /// From memory only (session passwords and permanent ones already read): for preemptive
+    /// answers, which must not wait on a keyring.
+    package func cachedCredential(for space: ProtectionSpace) -> StoredAnswer? {
+        let failed = self.failed.withLockedValue { $0 }
+        let sessionMatch = self.session.withLockedValue { entries -> Entry? in
             let candidates = entries.filter { $0.info.origin == space.origin && ($0.info.realm == nil || $0.info.realm == space.realm) }
-            guard let best = candidates.first(where: { $0.info.realm != nil }) ?? candidates.first else { return nil }
-            return StoredAnswer(credential: best.credential, state: best.info.failed ? .markedFailed : .usable)
+            return candidates.first(where: { $0.info.realm != nil }) ?? candidates.first
         }
+        if let entry = sessionMatch {
+            let key = Key(origin: entry.info.origin, realm: entry.info.realm, user: entry.info.user)
+            return StoredAnswer(credential: entry.credential, state: failed.contains(key) ? .markedFailed : .usable)
+        }
+        let cached = self.permanentCache.withLockedValue { cache -> (Key, PasswordCredential)? in
+            let candidates = cache.filter { $0.key.origin == space.origin && ($0.key.realm == nil || $0.key.realm == space.realm) }
+            return (candidates.first(where: { $0.key.realm != nil }) ?? candidates.first).map { ($0.key, $0.value) }
+        }
+        guard let (key, credential) = cached else { return nil }
+        return StoredAnswer(credential: credential, state: failed.contains(key) ? .markedFailed : .usable)
     }
 
     /// The server refused `user`'s password for `space`: do not send it again until it changes.
     package func markFailed(space: ProtectionSpace, user: String) {
-        self.entries.withLockedValue { entries in
-            for index in entries.indices
-            where entries[index].info.origin == space.origin && entries[index].info.user == user
-                && (entries[index].info.realm == nil || entries[index].info.realm == space.realm)
-            {
-                entries[index].info.failed = true
-            }
-        }
+        let keys = [Key(origin: space.origin, realm: space.realm, user: user), Key(origin: space.origin, realm: nil, user: user)]
+        self.failed.withLockedValue { $0.formUnion(keys) }
     }
 
     package var failedCount: Int {
-        self.entries.withLockedValue { $0.filter(\.info.failed).count }
+        self.failed.withLockedValue { $0.count }
+    }
+
+    private func permanentStore() throws(BrokerError) -> SecretStorePasswords {
+        guard let permanent = self.permanent else {
+            throw BrokerError(
+                code: "secret_store_unavailable", status: .serviceUnavailable, title: "No secret store",
+                detail: "Permanent passwords are kept in the secret store, which this daemon could not open; `authbrokerctl status` says why. Use persistence \"session\" meanwhile."
+            )
+        }
+        return permanent
+    }
+
+    /// Runs a call that may block on a keyring on the blocking pool; store errors become broker errors.
+    private func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws(BrokerError) -> T {
+        do {
+            return try await self.pool.runIfActive(body)
+        } catch let error as SecretStoreError {
+            throw BrokerError.secretStore(error)
+        } catch {
+            throw BrokerError.internalError("The secret store could not be used: \(error)")
+        }
     }
 }
 

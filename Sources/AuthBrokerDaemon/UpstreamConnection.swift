@@ -27,11 +27,17 @@ package final class UpstreamConnection: Sendable {
     /// The trust store generation its chain was verified under (read before the handshake).
     package let trustGeneration: UInt64
     private let handler: NIOLoopBound<UpstreamExchangeHandler>
+    private let tlsError: NIOLockedValueBox<(any Error & Sendable)?>
+
+    /// The TLS error the server's alert raised, if one closed the connection (in TLS 1.3 a
+    /// refused client certificate is reported only after the handshake, on the first read).
+    package var closingTLSError: (any Error)? { self.tlsError.withLockedValue { $0 } }
 
     init(
         id: Int, route: UpstreamRoute, channel: any Channel, trustGeneration: UInt64,
-        handler: NIOLoopBound<UpstreamExchangeHandler>
+        handler: NIOLoopBound<UpstreamExchangeHandler>, tlsError: NIOLockedValueBox<(any Error & Sendable)?>
     ) {
+        self.tlsError = tlsError
         self.id = id
         self.route = route
         self.channel = channel

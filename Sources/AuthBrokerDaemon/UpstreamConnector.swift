@@ -140,6 +140,9 @@ package final class UpstreamConnector: Sendable {
         let handshake = self.group.next().makePromise(of: Void.self)
         let settings = self.settings
         let trustGeneration = self.trust.storeGeneration
+        // The TLS error that closed the channel, if any: in TLS 1.3 a server's verdict on our
+        // client certificate arrives just after the handshake completed.
+        let channelError = NIOLockedValueBox<(any Error & Sendable)?>(nil)
         let channel: any Channel
         do {
             let bootstrap = ClientBootstrap(group: self.group)
@@ -149,6 +152,7 @@ package final class UpstreamConnector: Sendable {
                     channel.eventLoop.makeCompletedFuture {
                         try self.configurePipeline(
                             channel: channel, origin: origin, tlsContext: tlsContext, decisionBox: decisionBox,
+                            channelError: channelError,
                             handshake: handshake, onClose: onClose
                         )
                     }
@@ -185,19 +189,28 @@ package final class UpstreamConnector: Sendable {
         } else {
             handshake.succeed(())
         }
-        let handler = try await channel.eventLoop.submit {
-            NIOLoopBound(
-                try channel.pipeline.syncOperations.handler(type: UpstreamExchangeHandler.self), eventLoop: channel.eventLoop
-            )
-        }.get()
+        let handler: NIOLoopBound<UpstreamExchangeHandler>
+        do {
+            handler = try await channel.eventLoop.submit {
+                NIOLoopBound(
+                    try channel.pipeline.syncOperations.handler(type: UpstreamExchangeHandler.self), eventLoop: channel.eventLoop
+                )
+            }.get()
+        } catch {
+            // The channel closed as soon as it opened: say why, when TLS told us.
+            if let tlsError = channelError.withLockedValue({ $0 }) {
+                throw BrokerError.tlsHandshakeFailed(origin: origin, underlying: tlsError, identity: route.clientIdentity)
+            }
+            throw BrokerError.connectionClosedEarly(origin: origin)
+        }
         return UpstreamConnection(
-            id: id, route: route, channel: channel, trustGeneration: trustGeneration, handler: handler
+            id: id, route: route, channel: channel, trustGeneration: trustGeneration, handler: handler, tlsError: channelError
         )
     }
 
     private func configurePipeline(
         channel: any Channel, origin: CanonicalOrigin, tlsContext: NIOSSLContext,
-        decisionBox: NIOLockedValueBox<TrustObservation?>,
+        decisionBox: NIOLockedValueBox<TrustObservation?>, channelError: NIOLockedValueBox<(any Error & Sendable)?>,
         handshake: EventLoopPromise<Void>, onClose: @escaping @Sendable () -> Void
     ) throws {
         let sync = channel.pipeline.syncOperations
@@ -234,7 +247,7 @@ package final class UpstreamConnector: Sendable {
                 }
             )
             try sync.addHandler(tlsHandler)
-            try sync.addHandler(HandshakeObserver(promise: handshake))
+            try sync.addHandler(HandshakeObserver(promise: handshake, errors: channelError))
         }
         try sync.addHandler(HTTPRequestEncoder())
         try sync.addHandler(
@@ -263,9 +276,11 @@ struct TrustObservation: Sendable {
 private final class HandshakeObserver: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = NIOAny
     private let promise: EventLoopPromise<Void>
+    private let errors: NIOLockedValueBox<(any Error & Sendable)?>
 
-    init(promise: EventLoopPromise<Void>) {
+    init(promise: EventLoopPromise<Void>, errors: NIOLockedValueBox<(any Error & Sendable)?>) {
         self.promise = promise
+        self.errors = errors
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
@@ -276,6 +291,15 @@ private final class HandshakeObserver: ChannelInboundHandler, RemovableChannelHa
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        // Kept only when it explains a close better than "closed": an alert about our client
+        // certificate. (An unclean shutdown of an idle keep-alive connection is routine.)
+        if ClientCertificateAlert(error) != nil {
+            if let tlsError = error as? NIOSSLError {
+                self.errors.withLockedValue { $0 = $0 ?? tlsError }
+            } else if let tlsError = error as? BoringSSLError {
+                self.errors.withLockedValue { $0 = $0 ?? tlsError }
+            }
+        }
         self.promise.fail(error)
         context.fireErrorCaught(error)
     }

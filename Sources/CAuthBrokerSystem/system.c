@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include "CAuthBrokerSystem.h"
 #include <errno.h>
+#include <sys/stat.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,4 +89,13 @@ int cab_unix_socket_is_live(const char *path) {
     }
     close(fd);
     return result;
+}
+
+int cab_file_owner_mode(const char *path, int follow, uid_t *uid, uint32_t *mode) {
+    struct stat info;
+    int result = follow ? stat(path, &info) : lstat(path, &info);
+    if (result != 0) return errno;
+    *uid = info.st_uid;
+    *mode = (uint32_t)info.st_mode;
+    return 0;
 }

@@ -46,14 +46,16 @@ struct AgentTests {
                 c.close()
         """#
 
-    /// Starts the agent and waits until the daemon says it attached.
-    static func startAgent(_ daemon: DaemonProcess, mode: String) async throws -> (Process, Pipe) {
+    /// Starts the agent (its transcript goes to a file) and waits until the daemon says it attached.
+    static func startAgent(_ daemon: DaemonProcess, mode: String) async throws -> (Process, String) {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
         process.arguments = ["-c", Self.script, daemon.socketPath, mode, Self.password]
-        let output = Pipe()
-        process.standardOutput = output
-        process.standardError = output
+        let output = daemon.directory + "/agent-\(mode).log"
+        guard FileManager.default.createFile(atPath: output, contents: nil) else { throw TestSupportError("cannot create \(output)") }
+        let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: output))
+        process.standardOutput = handle
+        process.standardError = handle
         try process.run()
         for _ in 0..<200 where !daemon.log.contains("agent attached") {
             try await Task.sleep(for: .milliseconds(25))
@@ -62,11 +64,19 @@ struct AgentTests {
         return (process, output)
     }
 
-    static func stop(_ agent: (Process, Pipe)) -> String {
+    /// Waits (up to 5 s) until the agent's transcript mentions `text`.
+    static func waitFor(_ text: String, in agent: (Process, String)) async throws {
+        for _ in 0..<200 {
+            if let transcript = try? String(contentsOfFile: agent.1, encoding: .utf8), transcript.contains(text) { return }
+            try await Task.sleep(for: .milliseconds(25))
+        }
+    }
+
+    static func stop(_ agent: (Process, String)) -> String {
         // SIGKILL: children of the test runner inherit its blocked SIGTERM.
         if agent.0.isRunning { kill(agent.0.processIdentifier, SIGKILL) }
         agent.0.waitUntilExit()
-        return String(decoding: agent.1.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        return (try? String(contentsOfFile: agent.1, encoding: .utf8)) ?? ""
     }
 
     static func config(_ origin: TestAuthOrigin) -> String {
@@ -85,6 +95,7 @@ struct AgentTests {
             #expect(answered.status == 200, "\(answered.text)")
             let again = try connection.request("GET", url)
             #expect(again.status == 200)
+            try await Self.waitFor("ANSWER", in: agent)
             let transcript = Self.stop(agent)
             #expect(transcript.contains(#""realm": "digest@test""#) || transcript.contains(#""realm":"digest@test""#))
             #expect(transcript.contains("executable"))
@@ -106,6 +117,7 @@ struct AgentTests {
             #expect(response.status == 401)
             let pending = try UnixSocketConnection(path: daemon.socketPath).request("GET", "/v1/challenges")
             #expect((pending.json["challenges"] as? [Any])?.isEmpty == true)
+            try await Self.waitFor("withdrawn", in: agent)
             let transcript = Self.stop(agent)
             #expect(transcript.contains(#""event": "withdrawn""#) || transcript.contains(#""event":"withdrawn""#))
         }
@@ -158,6 +170,7 @@ struct AgentTests {
                 try await Task.sleep(for: .milliseconds(25))
             }
             #expect(withdrawn)
+            try await Self.waitFor("withdrawn", in: agent)
             let transcript = Self.stop(agent)
             #expect(transcript.contains("withdrawn"))
         }

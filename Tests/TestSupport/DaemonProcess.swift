@@ -65,7 +65,10 @@ package final class DaemonProcess: @unchecked Sendable {  // mutable only in sta
         try FileManager.default.createDirectory(atPath: runtime, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         try FileManager.default.createDirectory(atPath: configHome + "/authbroker", withIntermediateDirectories: true)
         let configPath = configHome + "/authbroker/config.toml"
-        try config.write(toFile: configPath, atomically: true, encoding: .utf8)
+        // Each daemon keeps secrets in its own encrypted file unless the test asks for another
+        // store: the test keyring is shared by every test in the run.
+        let isolated = config.contains("[secrets]") ? config : config + "\n[secrets]\nstore = \"file\"\n"
+        try isolated.write(toFile: configPath, atomically: true, encoding: .utf8)
         let socketPath = runtime + "/authbroker/authbroker.sock"
         let logPath = directory + "/daemon.log"
         guard FileManager.default.createFile(atPath: logPath, contents: nil) else {
@@ -79,6 +82,7 @@ package final class DaemonProcess: @unchecked Sendable {  // mutable only in sta
         environment["XDG_RUNTIME_DIR"] = runtime
         environment["XDG_CONFIG_HOME"] = configHome
         environment["XDG_STATE_HOME"] = directory + "/state"
+        environment["XDG_DATA_HOME"] = directory + "/data"
         environment["HOME"] = directory
         environment.merge(extraEnvironment) { _, new in new }
 

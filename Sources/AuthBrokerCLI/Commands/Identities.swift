@@ -10,6 +10,9 @@ import Glibc
 
 /// `authbrokerctl identities ...`: client certificates the daemon presents (mTLS).
 struct Identities: AsyncParsableCommand {
+    /// RFC 3986 unreserved characters: what a path segment carries as is (identity names are made of them).
+    static let unreserved = CharacterSet.alphanumerics.union(CharacterSet(charactersIn: "-._~"))
+
     static let configuration = CommandConfiguration(
         abstract: "Import, list, remove and export the client certificates the daemon presents to servers (mTLS).",
         discussion: """
@@ -154,7 +157,7 @@ struct Identities: AsyncParsableCommand {
         func run() async throws {
             try await CommandRunner.run {
                 let api = ControlAPI(client: try connection.client())
-                let encoded = name.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? name
+                let encoded = name.addingPercentEncoding(withAllowedCharacters: Identities.unreserved) ?? name
                 let (removed, raw) = try await api.call(
                     .DELETE, "/v1/identities/\(encoded)", context: "cannot remove identity", as: RemovedIdentity.self
                 )
@@ -182,7 +185,7 @@ struct Identities: AsyncParsableCommand {
         func run() async throws {
             try await CommandRunner.run {
                 let api = ControlAPI(client: try connection.client())
-                let encoded = name.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? name
+                let encoded = name.addingPercentEncoding(withAllowedCharacters: Identities.unreserved) ?? name
                 let path = "/v1/identities/\(encoded)/export"
                 for attempt in 0..<2 {
                     let response = try await api.client.control(method: .POST, path: path, json: Data("{}".utf8))

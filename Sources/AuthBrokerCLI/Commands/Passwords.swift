@@ -79,7 +79,7 @@ struct Passwords: AsyncParsableCommand {
         @Flag(help: "Read the password from the first line of stdin instead of the terminal.")
         var passwordStdin = false
 
-        @Option(help: "session: kept until the daemon stops (the default in this version).")
+        @Option(help: "session: kept until the daemon stops (default); permanent: kept in the secret store.")
         var persistence: String = "session"
 
         func validate() throws {

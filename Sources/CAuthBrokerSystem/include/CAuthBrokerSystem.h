@@ -31,4 +31,8 @@ int cab_sd_notify(const char *state);
 /// refuses them or does not exist (stale or absent), or -errno for other failures.
 int cab_unix_socket_is_live(const char *path);
 
+/// The owner and mode of `path` (lstat when `follow` is 0), without exposing `struct stat` to
+/// Swift (whose members several overlays claim). Returns 0, or an errno value.
+int cab_file_owner_mode(const char *path, int follow, uid_t *uid, uint32_t *mode);
+
 #endif
