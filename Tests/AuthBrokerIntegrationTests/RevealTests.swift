@@ -69,12 +69,39 @@ struct RevealTests {
             #expect(refused.stdout.contains("reauthentication_required"))
             #expect(!refused.stdout.contains(Self.secret))
 
+            // identities export is behind the same gate: it writes what was imported, 0600.
+            let client = try TestPKI.makeClient(commonName: "alice", issuer: try TestPKI.makeCA(commonName: "Export CA"))
+            let cert = daemon.directory + "/id.crt", key = daemon.directory + "/id.key"
+            try client.pem.write(toFile: cert, atomically: true, encoding: .utf8)
+            try client.privateKeyPEM.write(toFile: key, atomically: true, encoding: .utf8)
+            try user.own(daemon.directory)
+            let imported = try Self.ctl(
+                daemon, user: user, ["identities", "import", "--cert", cert, "--key", key, "--name", "laptop"], stdin: ""
+            )
+            #expect(imported.status == 0, "\(imported.stderr)")
+            let exportPath = daemon.directory + "/exported.pem"
+            let refusedExport = try Self.ctl(
+                daemon, user: user, ["identities", "export", "laptop", "-o", exportPath, "--login-password-stdin"],
+                stdin: "not-the-login-password\n"
+            )
+            #expect(refusedExport.status != 0)
+            #expect(!FileManager.default.fileExists(atPath: exportPath))
+            let exported = try Self.ctl(
+                daemon, user: user, ["identities", "export", "laptop", "-o", exportPath, "--login-password-stdin"],
+                stdin: user.password + "\n"
+            )
+            #expect(exported.status == 0, "\(exported.stderr)")
+            #expect((try? String(contentsOfFile: exportPath, encoding: .utf8)) == client.privateKeyPEM)
+            let mode = (try? FileManager.default.attributesOfItem(atPath: exportPath)[.posixPermissions] as? Int) ?? 0
+            #expect(mode == 0o600)
+
             await daemon.stop()
             let log = daemon.log
             #expect(log.contains("re-authenticated"))
             #expect(!log.contains(Self.secret))
             #expect(!log.contains(user.password))
             #expect(!log.contains("not-the-login-password"))
+            #expect(!log.contains("PRIVATE KEY"))
         } catch {
             await daemon.stop()
             print("authbrokerd log:\n\(daemon.log)")

@@ -150,15 +150,15 @@ struct ResponsePrinter: Sendable {
         case .brokerError(let error, let details):
             let (buffer, complete) = try await body.collect(upTo: Self.maxProblemBytes)
             let problem =
-                (complete ? BrokerErrorDetection.brokerProblem(in: Data(buffer.readableBytesView)) : nil)
+                (complete ? BrokerErrorDetection.brokerProblem(in: buffer.readableBytesView) : nil)
                 ?? HumanFormat.syntheticProblem(
-                    error: error, status: Int(head.status.code), details: details,
+                    error: ProxyErrorType(rawValue: error) ?? .proxyInternalError, status: Int(head.status.code), details: details,
                     requestID: head.headers.first(name: "Authbroker-Request-Id")
                 )
             throw brokerFailure(problem)
         case .possibleBrokerProblem:
             let (buffer, complete) = try await body.collect(upTo: Self.maxPeekBytes)
-            if complete, let problem = BrokerErrorDetection.brokerProblem(in: Data(buffer.readableBytesView)) {
+            if complete, let problem = BrokerErrorDetection.brokerProblem(in: buffer.readableBytesView) {
                 throw brokerFailure(problem)
             }
             prefix = buffer

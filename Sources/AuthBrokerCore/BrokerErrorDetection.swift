@@ -1,4 +1,3 @@
-import AuthBrokerCore
 import Foundation
 import NIOHTTP1
 
@@ -10,8 +9,9 @@ import NIOHTTP1
 package enum BrokerErrorDetection {
     /// What the head alone says.
     package enum Verdict: Equatable, Sendable {
-        /// The broker's own error; `details` is the `details` parameter, if any.
-        case brokerError(ProxyErrorType, details: String?)
+        /// The broker's own error: its RFC 9209 `error` token (kept even when it is a type this
+        /// code does not know: the daemon may grow) and the `details` parameter, if any.
+        case brokerError(proxyStatus: String, details: String?)
         /// A problem+json error without the broker's `Proxy-Status` member: the body decides
         /// (its `type` is `urn:authbroker:problem:...` only when the broker wrote it).
         case possibleBrokerProblem
@@ -21,11 +21,13 @@ package enum BrokerErrorDetection {
 
     /// The prefix of every problem type the broker produces.
     package static let problemTypePrefix = "urn:authbroker:problem:"
+    /// Largest problem body read to tell a broker error from the origin's response.
+    package static let maxProblemBytes = 1024 * 1024
 
     package static func classify(_ head: HTTPResponseHead) -> Verdict {
         let proxyStatus = head.headers["Proxy-Status"].joined(separator: ", ")
-        if let member = firstMember(of: proxyStatus), let error = ProxyStatusField.brokerError(in: member) {
-            return .brokerError(error, details: parameter("details", in: member))
+        if let member = firstMember(of: proxyStatus), let error = brokerErrorType(in: member) {
+            return .brokerError(proxyStatus: error, details: parameter("details", in: member))
         }
         let contentType = head.headers.first(name: "Content-Type")?.lowercased() ?? ""
         let mediaType = contentType.split(separator: ";").first.map { String($0.trimmingASCIIWhitespace()) }
@@ -33,9 +35,22 @@ package enum BrokerErrorDetection {
         return .origin
     }
 
+    /// The `error` token of the broker's own member (`authbrokerd; error=...`), or nil.
+    package static func brokerErrorType(in member: String) -> String? {
+        let parts = member.split(separator: ";").map { $0.trimmingASCIIWhitespace() }
+        guard parts.first == Substring(ProxyStatusField.proxyName) || parts.first == "\"\(ProxyStatusField.proxyName)\"" else {
+            return nil
+        }
+        for parameter in parts.dropFirst() {
+            let pair = parameter.split(separator: "=", maxSplits: 1)
+            if pair.count == 2, pair[0] == "error" { return String(pair[1]) }
+        }
+        return nil
+    }
+
     /// A body that is the broker's own problem+json, or nil.
-    package static func brokerProblem(in body: Data) -> ProblemDetails? {
-        guard let problem = try? BrokerJSON.decoder().decode(ProblemDetails.self, from: body),
+    package static func brokerProblem(in body: some Sequence<UInt8>) -> ProblemDetails? {
+        guard let problem = try? BrokerJSON.decoder().decode(ProblemDetails.self, from: Data(body)),
             problem.type.hasPrefix(problemTypePrefix)
         else { return nil }
         return problem
