@@ -179,6 +179,35 @@ struct ChallengeTests {
         }
     }
 
+    @Test("a permanent Basic credential the app gave is kept by the daemon: a new client without a handler is let in, across a daemon restart")
+    func permanentCredentialReused() async throws {
+        let origin = try await TestAuthOrigin.start(name: "auth", user: Self.user, password: Self.password)
+        defer { Task { await origin.stop() } }
+        let config = configText(resolving: [("auth.internal.test", origin.port)])
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let script = ScriptedHandler([.useCredential(user: Self.user, password: Self.password, persistence: .permanent)])
+        let first = try await DaemonProcess.start(config: config, directory: directory)
+        let answered = try await BrokerClient(socketPath: first.socketPath, challengeHandler: script.handler)
+            .data(for: BrokerRequest(url: try url(Self.base(origin) + "/basic/x")))
+        #expect(answered.1.status == 200)
+        // The daemon keeps it off the response path: wait until it is listed.
+        var kept = false
+        for _ in 0..<100 where !kept {
+            kept = (try? await BrokerClient(socketPath: first.socketPath).passwords().contains { $0.persistence == "permanent" }) == true
+            if !kept { try await Task.sleep(for: .milliseconds(20)) }
+        }
+        #expect(kept)
+        await first.stop()
+
+        let second = try await DaemonProcess.start(config: config, directory: directory)
+        defer { Task { await second.stop(); second.cleanUp() } }
+        let plain = BrokerClient(socketPath: second.socketPath)
+        let (data, head) = try await plain.data(for: BrokerRequest(url: try url(Self.base(origin) + "/basic/y")))
+        #expect(head.status == 200, "\(String(decoding: data, as: UTF8.self))")
+        #expect(script.seen.count == 1)
+    }
+
     @Test("stale=true (right credentials, expired nonce) is answered again with the new nonce without asking the handler")
     func staleNonce() async throws {
         let origin = try await TestAuthOrigin.start(
