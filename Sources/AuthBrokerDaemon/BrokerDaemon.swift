@@ -98,7 +98,6 @@ package enum BrokerDaemon {
         } catch {
             throw StartupError(description: "authbrokerd: cannot choose a secret store: \(error)", exitCode: 1)
         }
-        logger.info("secret store", metadata: ["backend": "\(selected.store.backendName)", "reason": "\(selected.reason)"])
         let identities = ClientIdentities(store: store, keys: SecretStoreIdentityKeys(store: selected.store))
 
         let connector: UpstreamConnector
