@@ -37,8 +37,8 @@ package enum ListeningSocket: Sendable {
         return .path(socketPath)
     }
 
-    /// Makes `path` ready to bind: parent directory 0700 and ours, no live daemon on it,
-    /// a stale socket file removed.
+    /// Makes `path` ready to bind: the parent directory created 0700 when missing (an existing
+    /// one is checked, never changed), no live daemon on it, a stale socket file removed.
     package static func prepare(path: String) throws(ListenerError) {
         let directory = (path as NSString).deletingLastPathComponent
         var owner: uid_t = 0
@@ -59,16 +59,19 @@ package enum ListeningSocket: Sendable {
                 throw ListenerError(description: "cannot read the socket directory \(directory) after creating it.")
             }
         }
-        guard owner == getuid() else {
+        // An existing directory is never changed (it may be /tmp, or shared): it must only be
+        // such that no other user can replace the socket in it. A sticky directory (like /tmp)
+        // lets nobody else remove or rename our file.
+        let sticky = mode & UInt32(S_ISVTX) != 0
+        guard owner == getuid() || (owner == 0 && sticky) else {
             throw ListenerError(
                 description: "the socket directory \(directory) belongs to uid \(owner), not to you (uid \(getuid())); another user could replace the socket. Remove it or choose another path with --socket."
             )
         }
-        if mode & 0o077 != 0 {
-            // Our own directory: tighten it rather than refuse (e.g. created by hand with 0755).
-            guard chmod(directory, 0o700) == 0 else {
-                throw ListenerError(description: "cannot set mode 0700 on the socket directory \(directory).")
-            }
+        guard mode & 0o022 == 0 || sticky else {
+            throw ListenerError(
+                description: "the socket directory \(directory) is writable by other users, who could replace the socket. Run `chmod go-w \(directory)` or choose another path with --socket."
+            )
         }
 
         var existingOwner: uid_t = 0

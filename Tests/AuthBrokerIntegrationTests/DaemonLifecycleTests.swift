@@ -254,3 +254,28 @@ final class NotifySocket {
         return String(decoding: buffer[0..<count], as: UTF8.self)
     }
 }
+
+@Suite("Socket directories the daemon did not make")
+struct SocketDirectoryTests {
+    @Test("an existing directory is checked and never changed: a sticky shared one (like /tmp) is kept as it is; one others can write is refused")
+    func existingDirectories() async throws {
+        let shared = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: shared) }
+        chmod(shared, 0o1777)
+        let daemon = try await DaemonProcess.start(socket: shared + "/s.sock")
+        #expect(try UnixSocketConnection(path: shared + "/s.sock").request("GET", "/v1/status").status == 200)
+        await daemon.stop()
+        daemon.cleanUp()
+        let mode = (try FileManager.default.attributesOfItem(atPath: shared)[.posixPermissions] as? Int) ?? 0
+        #expect(mode == 0o1777)
+
+        chmod(shared, 0o777)
+        let refused = try CLIAndClientsTests.run(
+            DaemonProcess.binDirectory + "/authbrokerd", ["--socket", shared + "/t.sock"],
+            environment: ["HOME": shared, "XDG_CONFIG_HOME": shared + "/config", "XDG_STATE_HOME": shared + "/state", "XDG_DATA_HOME": shared + "/data"]
+        )
+        #expect(refused.status != 0)
+        #expect(refused.stderr.contains("writable by other users"), "\(refused.stderr)")
+        #expect(((try FileManager.default.attributesOfItem(atPath: shared)[.posixPermissions] as? Int) ?? 0) == 0o777)
+    }
+}

@@ -57,7 +57,7 @@ package final class DaemonProcess: @unchecked Sendable {  // mutable only in sta
     ///   - user: run as this (test) user through `setpriv`; the directory is handed to it.
     package static func start(
         config: String = "", directory: String? = nil, extraArguments: [String] = [],
-        extraEnvironment: [String: String] = [:], user: TestUser? = nil
+        extraEnvironment: [String: String] = [:], user: TestUser? = nil, socket: String? = nil
     ) async throws -> DaemonProcess {
         let directory = try directory ?? makeTemporaryDirectory()
         let runtime = directory + "/run"
@@ -69,7 +69,7 @@ package final class DaemonProcess: @unchecked Sendable {  // mutable only in sta
         // store: the test keyring is shared by every test in the run.
         let isolated = config.contains("[secrets]") ? config : config + "\n[secrets]\nstore = \"file\"\n"
         try isolated.write(toFile: configPath, atomically: true, encoding: .utf8)
-        let socketPath = runtime + "/authbroker/authbroker.sock"
+        let socketPath = socket ?? runtime + "/authbroker/authbroker.sock"
         let logPath = directory + "/daemon.log"
         guard FileManager.default.createFile(atPath: logPath, contents: nil) else {
             throw TestSupportError("cannot create \(logPath)")
@@ -87,7 +87,7 @@ package final class DaemonProcess: @unchecked Sendable {  // mutable only in sta
         environment.merge(extraEnvironment) { _, new in new }
 
         let process = Process()
-        let arguments = ["--log-level", "debug"] + extraArguments
+        let arguments = ["--log-level", "debug"] + (socket.map { ["--socket", $0] } ?? []) + extraArguments
         if let user {
             try user.own(directory)
             process.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
