@@ -45,7 +45,7 @@ package struct PAMSecret: Sendable, CustomStringConvertible, CustomDebugStringCo
 
 /// The buffer behind a `PAMSecret`: written once in `init`, zeroed and freed in `deinit`.
 // The bytes are written only in init and deinit, never in between, so sharing is race-free.
-private final class SecretStorage: @unchecked Sendable {
+private final class SecretStorage: @unchecked Sendable {  // written only in init and deinit (see above)
     let bytes: UnsafeMutableRawBufferPointer
 
     let count: Int

@@ -206,7 +206,7 @@ package final class SecretServiceStore: SecretStore {
     }
 
     /// Holds a reference on a `GCancellable` so the timer can cancel it after the call returned.
-    private final class Canceller: @unchecked Sendable {
+    private final class Canceller: @unchecked Sendable {  // GCancellable is thread-safe; the pointer is set once in init
         // @unchecked: g_cancellable_cancel is thread-safe, and the pointer itself never changes.
         let cancellable: UnsafeMutablePointer<GCancellable>
         let fired = Atomic<Bool>(false)

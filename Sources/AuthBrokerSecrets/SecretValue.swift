@@ -16,7 +16,7 @@ import Darwin
 ///
 /// - Warning: whatever a caller copies out (`withUnsafeBytes`, `stringValue()`) is the caller's
 ///   to wipe; Swift `String`s cannot be wiped, so prefer the bytes.
-package final class SecretValue: @unchecked Sendable {
+package final class SecretValue: @unchecked Sendable {  // the buffer is written only in init and deinit
     // @unchecked: the buffer is written only in init and deinit, so shared reads are safe.
     private let storage: UnsafeMutableRawBufferPointer
 
