@@ -129,7 +129,10 @@ package enum BrokerDaemon {
 
         let startedAt = Date()
         let boundPath: String = if case .path(let path) = listening { path } else { socketPath }
-        let vault = PasswordVault(permanent: SecretStorePasswords(store: selected.store))
+        let vault = PasswordVault(
+            permanent: SecretStorePasswords(store: selected.store),
+            failuresPath: (stateDirectory as NSString).appendingPathComponent("password-failures.json")
+        )
         let audit: AuditLog
         do {
             try FileManager.default.createDirectory(

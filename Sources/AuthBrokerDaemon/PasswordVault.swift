@@ -3,6 +3,7 @@ import AuthBrokerHTTPAuth
 import AuthBrokerSecrets
 import NIOConcurrencyHelpers
 import NIOPosix
+import Foundation
 import NIOHTTP1
 
 /// How long a credential is kept, as URLCredential's persistence: for this request only (`none`,
@@ -43,17 +44,58 @@ package final class PasswordVault: Sendable {
         var user: String
     }
 
+    /// A refused mark as kept on disk, so a password the server refused is not sent again
+    /// after a restart either (a lockout counts across restarts too).
+    private struct FailedMark: Codable {
+        var url: String
+        var realm: String?
+        var user: String
+    }
+
     private let session = NIOLockedValueBox<[Entry]>([])
     /// Permanent credentials read from the store so far.
     private let permanentCache = NIOLockedValueBox<[Key: PasswordCredential]>([:])
     private let failed = NIOLockedValueBox<Set<Key>>([])
     private let permanent: SecretStorePasswords?
     private let pool: NIOThreadPool
+    /// Where refused marks are kept (`password-failures.json` in the state directory); nil: memory only.
+    private let failuresPath: String?
 
-    /// - Parameter permanent: the secret store for `permanent` passwords; nil: session only.
-    package init(permanent: SecretStorePasswords? = nil, pool: NIOThreadPool = .singleton) {
+    /// - Parameters:
+    ///   - permanent: the secret store for `permanent` passwords; nil: session only.
+    ///   - failuresPath: where refused marks survive restarts; an unreadable file starts empty.
+    package init(permanent: SecretStorePasswords? = nil, failuresPath: String? = nil, pool: NIOThreadPool = .singleton) {
         self.permanent = permanent
         self.pool = pool
+        self.failuresPath = failuresPath
+        if let failuresPath, let data = FileManager.default.contents(atPath: failuresPath),
+            let marks = try? JSONDecoder().decode([FailedMark].self, from: data)
+        {
+            let keys = marks.compactMap { mark -> Key? in
+                guard let origin = try? CanonicalOrigin(parsing: mark.url) else { return nil }
+                return Key(origin: origin, realm: mark.realm, user: mark.user)
+            }
+            self.failed.withLockedValue { $0 = Set(keys) }
+        }
+    }
+
+    /// Writes the refused marks (temp file, then rename: never half a file).
+    private func saveFailures(_ keys: Set<Key>) {
+        guard let path = self.failuresPath else { return }
+        let marks = keys.map { FailedMark(url: $0.origin.description, realm: $0.realm, user: $0.user) }
+        guard let data = try? JSONEncoder().encode(marks.sorted { ($0.url, $0.user) < ($1.url, $1.user) }) else { return }
+        let temporary = path + ".tmp"
+        guard FileManager.default.createFile(atPath: temporary, contents: data, attributes: [.posixPermissions: 0o600]) else { return }
+        _ = rename(temporary, path)
+    }
+
+    /// Changes the refused marks and keeps them on disk.
+    private func updateFailed(_ change: (inout Set<Key>) -> Void) {
+        let keys = self.failed.withLockedValue { failed -> Set<Key> in
+            change(&failed)
+            return failed
+        }
+        self.saveFailures(keys)
     }
 
     /// Adds a password, replacing one for the same origin, realm and user (and clearing its failed mark).
@@ -75,7 +117,7 @@ package final class PasswordVault: Sendable {
             try await self.blocking { try store.add(origin: origin, realm: realm, credential: credential) }
             self.permanentCache.withLockedValue { $0[key] = credential }
         }
-        self.failed.withLockedValue { _ = $0.remove(key) }
+        self.updateFailed { _ = $0.remove(key) }
     }
 
     /// Removes the password for `origin`, `realm` and `user` (session and permanent); returns what was removed.
@@ -93,7 +135,7 @@ package final class PasswordVault: Sendable {
                 removed = StoredPasswordInfo(origin: origin, realm: realm, user: user, persistence: .permanent, failed: false)
             }
         }
-        self.failed.withLockedValue { _ = $0.remove(key) }
+        self.updateFailed { _ = $0.remove(key) }
         guard let removed else {
             let realmText = realm.map { " (realm \"\($0)\")" } ?? ""
             throw BrokerError(
@@ -192,7 +234,7 @@ package final class PasswordVault: Sendable {
     /// The server refused `user`'s password for `space`: do not send it again until it changes.
     package func markFailed(space: ProtectionSpace, user: String) {
         let keys = [Key(origin: space.origin, realm: space.realm, user: user), Key(origin: space.origin, realm: nil, user: user)]
-        self.failed.withLockedValue { $0.formUnion(keys) }
+        self.updateFailed { $0.formUnion(keys) }
     }
 
     package var failedCount: Int {

@@ -127,6 +127,32 @@ struct ClientIdentityIntegrationTests {
         try await Self.exercise(store: "secret-service")
     }
 
+    @Test("a permanent password the server refused stays refused after a restart: never sent again")
+    func refusedStaysRefused() async throws {
+        let origin = try await TestAuthOrigin.start(name: "refused", user: "alice", password: "Right-Secret-2")
+        defer { Task { await origin.stop() } }
+        let config = StoredCredentialTests.config(origin) + "[secrets]\nstore = \"file\"\n"
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let url = StoredCredentialTests.base(origin)
+        try await withDaemon(config: config, directory: directory, keepDirectory: true) { daemon in
+            let added = try CLIAndClientsTests.ctl(
+                daemon, ["passwords", "add", url, "--user", "alice", "--password-stdin", "--persistence", "permanent"],
+                stdin: "Wrong-Secret-3\n"
+            )
+            #expect(added.status == 0, "\(added.stderr)")
+            #expect(try fetch(daemon, url + "/basic/x").status == 401)
+            #expect(origin.stats.failures == 1)
+        }
+        try await withDaemon(config: config, directory: directory, keepDirectory: true) { daemon in
+            let again = try fetch(daemon, url + "/basic/x")
+            #expect(again.status == 401)
+            #expect(origin.stats.failures == 1)  // not sent again
+            let list = try CLIAndClientsTests.ctl(daemon, ["passwords", "list"])
+            #expect(list.stdout.contains("REFUSED"), "\(list.stdout)")
+        }
+    }
+
     @Test("a permanent password survives a daemon restart (encrypted-file store)")
     func permanentPassword() async throws {
         let origin = try await TestAuthOrigin.start(name: "permanent", user: "alice", password: "Perm-Secret-1")
