@@ -313,7 +313,8 @@ where Instant.Duration == Duration {
         self.challenges.isEmpty && self.challengeBySpace.isEmpty && self.challengeByRequest.isEmpty
     }
 
-    package var attachedAgents: [AgentID] { self.agents }
+    /// Whether challenge `id` still waits (answered, withdrawn or timed-out ones do not).
+    package func isPending(_ id: ChallengeID) -> Bool { self.challenges[id] != nil }
 
     // MARK: - Helpers
 

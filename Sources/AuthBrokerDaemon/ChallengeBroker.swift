@@ -130,8 +130,7 @@ package final class ChallengeBroker<Space: Hashable & Sendable, Answer: Equatabl
         }
         // Requesters of challenges that ended are forgotten.
         if !action.resume.isEmpty || !action.withdraw.isEmpty {
-            let live = Set(self.queue.pending.map(\.id))
-            self.requesters = self.requesters.filter { live.contains($0.key) }
+            self.requesters = self.requesters.filter { self.queue.isPending($0.key) }
         }
         self.rescheduleTimer()
     }

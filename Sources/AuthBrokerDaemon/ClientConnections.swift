@@ -86,9 +86,7 @@ package struct ClientConnectionServer: Sendable {
         }
         let abortClient: @Sendable () -> Void = { channel.close(promise: nil) }
         // Who is on the other end, for grants that belong to one process (PAM re-authentication).
-        let credentials = try? await channel.peerCredentials().get()
-        let peer = credentials.flatMap { PeerIdentity.read(uid: $0.uid, pid: $0.pid) }
-        let requester = credentials?.requester
+        let peer = (try? await channel.peerCredentials().get()).map(ConnectionPeer.init)
         let registry = self.registry
         let draining: @Sendable () -> Bool = { registry.isDraining }
         let closeFuture = channel.closeFuture
@@ -127,7 +125,7 @@ package struct ClientConnectionServer: Sendable {
                 guard case .head(let head)? = part else { return }
                 self.registry.setBusy(id, true)
                 let outcome = await self.handle(
-                    head, peer: peer, requester: requester, requests: &requests, writer: outbound, clientGone: clientGone,
+                    head, peer: peer, requests: &requests, writer: outbound, clientGone: clientGone,
                     closeClient: closeClient,
                     abortClient: abortClient, draining: draining
                 )
@@ -143,7 +141,7 @@ package struct ClientConnectionServer: Sendable {
     }
 
     private func handle(
-        _ head: HTTPRequestHead, peer: PeerIdentity?, requester: Requester?, requests: inout ClientRequestIterator,
+        _ head: HTTPRequestHead, peer: ConnectionPeer?, requests: inout ClientRequestIterator,
         writer: ClientResponseWriter, clientGone: @escaping @Sendable () async -> Void,
         closeClient: @escaping @Sendable () -> Void, abortClient: @escaping @Sendable () -> Void,
         draining: @escaping @Sendable () -> Bool
@@ -202,7 +200,7 @@ package struct ClientConnectionServer: Sendable {
                     )
                 } else {
                     outcome = await self.interceptor.proxy(
-                        head: head, origin: origin, pathAndQuery: pathAndQuery, requestID: requestID, requester: requester,
+                        head: head, origin: origin, pathAndQuery: pathAndQuery, requestID: requestID, peer: peer,
                         logger: logger, requests: &requests, writer: writer, closeClient: closeClient,
                         abortClient: abortClient, draining: draining, clientGone: clientGone
                     )
@@ -221,7 +219,7 @@ package struct ClientConnectionServer: Sendable {
     }
 
     private func serveControl(
-        _ head: HTTPRequestHead, path: String, query: String?, peer: PeerIdentity?, requestID: String, logger: Logger,
+        _ head: HTTPRequestHead, path: String, query: String?, peer: ConnectionPeer?, requestID: String, logger: Logger,
         requests: inout ClientRequestIterator, writer: ClientResponseWriter, keepAlive: Bool
     ) async -> RequestOutcome {
         var body = ByteBuffer()
@@ -256,7 +254,7 @@ package struct ClientConnectionServer: Sendable {
             return await self.serveAgent(authenticator, requestID: requestID, logger: logger, requests: &requests, writer: writer)
         }
         let response = await self.control.handle(
-            method: head.method, path: path, query: query, body: body, requestID: requestID, peer: peer
+            method: head.method, path: path, query: query, body: body, requestID: requestID, peer: peer?.identity
         )
         var headers = response.headers
         headers.replaceOrAdd(name: BrokerHeaders.requestID, value: requestID)

@@ -23,16 +23,12 @@ package struct RequestAuthState: Sendable {
     /// check the server's `rspauth` (RFC 7616 §3.5).
     var digestSent: (authorization: DigestAuthorization, credential: PasswordCredential)?
 
-    package init(clientSentAuthorization: Bool) {
-        if clientSentAuthorization { self.lastAttempt = .clientCredential }
-    }
-
     /// The state for a request with these headers: whether the client authorised it itself,
     /// and whether it asked for its Basic credential to be kept (Digest answers cannot be: the
     /// broker never sees that password).
     package init(headers: HTTPHeaders) {
         let authorization = headers.first(name: "authorization")
-        self.init(clientSentAuthorization: authorization != nil)
+        if authorization != nil { self.lastAttempt = .clientCredential }
         let persist = ProxyHeaders.brokerDirectives(headers).last { $0.name == "authbroker-persist" }?.value.lowercased()
         guard let authorization, let persist, let persistence = CredentialPersistence(rawValue: persist), persistence != .none
         else { return }
@@ -80,13 +76,12 @@ package final class HTTPAuthenticator: Sendable {
         self.broker = ChallengeBroker { space in await vault.credential(for: space) }
     }
 
-    package var challengeBroker: ChallengeBroker<ProtectionSpace, StoredAnswer> { self.broker }
-
     // MARK: - Before sending
 
     /// Sets `state.authorization` when a known space covers `uri` and its credential is usable.
     package func authorizePreemptively(
-        origin: CanonicalOrigin, method: HTTPMethod, uri: String, requester: Requester? = nil, state: inout RequestAuthState
+        origin: CanonicalOrigin, method: HTTPMethod, uri: String, requester: () -> Requester? = { nil },
+        state: inout RequestAuthState
     ) {
         guard state.lastAttempt == .noCredentials, let known = self.knownSpace(origin: origin, uri: uri),
             let answer = self.vault.cachedCredential(for: known.space), AuthAttemptPolicy.mayPreempt(stored: answer.state)
@@ -109,7 +104,7 @@ package final class HTTPAuthenticator: Sendable {
             }
             state.space = space
             state.user = answer.credential.user
-            self.audit?.record(.credentialUsed(space: space, user: answer.credential.user, requester: requester))
+            self.audit?.record(.credentialUsed(space: space, user: answer.credential.user, requester: requester()))
         } catch {
             self.logger.debug("no preemptive authorization", metadata: ["space": "\(space)", "error": "\((error as? HTTPAuthError)?.code ?? "\(error)")"])
         }

@@ -46,7 +46,7 @@ package struct Interceptor: Sendable {
     static let maxAttempts = 4
 
     package func proxy(
-        head: HTTPRequestHead, origin: CanonicalOrigin, pathAndQuery: String, requestID: String, requester: Requester? = nil,
+        head: HTTPRequestHead, origin: CanonicalOrigin, pathAndQuery: String, requestID: String, peer: ConnectionPeer? = nil,
         logger: Logger, requests: inout ClientRequestIterator, writer: ClientResponseWriter,
         closeClient: @escaping @Sendable () -> Void, abortClient: @escaping @Sendable () -> Void,
         draining: @escaping @Sendable () -> Bool, clientGone: @escaping @Sendable () async -> Void = {}
@@ -62,7 +62,7 @@ package struct Interceptor: Sendable {
             )
         }
         if let identity = route.clientIdentity {
-            self.audit?.record(.identityPresented(name: identity, origin: origin, requester: requester))
+            self.audit?.record(.identityPresented(name: identity, origin: origin, requester: peer?.requester))
         }
         let expectsContinue = head.headers["expect"].contains { $0.lowercased() == "100-continue" }
         let clientWantsKeepAlive = head.isKeepAlive && head.version == .http1_1
@@ -75,7 +75,7 @@ package struct Interceptor: Sendable {
         let auth = NIOLockedValueBox(RequestAuthState(headers: head.headers))
         auth.withLockedValue { state in
             self.authenticator.authorizePreemptively(
-                origin: origin, method: head.method, uri: pathAndQuery, requester: requester, state: &state
+                origin: origin, method: head.method, uri: pathAndQuery, requester: { peer?.requester }, state: &state
             )
         }
         var attempt = 0
@@ -115,7 +115,7 @@ package struct Interceptor: Sendable {
             let retryAllowed = mayRetry && attempt == 1
             let authContext = AuthContext(
                 head: head, origin: origin, uri: pathAndQuery, replay: replay, state: auth,
-                mayAnswer: attempt < Self.maxAttempts, agentWait: Self.agentWait(head), requester: requester,
+                mayAnswer: attempt < Self.maxAttempts, agentWait: Self.agentWait(head), peer: peer,
                 clientGone: clientGone
             )
             let result = await withTaskGroup(of: ResponsePumpResult.self) { group in
@@ -336,7 +336,7 @@ package struct Interceptor: Sendable {
         var mayAnswer: Bool
         /// How long the request may wait for an agent (`Authbroker-Interactive`); nil: not at all.
         var agentWait: Duration?
-        var requester: Requester?
+        var peer: ConnectionPeer?
         /// Returns when the client's connection has closed.
         var clientGone: @Sendable () async -> Void
     }
@@ -455,7 +455,7 @@ package struct Interceptor: Sendable {
                 var state = auth.state.withLockedValue { $0 }
                 let retry = await authenticator.answerChallenge(
                     head, origin: auth.origin, method: auth.head.method, uri: auth.uri, replayableBody: body,
-                    agentWait: auth.agentWait, requester: auth.requester, state: &state
+                    agentWait: auth.agentWait, requester: auth.peer?.requester, state: &state
                 )
                 return (retry, state)
             }
@@ -610,12 +610,7 @@ final class ExchangeState: Sendable {
     var requestComplete: Bool { self.box.withLockedValue { $0.requestComplete } }
 
     func markRequestComplete() {
-        let waiters = self.box.withLockedValue { state in
-            state.requestComplete = true
-            defer { state.waiters = [] }
-            return state.waiters
-        }
-        for waiter in waiters { waiter.resume() }
+        self.resumeWaiters(markingComplete: true)
     }
 
     /// Waits until the request body has ended or `bound` has passed; returns whether it ended.
@@ -636,13 +631,14 @@ final class ExchangeState: Sendable {
             await group.next()
             group.cancelAll()
             // The sleeper ends on cancellation; a parked waiter is resumed here so the group can end.
-            self.markWaitersDone()
+            self.resumeWaiters(markingComplete: false)
         }
         return self.requestComplete
     }
 
-    private func markWaitersDone() {
+    private func resumeWaiters(markingComplete: Bool) {
         let waiters = self.box.withLockedValue { state in
+            if markingComplete { state.requestComplete = true }
             defer { state.waiters = [] }
             return state.waiters
         }

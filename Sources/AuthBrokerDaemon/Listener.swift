@@ -1,7 +1,9 @@
 import AuthBrokerCore
+import AuthBrokerPAM
 import CAuthBrokerSystem
 import Foundation
 import Logging
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
 import NIOPosix
@@ -108,6 +110,37 @@ package struct PeerCredentials: Sendable {
     package var requester: Requester {
         let executable = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(self.pid)/exe")
         return Requester(pid: self.pid, uid: self.uid, executable: executable)
+    }
+}
+
+/// The process behind one client connection, read from `/proc` on first use and kept: most
+/// connections never need it (only PAM grants, challenges and the audit log do), so accepting
+/// one costs no `/proc` reads.
+package final class ConnectionPeer: Sendable {
+    package let credentials: PeerCredentials
+    private let identityCache = NIOLockedValueBox<PeerIdentity?>(nil)
+    private let requesterCache = NIOLockedValueBox<Requester?>(nil)
+
+    package init(credentials: PeerCredentials) {
+        self.credentials = credentials
+    }
+
+    /// uid, pid and start time, for grants that belong to one process.
+    package var identity: PeerIdentity? {
+        self.identityCache.withLockedValue { cached in
+            if cached == nil { cached = PeerIdentity.read(uid: self.credentials.uid, pid: self.credentials.pid) }
+            return cached
+        }
+    }
+
+    /// pid, uid and executable, as agents and the audit log show them.
+    package var requester: Requester {
+        self.requesterCache.withLockedValue { cached in
+            if let cached { return cached }
+            let requester = self.credentials.requester
+            cached = requester
+            return requester
+        }
     }
 }
 

@@ -137,11 +137,7 @@ package final class PasswordVault: Sendable {
         }
         self.updateFailed { _ = $0.remove(key) }
         guard let removed else {
-            let realmText = realm.map { " (realm \"\($0)\")" } ?? ""
-            throw BrokerError(
-                code: "password_not_found", status: .notFound, title: "No such password",
-                detail: "There is no password for \(user) at \(origin)\(realmText). `authbrokerctl passwords list` shows the ones there are."
-            )
+            throw Self.notFound(origin: origin, realm: realm, user: user)
         }
         return removed
     }
@@ -177,11 +173,7 @@ package final class PasswordVault: Sendable {
         if let store = self.permanent, let password = try await self.blocking({ try store.password(origin: origin, realm: realm, user: user) }) {
             return PasswordCredential(user: user, password: password)
         }
-        let realmText = realm.map { " (realm \"\($0)\")" } ?? ""
-        throw BrokerError(
-            code: "password_not_found", status: .notFound, title: "No such password",
-            detail: "There is no password for \(user) at \(origin)\(realmText). `authbrokerctl passwords list` shows the ones there are."
-        )
+        throw Self.notFound(origin: origin, realm: realm, user: user)
     }
 
     /// The credential for `space` and whether it may be sent, reading the secret store when it
@@ -239,6 +231,14 @@ package final class PasswordVault: Sendable {
 
     package var failedCount: Int {
         self.failed.withLockedValue { $0.count }
+    }
+
+    private static func notFound(origin: CanonicalOrigin, realm: String?, user: String) -> BrokerError {
+        let realmText = realm.map { " (realm \"\($0)\")" } ?? ""
+        return BrokerError(
+            code: "password_not_found", status: .notFound, title: "No such password",
+            detail: "There is no password for \(user) at \(origin)\(realmText). `authbrokerctl passwords list` shows the ones there are."
+        )
     }
 
     private func permanentStore() throws(BrokerError) -> SecretStorePasswords {
