@@ -36,6 +36,12 @@ package struct CanonicalOrigin: Hashable, Sendable, CustomStringConvertible {
         return port == scheme.defaultPort ? name : "\(name):\(port)"
     }
 
+    /// `host:port` with the port always written, IPv6 in brackets: a CONNECT request-target
+    /// (authority-form, RFC 9112 §3.2.3) and a `next-hop` in `Proxy-Status`.
+    package var authorityForm: String {
+        (host.contains(":") ? "[\(host)]" : host) + ":\(port)"
+    }
+
     /// `https://host`, `https://host:8443`, `http://[::1]:8080`.
     package var description: String { "\(scheme.rawValue)://\(hostHeader)" }
 
@@ -362,19 +368,29 @@ enum HostSyntax {
 }
 
 /// Where an upstream connection goes and who it says it is: connections are pooled per route, so
-/// one that presented a client identity is never reused for a request that chose another (or none).
+/// one that presented a client identity is never reused for a request that chose another (or none),
+/// and one through the upstream proxy never for a request that goes direct (or the reverse).
 package struct UpstreamRoute: Hashable, Sendable, CustomStringConvertible {
     package var origin: CanonicalOrigin
     /// The name of the client identity presented in the TLS handshake, if any.
     package var clientIdentity: String?
+    /// The HTTP proxy the connection goes through (`[upstream] proxy`): `http` requests in
+    /// absolute form, `https` through a CONNECT tunnel. nil: straight to the origin.
+    package var proxy: CanonicalOrigin?
 
-    package init(_ origin: CanonicalOrigin, clientIdentity: String? = nil) {
+    package init(_ origin: CanonicalOrigin, clientIdentity: String? = nil, proxy: CanonicalOrigin? = nil) {
         self.origin = origin
         self.clientIdentity = clientIdentity
+        self.proxy = proxy
     }
 
+    /// Where the TCP connection goes: the proxy, or the origin.
+    package var firstHop: CanonicalOrigin { self.proxy ?? self.origin }
+
     package var description: String {
-        guard let clientIdentity else { return self.origin.description }
-        return "\(self.origin) (as identity '\(clientIdentity)')"
+        var text = self.origin.description
+        if let clientIdentity { text += " (as identity '\(clientIdentity)')" }
+        if let proxy { text += " via proxy \(proxy.hostHeader)" }
+        return text
     }
 }

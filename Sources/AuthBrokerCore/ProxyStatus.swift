@@ -38,10 +38,14 @@ package enum ProxyStatusField {
     /// The identifier the broker uses for itself in `Proxy-Status` and `Via`.
     package static let proxyName = "authbrokerd"
 
-    /// `authbrokerd; error=tls_certificate_error; details="..."`. `details` is reduced to
-    /// printable ASCII and escaped as an sf-string (RFC 8941 §3.3.3).
-    package static func render(error: ProxyErrorType, details: String?) -> String {
+    /// `authbrokerd; error=tls_certificate_error; next-hop="proxy:3128"; details="..."`.
+    /// `details` and `next-hop` are reduced to printable ASCII and escaped as sf-strings
+    /// (RFC 8941 §3.3.3); `next-hop` names the hop the broker was talking to (RFC 9209 §2.1.3).
+    package static func render(error: ProxyErrorType, details: String?, nextHop: String? = nil) -> String {
         var value = "\(proxyName); error=\(error.rawValue)"
+        if let nextHop, !nextHop.isEmpty {
+            value += "; next-hop=\"\(sfStringEscaped(nextHop))\""
+        }
         if let details, !details.isEmpty {
             value += "; details=\"\(sfStringEscaped(details))\""
         }

@@ -23,13 +23,15 @@ package final class AuditLog: Sendable {
         var realm: String?
         var authScheme: String?
         var user: String?
+        /// true when the credential went to the upstream proxy (a 407's space), absent otherwise.
+        var proxy: Bool?
         var identity: String?
         var pid: Int32?
         var uid: UInt32?
         var executable: String?
 
         enum CodingKeys: String, CodingKey {
-            case time, event, scheme, host, port, realm, user, identity, pid, uid, executable
+            case time, event, scheme, host, port, realm, user, proxy, identity, pid, uid, executable
             case authScheme = "auth_scheme"
         }
     }
@@ -64,7 +66,7 @@ package final class AuditLog: Sendable {
             line = Line(
                 time: Date(), event: "credential_used", scheme: space.origin.scheme.rawValue, host: space.origin.host,
                 port: space.origin.port, realm: space.realm, authScheme: space.authScheme, user: user,
-                pid: requester?.pid, uid: requester?.uid, executable: requester?.executable
+                proxy: space.isProxy ? true : nil, pid: requester?.pid, uid: requester?.uid, executable: requester?.executable
             )
         case .identityPresented(let name, let origin, let requester):
             line = Line(

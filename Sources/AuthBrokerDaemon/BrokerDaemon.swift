@@ -100,9 +100,28 @@ package enum BrokerDaemon {
         }
         let identities = ClientIdentities(store: store, keys: SecretStoreIdentityKeys(store: selected.store))
 
+        let vault = PasswordVault(
+            permanent: SecretStorePasswords(store: selected.store),
+            failuresPath: (stateDirectory as NSString).appendingPathComponent("password-failures.json")
+        )
+        let audit: AuditLog
+        do {
+            try FileManager.default.createDirectory(
+                atPath: stateDirectory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700]
+            )
+            audit = try AuditLog(path: (stateDirectory as NSString).appendingPathComponent("audit.jsonl"), logger: logger)
+        } catch let error as StartupError {
+            throw error
+        } catch {
+            throw StartupError(description: "authbrokerd: \(error)", exitCode: 1)
+        }
+        let authenticator = HTTPAuthenticator(vault: vault, audit: audit, logger: logger)
         let connector: UpstreamConnector
         do {
-            connector = try UpstreamConnector(group: group, settings: settings, trust: evaluator, identities: identities, logger: logger)
+            connector = try UpstreamConnector(
+                group: group, settings: settings, trust: evaluator, identities: identities, proxyAuthenticator: authenticator,
+                logger: logger
+            )
         } catch {
             throw StartupError(description: "authbrokerd: cannot set up TLS: \(error)", exitCode: 1)
         }
@@ -129,22 +148,6 @@ package enum BrokerDaemon {
 
         let startedAt = Date()
         let boundPath: String = if case .path(let path) = listening { path } else { socketPath }
-        let vault = PasswordVault(
-            permanent: SecretStorePasswords(store: selected.store),
-            failuresPath: (stateDirectory as NSString).appendingPathComponent("password-failures.json")
-        )
-        let audit: AuditLog
-        do {
-            try FileManager.default.createDirectory(
-                atPath: stateDirectory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700]
-            )
-            audit = try AuditLog(path: (stateDirectory as NSString).appendingPathComponent("audit.jsonl"), logger: logger)
-        } catch let error as StartupError {
-            throw error
-        } catch {
-            throw StartupError(description: "authbrokerd: \(error)", exitCode: 1)
-        }
-        let authenticator = HTTPAuthenticator(vault: vault, audit: audit, logger: logger)
         let reauth = ReauthService(
             authenticator: PAMAuthenticator(
                 configuration: .init(service: settings.security.pamService, configDirectory: settings.security.pamConfigDirectory),

@@ -24,12 +24,20 @@ package struct BrokerError: Error, CustomStringConvertible, Sendable {
     package var fix: [String]?
     /// Sent as `Retry-After` (RFC 9110 §10.2.3).
     package var retryAfterSeconds: Int?
+    /// The hop the broker was talking to when it failed, when that was the upstream proxy
+    /// (`next-hop` in `Proxy-Status`, RFC 9209 §2.1.3).
+    package var nextHop: String?
+    /// The upstream proxy's Basic and Digest challenges, sent as `Proxy-Authenticate` with a 407.
+    package var proxyChallenges: [String] = []
 
     package init(
         code: String, status: HTTPResponseStatus, proxyErrorType: ProxyErrorType? = nil,
         title: String, detail: String, host: String? = nil, reasons: [String]? = nil,
-        chain: [CertificateInfo]? = nil, fix: [String]? = nil, retryAfterSeconds: Int? = nil
+        chain: [CertificateInfo]? = nil, fix: [String]? = nil, retryAfterSeconds: Int? = nil, nextHop: String? = nil,
+        proxyChallenges: [String] = []
     ) {
+        self.nextHop = nextHop
+        self.proxyChallenges = proxyChallenges
         self.retryAfterSeconds = retryAfterSeconds
         self.code = code
         self.status = status
@@ -63,8 +71,11 @@ package struct BrokerError: Error, CustomStringConvertible, Sendable {
         if let proxyErrorType {
             headers.add(
                 name: "Proxy-Status",
-                value: ProxyStatusField.render(error: proxyErrorType, details: self.detail)
+                value: ProxyStatusField.render(error: proxyErrorType, details: self.detail, nextHop: self.nextHop)
             )
+        }
+        for challenge in self.proxyChallenges {
+            headers.add(name: "Proxy-Authenticate", value: challenge)
         }
         if let requestID {
             headers.add(name: BrokerHeaders.requestID, value: requestID)
@@ -419,5 +430,61 @@ enum ClientCertificateAlert {
         } else {
             return nil
         }
+    }
+}
+
+// MARK: - Upstream proxy errors
+
+extension BrokerError {
+    /// The upstream proxy could not be reached: the connect error (refused, DNS, timeout…) said
+    /// about the proxy, with what to check (`[upstream] proxy` and `no_proxy`).
+    package static func proxyUnreachable(_ error: BrokerError, proxy: CanonicalOrigin, origin: CanonicalOrigin) -> BrokerError {
+        var error = error
+        error.detail =
+            "The upstream proxy \(proxy.hostHeader) ([upstream] proxy in config.toml), through which \(origin.hostHeader) is reached, could not be reached: \(error.detail) Check that the proxy runs and the address is right, or list \(origin.host) in [upstream] no_proxy to reach it directly."
+        error.host = origin.hostHeader
+        error.nextHop = proxy.authorityForm
+        return error
+    }
+
+    /// The proxy answered CONNECT with a status other than 2xx (and not a 407 the broker could
+    /// answer): 403 is a refusal by the proxy's policy, anything else that it could not reach the origin.
+    package static func proxyRefusedTunnel(proxy: CanonicalOrigin, origin: CanonicalOrigin, status: HTTPResponseStatus) -> BrokerError {
+        let denied = status == .forbidden
+        let advice =
+            denied
+            ? "Its rules do not allow this destination: ask its administrator, or list \(origin.host) in [upstream] no_proxy if it can be reached directly."
+            : "It could not reach \(origin.hostHeader): check the host and port, and the proxy's own log."
+        return BrokerError(
+            code: "proxy_tunnel_refused", status: .badGateway,
+            proxyErrorType: denied ? .httpRequestDenied : .destinationUnavailable,
+            title: "The upstream proxy refused the tunnel",
+            detail:
+                "The upstream proxy \(proxy.hostHeader) answered CONNECT \(origin.authorityForm) with \(status.code) \(status.reasonPhrase). \(advice)",
+            host: origin.hostHeader, nextHop: proxy.authorityForm
+        )
+    }
+
+    /// The proxy answered CONNECT with something that is not an HTTP response, or closed first.
+    package static func proxyTunnelFailed(proxy: CanonicalOrigin, origin: CanonicalOrigin, reason: String) -> BrokerError {
+        BrokerError(
+            code: "proxy_tunnel_failed", status: .badGateway, proxyErrorType: .connectionTerminated,
+            title: "The upstream proxy did not open the tunnel",
+            detail:
+                "The upstream proxy \(proxy.hostHeader) did not answer CONNECT \(origin.authorityForm) properly (\(reason)). Check that [upstream] proxy names an HTTP proxy that allows CONNECT to port \(origin.port).",
+            host: origin.hostHeader, nextHop: proxy.authorityForm
+        )
+    }
+
+    /// The proxy wants credentials for a tunnel and the broker has none it may send: the client
+    /// gets the 407 with the proxy's Basic and Digest challenges, and how to store a password.
+    package static func proxyAuthenticationRequired(proxy: CanonicalOrigin, origin: CanonicalOrigin, challenges: [String]) -> BrokerError {
+        BrokerError(
+            code: "proxy_authentication_required", status: .proxyAuthenticationRequired,
+            title: "The upstream proxy requires authentication",
+            detail:
+                "The upstream proxy \(proxy.hostHeader) asked for credentials to reach \(origin.hostHeader), and no stored password answers it (or the stored one was refused; `authbrokerctl passwords list` shows REFUSED). Store the proxy's password with `authbrokerctl passwords add \(proxy) --user NAME`, or send Proxy-Authorization yourself.",
+            host: origin.hostHeader, fix: ["authbrokerctl passwords add \(proxy) --user NAME"], proxyChallenges: challenges
+        )
     }
 }

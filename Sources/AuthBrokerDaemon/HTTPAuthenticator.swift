@@ -13,7 +13,8 @@ package struct RequestAuthState: Sendable {
     /// The space and user of the credential the broker sent on the latest attempt.
     var space: ProtectionSpace?
     var user: String?
-    /// The `Authorization` value the broker adds to the next attempt.
+    /// The `Authorization` (or, for the proxy, `Proxy-Authorization`) value the broker adds to
+    /// the next attempt.
     var authorization: String?
     /// A Basic credential the client sent itself, and how long it asked the broker to keep it
     /// once the server accepts it (`Authbroker-Persist`).
@@ -35,10 +36,19 @@ package struct RequestAuthState: Sendable {
         self.clientCredential = BasicAuthorization.credential(fromHeaderValue: authorization)
         self.persist = persistence
     }
+
+    /// The state of a request's authentication to the upstream proxy: the client authorised it
+    /// itself when it sent `Proxy-Authorization` (which the broker then forwards to the configured
+    /// proxy, and never replaces with a stored one).
+    package init(proxyAuthorization: String?) {
+        if proxyAuthorization != nil { self.lastAttempt = .clientCredential }
+    }
 }
 
-/// Answers origins' Basic and Digest challenges from the vault, in the daemon (DESIGN.md:
-/// CredentialResolver). Every challenge goes through the `@MainActor` `ChallengeBroker`, which
+/// Answers Basic and Digest challenges from the vault, in the daemon (DESIGN.md:
+/// CredentialResolver): origins' 401s (`WWW-Authenticate` → `Authorization`) and the upstream
+/// proxy's 407s (`Proxy-Authenticate` → `Proxy-Authorization`, RFC 9110 §11.7), by one logic; each
+/// call says which with `isProxy`, and a proxy's spaces are kept apart from origins' (`ProtectionSpace.isProxy`). Every challenge goes through the `@MainActor` `ChallengeBroker`, which
 /// coalesces look-ups for one protection space; a credential is sent at most as
 /// `AuthAttemptPolicy` allows, so a wrong stored password never loops or locks an account.
 ///
@@ -48,8 +58,15 @@ package struct RequestAuthState: Sendable {
 package final class HTTPAuthenticator: Sendable {
     private struct KnownSpace: Sendable {
         var space: ProtectionSpace
-        /// Basic: the directory of the URI that was challenged; Digest: "/".
+        /// Basic: the directory of the URI that was challenged; Digest: "/"; a proxy's: "" (every
+        /// request through the proxy).
         var pathPrefix: String
+    }
+
+    /// Whom the known spaces of one entry authenticate to: an origin, or the proxy at that address.
+    private struct Authority: Hashable, Sendable {
+        var origin: CanonicalOrigin
+        var isProxy: Bool
     }
 
     /// Spaces remembered per origin for preemptive answers; the oldest is forgotten beyond this.
@@ -60,7 +77,7 @@ package final class HTTPAuthenticator: Sendable {
     private let vault: PasswordVault
     private let broker: ChallengeBroker<ProtectionSpace, StoredAnswer>
     private let digestSessions = NIOLockedValueBox<[ProtectionSpace: DigestSession]>([:])
-    private let knownSpaces = NIOLockedValueBox<[CanonicalOrigin: [KnownSpace]]>([:])
+    private let knownSpaces = NIOLockedValueBox<[Authority: [KnownSpace]]>([:])
     /// The Basic space whose 401 last went to the client, per origin: a credential the client
     /// then sends with `Authbroker-Persist` is kept for that realm.
     private let offeredToClient = NIOLockedValueBox<[CanonicalOrigin: ProtectionSpace]>([:])
@@ -79,11 +96,16 @@ package final class HTTPAuthenticator: Sendable {
     // MARK: - Before sending
 
     /// Sets `state.authorization` when a known space covers `uri` and its credential is usable.
+    ///
+    /// - Parameters:
+    ///   - origin: the origin, or with `isProxy` the proxy's address.
+    ///   - uri: the request-target as sent to whoever challenges (absolute-form through a proxy,
+    ///     `host:port` for CONNECT), which Digest hashes.
     package func authorizePreemptively(
-        origin: CanonicalOrigin, method: HTTPMethod, uri: String, requester: () -> Requester? = { nil },
+        origin: CanonicalOrigin, method: HTTPMethod, uri: String, isProxy: Bool = false, requester: () -> Requester? = { nil },
         state: inout RequestAuthState
     ) {
-        guard state.lastAttempt == .noCredentials, let known = self.knownSpace(origin: origin, uri: uri),
+        guard state.lastAttempt == .noCredentials, let known = self.knownSpace(Authority(origin: origin, isProxy: isProxy), uri: uri),
             let answer = self.vault.cachedCredential(for: known.space), AuthAttemptPolicy.mayPreempt(stored: answer.state)
         else { return }
         let space = known.space
@@ -112,21 +134,25 @@ package final class HTTPAuthenticator: Sendable {
 
     // MARK: - After a 401
 
-    /// Decides what to do with a 401: true when the request should be sent again with
-    /// `state.authorization` (the stored credential's answer); false to give the client the 401.
+    /// Decides what to do with a 401 (or, with `isProxy`, the proxy's 407): true when the request
+    /// should be sent again with `state.authorization` (the stored credential's answer); false to
+    /// give the client the 401/407.
     ///
     /// - Parameters:
     ///   - replayableBody: the request body, when it can be sent again (nil: it cannot).
     ///   - agentWait: how long the request may wait for an agent when the store has nothing (nil: not).
     package func answerChallenge(
         _ head: HTTPResponseHead, origin: CanonicalOrigin, method: HTTPMethod, uri: String,
-        replayableBody: [UInt8]?, agentWait: Duration? = nil, requester: Requester? = nil, state: inout RequestAuthState
+        replayableBody: [UInt8]?, isProxy: Bool = false, agentWait: Duration? = nil, requester: Requester? = nil,
+        state: inout RequestAuthState
     ) async -> Bool {
         defer { state.previousFailures += 1 }
-        guard head.status == .unauthorized, state.lastAttempt != .clientCredential,
-            let choice = ChallengeSelection.preferred(AuthChallenge.parse(fieldValues: head.headers["WWW-Authenticate"]))
+        guard head.status == Self.challengeStatus(isProxy: isProxy), state.lastAttempt != .clientCredential,
+            let choice = ChallengeSelection.preferred(
+                AuthChallenge.parse(fieldValues: head.headers[isProxy ? "Proxy-Authenticate" : "WWW-Authenticate"])
+            )
         else { return false }
-        let space = ProtectionSpace(origin: origin, challenge: choice.challenge)
+        let space = ProtectionSpace(origin: origin, challenge: choice.challenge, isProxy: isProxy)
 
         var stale = false
         if case .digest(let digest, _) = choice, state.space == space {
@@ -147,7 +173,7 @@ package final class HTTPAuthenticator: Sendable {
         )
         switch decision {
         case .passToClient:
-            if space.authScheme == "basic" {
+            if space.authScheme == "basic", !isProxy {
                 self.offeredToClient.withLockedValue { offered in
                     if offered.count >= Self.maxOfferedOrigins { offered.removeAll() }
                     offered[origin] = space
@@ -196,15 +222,17 @@ package final class HTTPAuthenticator: Sendable {
 
     // MARK: - After the final response
 
-    /// A response other than a 401 ended a request the broker authorised: the space is known
-    /// from now on, and Digest takes the server's `nextnonce`.
+    /// A response other than a 401 (for the proxy: other than a 407) ended a request the broker
+    /// authorised: the space is known from now on, and Digest takes the server's `nextnonce`.
     package func responseAccepted(_ head: HTTPResponseHead, origin: CanonicalOrigin, uri: String, state: RequestAuthState) {
         if state.lastAttempt == .clientCredential, let credential = state.clientCredential, let persist = state.persist,
             (200..<400).contains(head.status.code)
         {
             self.keepClientCredential(credential, origin: origin, persistence: persist)
         }
-        guard let space = state.space, state.lastAttempt != .clientCredential, head.status != .unauthorized else { return }
+        guard let space = state.space, state.lastAttempt != .clientCredential,
+            head.status != Self.challengeStatus(isProxy: space.isProxy)
+        else { return }
         let info = head.headers[space.authenticationInfoFieldName]
         if space.authScheme == "digest", !info.isEmpty {
             let parsed = AuthenticationInfo(parsing: info)
@@ -224,13 +252,15 @@ package final class HTTPAuthenticator: Sendable {
             }
             self.digestSessions.withLockedValue { sessions in sessions[space]?.accept(authenticationInfo: parsed) }
         }
-        let prefix = space.authScheme == "basic" ? Self.directory(of: uri) : "/"
+        // A proxy's credentials are for every request through it (RFC 9110 §11.7.2).
+        let prefix = space.isProxy ? "" : space.authScheme == "basic" ? Self.directory(of: uri) : "/"
+        let authority = Authority(origin: origin, isProxy: space.isProxy)
         self.knownSpaces.withLockedValue { known in
-            var list = known[origin] ?? []
+            var list = known[authority] ?? []
             list.removeAll { $0.space == space && $0.pathPrefix == prefix }
             list.append(KnownSpace(space: space, pathPrefix: prefix))
             if list.count > Self.maxKnownSpacesPerOrigin { list.removeFirst(list.count - Self.maxKnownSpacesPerOrigin) }
-            known[origin] = list
+            known[authority] = list
         }
     }
 
@@ -299,16 +329,23 @@ package final class HTTPAuthenticator: Sendable {
     // MARK: - Helpers
 
     /// The known space whose prefix covers `uri` most narrowly.
-    private func knownSpace(origin: CanonicalOrigin, uri: String) -> KnownSpace? {
+    private func knownSpace(_ authority: Authority, uri: String) -> KnownSpace? {
         let path = uri.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? uri
         return self.knownSpaces.withLockedValue { known in
-            known[origin]?.filter { path.hasPrefix($0.pathPrefix) }.max { $0.pathPrefix.count < $1.pathPrefix.count }
+            known[authority]?.filter { path.hasPrefix($0.pathPrefix) }.max { $0.pathPrefix.count < $1.pathPrefix.count }
         }
     }
 
     private func forget(_ space: ProtectionSpace) {
         self.digestSessions.withLockedValue { $0[space] = nil }
-        self.knownSpaces.withLockedValue { known in known[space.origin]?.removeAll { $0.space == space } }
+        self.knownSpaces.withLockedValue { known in
+            known[Authority(origin: space.origin, isProxy: space.isProxy)]?.removeAll { $0.space == space }
+        }
+    }
+
+    /// 407 for a proxy's challenge (RFC 9110 §15.5.8), 401 for an origin's.
+    static func challengeStatus(isProxy: Bool) -> HTTPResponseStatus {
+        isProxy ? .proxyAuthenticationRequired : .unauthorized
     }
 
     /// "/a/b/c?x" → "/a/b/": RFC 7617 §2.2's reuse scope.

@@ -42,8 +42,9 @@ package struct Interceptor: Sendable {
     /// Records which process had a client identity presented for it.
     package let audit: AuditLog?
 
-    /// Attempts per request at most: a stale pooled connection, a challenge, a stale nonce.
-    static let maxAttempts = 4
+    /// Attempts per request at most: a stale pooled connection, a challenge, a stale nonce, and
+    /// through a proxy its challenge and stale nonce too.
+    static let maxAttempts = 6
 
     package func proxy(
         head: HTTPRequestHead, origin: CanonicalOrigin, pathAndQuery: String, requestID: String, peer: ConnectionPeer? = nil,
@@ -51,7 +52,6 @@ package struct Interceptor: Sendable {
         closeClient: @escaping @Sendable () -> Void, abortClient: @escaping @Sendable () -> Void,
         draining: @escaping @Sendable () -> Bool, clientGone: @escaping @Sendable () async -> Void = {}
     ) async -> RequestOutcome {
-        let upstreamHead = Self.upstreamHead(for: head, origin: origin, pathAndQuery: pathAndQuery)
         let route: UpstreamRoute
         do {
             route = try self.route(to: origin, head: head)
@@ -61,6 +61,17 @@ package struct Interceptor: Sendable {
                 clientWantsKeepAlive: head.isKeepAlive
             )
         }
+        // Through the proxy, an http request goes in absolute form (RFC 9112 §3.2.2); https ones
+        // go in origin form inside a CONNECT tunnel.
+        let forwardProxy = origin.scheme == .http ? route.proxy : nil
+        let upstreamTarget = forwardProxy == nil ? pathAndQuery : origin.description + pathAndQuery
+        var upstreamHead = Self.upstreamHead(for: head, origin: origin, pathAndQuery: pathAndQuery)
+        upstreamHead.uri = upstreamTarget
+        // The client's own Proxy-Authorization is for the configured proxy only, never an origin.
+        let clientProxyAuthorization = route.proxy == nil ? nil : head.headers.first(name: "proxy-authorization")
+        let connectContext = UpstreamConnectContext.Value(
+            requester: peer?.requester, agentWait: Self.agentWait(head), clientProxyAuthorization: clientProxyAuthorization
+        )
         if let identity = route.clientIdentity {
             self.audit?.record(.identityPresented(name: identity, origin: origin, requester: peer?.requester))
         }
@@ -78,6 +89,15 @@ package struct Interceptor: Sendable {
                 origin: origin, method: head.method, uri: pathAndQuery, requester: { peer?.requester }, state: &state
             )
         }
+        let proxyAuth = NIOLockedValueBox(RequestAuthState(proxyAuthorization: forwardProxy == nil ? nil : clientProxyAuthorization))
+        if let forwardProxy {
+            proxyAuth.withLockedValue { state in
+                self.authenticator.authorizePreemptively(
+                    origin: forwardProxy, method: head.method, uri: upstreamTarget, isProxy: true, requester: { peer?.requester },
+                    state: &state
+                )
+            }
+        }
         var attempt = 0
         var requestEnded = false
         while true {
@@ -86,10 +106,15 @@ package struct Interceptor: Sendable {
             if let authorization = auth.withLockedValue({ $0.authorization }) {
                 attemptHead.headers.replaceOrAdd(name: "Authorization", value: authorization)
             }
+            if forwardProxy != nil, let authorization = proxyAuth.withLockedValue({ $0.authorization }) ?? clientProxyAuthorization {
+                attemptHead.headers.replaceOrAdd(name: "Proxy-Authorization", value: authorization)
+            }
             let lease: PooledConnection<UpstreamConnection>
             let exchange: UpstreamExchange
             do {
-                lease = try await self.leaseTrustCurrent(route)
+                lease = try await UpstreamConnectContext.$current.withValue(connectContext) {
+                    try await self.leaseTrustCurrent(route)
+                }
             } catch {
                 let brokerError = self.mapLeaseError(error, origin: origin)
                 return await self.respondWithError(
@@ -116,7 +141,8 @@ package struct Interceptor: Sendable {
             let authContext = AuthContext(
                 head: head, origin: origin, uri: pathAndQuery, replay: replay, state: auth,
                 mayAnswer: attempt < Self.maxAttempts, agentWait: Self.agentWait(head), peer: peer,
-                clientGone: clientGone
+                clientGone: clientGone,
+                proxy: forwardProxy.map { (origin: $0, uri: upstreamTarget, state: proxyAuth) }
             )
             let result = await withTaskGroup(of: ResponsePumpResult.self) { group in
                 group.addTask {
@@ -195,7 +221,7 @@ package struct Interceptor: Sendable {
                 // The 401 never reached the client: send the request again with the answer.
                 let reusable = requestEnded && upstreamKeepAlive && lease.connection.isActive
                 self.pool.release(lease, reusable: reusable)
-                logger.debug("answered the origin's challenge from the store; sending the request again")
+                logger.debug("answered the challenge from the store; sending the request again")
                 continue
             }
         }
@@ -214,11 +240,12 @@ package struct Interceptor: Sendable {
     /// The route for a request: its origin, and the client identity it presents there (the one
     /// it names in `Authbroker-Identity`, or the user's rules for the host).
     private func route(to origin: CanonicalOrigin, head: HTTPRequestHead) throws(BrokerError) -> UpstreamRoute {
-        guard origin.scheme == .https else { return UpstreamRoute(origin) }
+        let proxy = self.settings.upstream.proxy(for: origin)
+        guard origin.scheme == .https else { return UpstreamRoute(origin, proxy: proxy) }
         let requested = ProxyHeaders.brokerDirectives(head.headers).last { $0.name == BrokerHeaders.identity }?.value
         do {
             let identity = try self.store.clientIdentity(for: origin.host, requested: requested)
-            return UpstreamRoute(origin, clientIdentity: identity?.name)
+            return UpstreamRoute(origin, clientIdentity: identity?.name, proxy: proxy)
         } catch {
             throw BrokerError.badRequest(code: error.code, detail: error.message)
         }
@@ -339,6 +366,9 @@ package struct Interceptor: Sendable {
         var peer: ConnectionPeer?
         /// Returns when the client's connection has closed.
         var clientGone: @Sendable () async -> Void
+        /// For an http request through the upstream proxy: the proxy, the absolute-form target it
+        /// was sent (which proxy Digest hashes), and the request's state with the proxy.
+        var proxy: (origin: CanonicalOrigin, uri: String, state: NIOLockedValueBox<RequestAuthState>)?
     }
 
     /// `Authbroker-Interactive: <seconds>` (1 to 600) or `yes` (120 s): the request may wait
@@ -378,16 +408,28 @@ package struct Interceptor: Sendable {
                     if head.status == .switchingProtocols { continue }
                     try await writer.write(.head(head))
                 case .head(let head):
-                    if head.status == .unauthorized, auth.mayAnswer, await self.answer(head, auth: auth, requestState: state) {
+                    // A 407 is the upstream proxy's only when the request went through one.
+                    let fromProxy = head.status == .proxyAuthenticationRequired && auth.proxy != nil
+                    if head.status == .unauthorized || fromProxy, auth.mayAnswer,
+                        await self.answer(head, auth: auth, requestState: state, isProxy: fromProxy)
+                    {
                         return await Self.readAway(&iterator, upstreamKeepAlive: head.isKeepAlive)
                     }
-                    if head.status != .unauthorized {
+                    if let proxy = auth.proxy, !fromProxy {
+                        self.authenticator.responseAccepted(head, origin: proxy.origin, uri: proxy.uri, state: proxy.state.withLockedValue { $0 })
+                    }
+                    if head.status != .unauthorized, !fromProxy {
                         let authState = auth.state.withLockedValue { $0 }
                         self.authenticator.responseAccepted(head, origin: auth.origin, uri: auth.uri, state: authState)
                     }
                     status = Int(head.status.code)
                     upstreamKeepAlive = head.isKeepAlive
                     var headers = ProxyHeaders.clientResponseHeaders(head.headers)
+                    if fromProxy {
+                        // The broker is the client's proxy: the upstream proxy's challenges are the
+                        // client's to answer (filtered below), with Proxy-Authorization.
+                        for value in head.headers["Proxy-Authenticate"] { headers.add(name: "Proxy-Authenticate", value: value) }
+                    }
                     headers.replaceOrAdd(name: BrokerHeaders.requestID, value: requestID)
                     Self.keepOnlyStandardChallenges(status: head.status, in: &headers, logger: logger)
                     // Whether the request body will end is not known yet (the request pump may
@@ -439,8 +481,9 @@ package struct Interceptor: Sendable {
         }
     }
 
-    /// Asks the authenticator about a 401, once the request body it would resend is known.
-    private func answer(_ head: HTTPResponseHead, auth: AuthContext, requestState: ExchangeState) async -> Bool {
+    /// Asks the authenticator about a 401 (or the upstream proxy's 407), once the request body it
+    /// would resend is known.
+    private func answer(_ head: HTTPResponseHead, auth: AuthContext, requestState: ExchangeState, isProxy: Bool) async -> Bool {
         var kept: [UInt8]?
         if auth.replay.mayComplete {
             _ = await requestState.waitForRequestComplete(upTo: Self.replayWait)
@@ -448,13 +491,15 @@ package struct Interceptor: Sendable {
         }
         let body = kept
         let authenticator = self.authenticator
+        let (challenger, uri, stateBox) =
+            if isProxy, let proxy = auth.proxy { (proxy.origin, proxy.uri, proxy.state) } else { (auth.origin, auth.uri, auth.state) }
         // A client that goes away while its challenge waits cancels the wait, which withdraws
         // the challenge from agents (nobody would read the answer).
         let decided: (retry: Bool, state: RequestAuthState)? = await withTaskGroup(of: (retry: Bool, state: RequestAuthState)?.self) { group in
             group.addTask {
-                var state = auth.state.withLockedValue { $0 }
+                var state = stateBox.withLockedValue { $0 }
                 let retry = await authenticator.answerChallenge(
-                    head, origin: auth.origin, method: auth.head.method, uri: auth.uri, replayableBody: body,
+                    head, origin: challenger, method: auth.head.method, uri: uri, replayableBody: body, isProxy: isProxy,
                     agentWait: auth.agentWait, requester: auth.peer?.requester, state: &state
                 )
                 return (retry, state)
@@ -468,7 +513,7 @@ package struct Interceptor: Sendable {
             return first
         }
         guard let decided else { return false }
-        auth.state.withLockedValue { $0 = decided.state }
+        stateBox.withLockedValue { $0 = decided.state }
         return decided.retry
     }
 

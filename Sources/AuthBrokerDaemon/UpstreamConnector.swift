@@ -1,4 +1,5 @@
 import AuthBrokerCore
+import AuthBrokerHTTPAuth
 import AuthBrokerTrust
 import Logging
 import NIOConcurrencyHelpers
@@ -41,6 +42,8 @@ package final class UpstreamConnector: Sendable {
     private let tlsConfiguration: TLSConfiguration
     private let tlsContext: NIOSSLContext
     private let identities: (any ClientIdentitySource)?
+    /// Answers the upstream proxy's 407s to CONNECT from stored passwords (nil: never).
+    private let proxyAuthenticator: HTTPAuthenticator?
     /// TLS contexts that present an identity, by name and version (making one parses the key).
     private let identityContexts = NIOLockedValueBox<[String: (version: String, context: NIOSSLContext)]>([:])
     private let logger: Logger
@@ -49,8 +52,9 @@ package final class UpstreamConnector: Sendable {
 
     package init(
         group: any EventLoopGroup, settings: BrokerSettings, trust: TrustEvaluator,
-        identities: (any ClientIdentitySource)? = nil, logger: Logger
+        identities: (any ClientIdentitySource)? = nil, proxyAuthenticator: HTTPAuthenticator? = nil, logger: Logger
     ) throws {
+        self.proxyAuthenticator = proxyAuthenticator
         self.group = group
         self.settings = settings
         self.trust = trust
@@ -117,7 +121,8 @@ package final class UpstreamConnector: Sendable {
     package func inspect(origin: CanonicalOrigin) async throws -> Inspection {
         let observation = NIOLockedValueBox<TrustObservation?>(nil)
         do {
-            let connection = try await self.open(route: UpstreamRoute(origin), id: -1, onClose: {}, observation: observation)
+            let route = UpstreamRoute(origin, proxy: self.settings.upstream.proxy(for: origin))
+            let connection = try await self.open(route: route, id: -1, onClose: {}, observation: observation)
             connection.close()
         } catch {
             guard observation.withLockedValue({ $0 }) != nil else { throw error }
@@ -144,28 +149,39 @@ package final class UpstreamConnector: Sendable {
         // client certificate arrives just after the handshake completed.
         let channelError = NIOLockedValueBox<(any Error & Sendable)?>(nil)
         let channel: any Channel
-        do {
-            let bootstrap = ClientBootstrap(group: self.group)
-                .connectTimeout(.milliseconds(Int64(settings.upstream.connectTimeoutMilliseconds)))
-                .channelOption(.socketOption(.tcp_nodelay), value: 1)
-                .channelInitializer { [self] channel in
-                    channel.eventLoop.makeCompletedFuture {
-                        try self.configurePipeline(
-                            channel: channel, origin: origin, tlsContext: tlsContext, decisionBox: decisionBox,
-                            channelError: channelError,
-                            handshake: handshake, onClose: onClose
-                        )
-                    }
-                }
-            if let override = settings.upstream.resolve.first(where: { $0.matches(host: origin.host, port: origin.port) }) {
-                let address = try SocketAddress(ipAddress: override.address, port: origin.port)
-                channel = try await bootstrap.connect(to: address).get()
-            } else {
-                channel = try await bootstrap.connect(host: origin.host, port: origin.port).get()
+        if let proxy = route.proxy, origin.scheme == .https {
+            do {
+                channel = try await self.openTunnel(through: proxy, to: origin)
+            } catch {
+                handshake.fail(error)
+                throw error
             }
-        } catch {
-            handshake.fail(error)
-            throw BrokerError.fromConnectError(error, origin: origin, settings: settings)
+            do {
+                try await channel.eventLoop.submit { [self] in
+                    try self.configurePipeline(
+                        channel: channel, origin: origin, tlsContext: tlsContext, decisionBox: decisionBox,
+                        channelError: channelError, handshake: handshake, onClose: onClose
+                    )
+                }.get()
+            } catch {
+                channel.close(promise: nil)
+                handshake.fail(error)
+                throw BrokerError.proxyTunnelFailed(proxy: proxy, origin: origin, reason: "the tunnel closed as it opened")
+            }
+        } else {
+            do {
+                channel = try await self.connectTCP(to: route.firstHop) { [self] channel in
+                    try self.configurePipeline(
+                        channel: channel, origin: origin, tlsContext: tlsContext, decisionBox: decisionBox,
+                        channelError: channelError, handshake: handshake, onClose: onClose
+                    )
+                }
+            } catch {
+                handshake.fail(error)
+                let mapped = BrokerError.fromConnectError(error, origin: route.firstHop, settings: settings)
+                if let proxy = route.proxy { throw BrokerError.proxyUnreachable(mapped, proxy: proxy, origin: origin) }
+                throw mapped
+            }
         }
 
         if origin.scheme == .https {
@@ -206,6 +222,111 @@ package final class UpstreamConnector: Sendable {
         return UpstreamConnection(
             id: id, route: route, channel: channel, trustGeneration: trustGeneration, handler: handler, tlsError: channelError
         )
+    }
+
+    /// A TCP connection to `hop` (with the config's `resolve` overrides), set up by `initializer`.
+    private func connectTCP(
+        to hop: CanonicalOrigin, initializer: @escaping @Sendable (any Channel) throws -> Void
+    ) async throws -> any Channel {
+        let bootstrap = ClientBootstrap(group: self.group)
+            .connectTimeout(self.settings.upstream.connectTimeout)
+            .channelOption(.socketOption(.tcp_nodelay), value: 1)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture { try initializer(channel) }
+            }
+        if let override = self.settings.upstream.resolveOverride(host: hop.host, port: hop.port) {
+            return try await bootstrap.connect(to: try SocketAddress(ipAddress: override.address, port: hop.port)).get()
+        }
+        return try await bootstrap.connect(host: hop.host, port: hop.port).get()
+    }
+
+    /// Attempts at CONNECT per tunnel at most: a 407, its answer, a stale nonce, and one more.
+    static let maxTunnelAttempts = 4
+
+    /// Opens a tunnel to `origin` through the HTTP proxy (RFC 9110 §9.3.6) and returns its channel
+    /// with an empty pipeline, ready for TLS. A 407 is answered from stored passwords (or the
+    /// client's own `Proxy-Authorization`) as `HTTPAuthenticator` allows, each try on a new
+    /// connection.
+    ///
+    /// - Throws: `BrokerError`: the proxy unreachable, its refusal (with `next-hop`), or a 407 no
+    ///   stored password answers (carrying the proxy's Basic and Digest challenges for the client).
+    private func openTunnel(through proxy: CanonicalOrigin, to origin: CanonicalOrigin) async throws -> any Channel {
+        let context = UpstreamConnectContext.current
+        let target = origin.authorityForm
+        var auth = RequestAuthState(proxyAuthorization: context?.clientProxyAuthorization)
+        self.proxyAuthenticator?.authorizePreemptively(
+            origin: proxy, method: .CONNECT, uri: target, isProxy: true, requester: { context?.requester }, state: &auth
+        )
+        for attempt in 1...Self.maxTunnelAttempts {
+            let responsePromise = self.group.next().makePromise(of: HTTPResponseHead.self)
+            let channel: any Channel
+            do {
+                channel = try await self.connectTCP(to: proxy) { channel in
+                    let sync = channel.pipeline.syncOperations
+                    try sync.addHandler(HTTPRequestEncoder(), name: "proxy-encoder")
+                    try sync.addHandler(
+                        ByteToMessageHandler(HTTPResponseDecoder(leftOverBytesStrategy: .forwardBytes)), name: "proxy-decoder"
+                    )
+                    try sync.addHandler(ProxyConnectHandler(promise: responsePromise), name: "proxy-connect")
+                }
+            } catch {
+                responsePromise.fail(error)
+                let mapped = BrokerError.fromConnectError(error, origin: proxy, settings: self.settings)
+                throw BrokerError.proxyUnreachable(mapped, proxy: proxy, origin: origin)
+            }
+            var headers = HTTPHeaders()
+            headers.add(name: "Host", value: target)
+            if let authorization = auth.authorization ?? context?.clientProxyAuthorization {
+                headers.add(name: "Proxy-Authorization", value: authorization)
+            }
+            let head = HTTPRequestHead(version: .http1_1, method: .CONNECT, uri: target, headers: headers)
+            let answer: HTTPResponseHead
+            do {
+                // The head alone: a CONNECT has no body (RFC 9110 §9.3.6), so no `.end` is encoded.
+                channel.write(HTTPClientRequestPart.head(head), promise: nil)
+                try await channel.writeAndFlush(HTTPClientRequestPart.end(nil)).get()
+                let timeout = channel.eventLoop.scheduleTask(in: self.settings.upstream.responseHeadTimeout) {
+                    responsePromise.fail(ProxyTunnelError.closed)
+                }
+                defer { timeout.cancel() }
+                answer = try await responsePromise.futureResult.get()
+            } catch {
+                channel.close(promise: nil)
+                var reason = "it closed the connection first"
+                if case ProxyTunnelError.protocolError(let underlying) = error { reason = "\(underlying)" }
+                throw BrokerError.proxyTunnelFailed(proxy: proxy, origin: origin, reason: reason)
+            }
+            if (200..<300).contains(answer.status.code) {
+                self.proxyAuthenticator?.responseAccepted(answer, origin: proxy, uri: target, state: auth)
+                do {
+                    for name in ["proxy-connect", "proxy-decoder", "proxy-encoder"] {
+                        try await channel.pipeline.removeHandler(name: name).get()
+                    }
+                } catch {
+                    channel.close(promise: nil)
+                    throw BrokerError.proxyTunnelFailed(proxy: proxy, origin: origin, reason: "the tunnel closed as it opened")
+                }
+                return channel
+            }
+            channel.close(promise: nil)
+            guard answer.status == .proxyAuthenticationRequired else {
+                throw BrokerError.proxyRefusedTunnel(proxy: proxy, origin: origin, status: answer.status)
+            }
+            var answered = false
+            if attempt < Self.maxTunnelAttempts, let authenticator = self.proxyAuthenticator {
+                answered = await authenticator.answerChallenge(
+                    answer, origin: proxy, method: .CONNECT, uri: target, replayableBody: [], isProxy: true,
+                    agentWait: context?.agentWait, requester: context?.requester, state: &auth
+                )
+            }
+            if !answered {
+                throw BrokerError.proxyAuthenticationRequired(
+                    proxy: proxy, origin: origin,
+                    challenges: ChallengeSelection.forClient(fieldValues: answer.headers["Proxy-Authenticate"]).values
+                )
+            }
+        }
+        throw BrokerError.proxyAuthenticationRequired(proxy: proxy, origin: origin, challenges: [])
     }
 
     private func configurePipeline(

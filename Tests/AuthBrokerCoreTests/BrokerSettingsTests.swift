@@ -80,7 +80,7 @@ struct BrokerSettingsTests {
     @Test func sampleFileDocumentsEachDefaultCorrectly() throws {
         let (text, keys) = Self.uncommented(try Self.sampleText())
         // Every setting with a default value shows it; the ones without one show an example.
-        #expect(Set(keys) == Self.allKeys.subtracting(["socket_path", "state_dir", "pam_config_dir"]))
+        #expect(Set(keys) == Self.allKeys.subtracting(["socket_path", "state_dir", "pam_config_dir", "proxy"]))
         #expect(keys.count == Set(keys).count)
         #expect(try BrokerSettings.parse(text, file: "uncommented sample") == .defaults)
     }
@@ -340,6 +340,43 @@ struct BrokerSettingsTests {
         let error = #expect(throws: ResolveOverride.ParseError.self) { try ResolveOverride(parsing: text) }
         #expect(error?.message.contains("write host:port:address") == true)
         #expect(error?.input == text)
+    }
+
+    // MARK: Upstream proxy
+
+    @Test func proxyAndNoProxy() throws {
+        let settings = try BrokerSettings.parse(
+            "[upstream]\nproxy = \"HTTP://Proxy.Corp.Example:3128/\"\nno_proxy = [\"localhost\", \"*.internal.example\", \"10.0.0.5\"]\n",
+            file: Self.file
+        )
+        let proxy = try #require(settings.upstream.proxy)
+        #expect(proxy.description == "http://proxy.corp.example:3128")
+        let direct = try CanonicalOrigin(parsing: "https://app.internal.example/")
+        let viaProxy = try CanonicalOrigin(parsing: "https://example.com/")
+        #expect(settings.upstream.proxy(for: direct) == nil)
+        #expect(settings.upstream.proxy(for: try CanonicalOrigin(parsing: "http://10.0.0.5:8080/")) == nil)
+        #expect(settings.upstream.proxy(for: viaProxy) == proxy)
+        // The wildcard names subdomains only.
+        #expect(settings.upstream.proxy(for: try CanonicalOrigin(parsing: "https://internal.example/")) == proxy)
+        #expect(try BrokerSettings.parse("[upstream]\nproxy = \"http://proxy\"\n", file: Self.file).upstream.proxy?.port == 80)
+        #expect(BrokerSettings.defaults.upstream.proxy(for: viaProxy) == nil)
+    }
+
+    @Test(arguments: [
+        ("proxy = \"https://proxy:3128\"", "TLS to the proxy itself is not supported"),
+        ("proxy = \"proxy:3128\"", "must start with http://"),
+        ("proxy = \"http://alice:secret@proxy:3128\"", "a password does not belong in the config file"),
+        ("proxy = \"http://proxy:3128/path\"", "a proxy URL has no path"),
+        ("proxy = \"http://proxy:99999\"", "99999"),
+        ("proxy = 3128", "expected a proxy URL"),
+        ("no_proxy = \"localhost\"", "expected an array of host patterns"),
+        ("no_proxy = [\"https://x.example\"]", "entry 1: 'https://x.example' looks like a URL"),
+    ])
+    func badProxySettings(line: String, message: String) {
+        let error = #expect(throws: ConfigError.self) { try BrokerSettings.parse("[upstream]\n\(line)\n", file: Self.file) }
+        #expect(error?.line == 2)
+        #expect(error?.description.contains(message) == true, "\(error?.description ?? "")")
+        #expect(error?.description.contains("secret") != true)
     }
 
     @Test func resolveOverrideMatching() throws {

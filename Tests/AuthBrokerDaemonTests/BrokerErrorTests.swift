@@ -33,6 +33,34 @@ struct BrokerErrorTests {
         #expect(HostScope.suggestedPattern(for: host) == expected)
     }
 
+    @Test("upstream proxy errors name the proxy as next-hop; an unanswered 407 carries the proxy's challenges")
+    func proxyErrors() throws {
+        let origin = try CanonicalOrigin(scheme: .https, host: "api.corp.test", port: 443)
+        let proxy = try CanonicalOrigin(scheme: .http, host: "proxy.corp.test", port: 3128)
+        let unreachable = BrokerError.proxyUnreachable(.connectionRefused(origin: proxy), proxy: proxy, origin: origin)
+        let (head, _) = unreachable.response(requestID: nil)
+        #expect(head.status == .badGateway)
+        let status = try #require(head.headers.first(name: "Proxy-Status"))
+        #expect(status.hasPrefix("authbrokerd; error=connection_refused; next-hop=\"proxy.corp.test:3128\"; details="))
+        #expect(unreachable.detail.contains("[upstream] proxy"))
+        #expect(unreachable.detail.contains("no_proxy"))
+
+        let denied = BrokerError.proxyRefusedTunnel(proxy: proxy, origin: origin, status: .forbidden)
+        #expect(denied.proxyErrorType == .httpRequestDenied)
+        #expect(BrokerError.proxyRefusedTunnel(proxy: proxy, origin: origin, status: .badGateway).proxyErrorType == .destinationUnavailable)
+        #expect(denied.detail.contains("CONNECT api.corp.test:443"))
+
+        let challenge = BrokerError.proxyAuthenticationRequired(
+            proxy: proxy, origin: origin, challenges: [#"Basic realm="corp""#, #"Digest realm="corp", nonce="n""#]
+        )
+        let (challengeHead, body) = challenge.response(requestID: "r")
+        #expect(challengeHead.status == .proxyAuthenticationRequired)
+        #expect(challengeHead.headers["Proxy-Authenticate"] == [#"Basic realm="corp""#, #"Digest realm="corp", nonce="n""#])
+        #expect(challengeHead.headers.first(name: "Proxy-Status") == nil)
+        let problem = try BrokerJSON.decoder().decode(ProblemDetails.self, from: Data(body.readableBytesView))
+        #expect(problem.fix == ["authbrokerctl passwords add http://proxy.corp.test:3128 --user NAME"])
+    }
+
     @Test("client-side errors carry no Proxy-Status")
     func clientErrors() {
         let (head, _) = BrokerError.requestHeadTooLarge(limit: 10).response(requestID: nil)

@@ -587,3 +587,35 @@ private final class AuthOriginHandler: ChannelInboundHandler {
         }
     }
 }
+
+// MARK: - Proxy authentication (for TestForwardProxy)
+
+/// How a `TestForwardProxy` wants clients to authenticate (407, RFC 9110 §11.7).
+package enum TestProxyAuth: Sendable, Hashable {
+    case none
+    case basic
+    /// Digest with this algorithm and qop (`auth`, `auth-int`, `none`), as `/digest/<algorithm>/<qop>`.
+    case digest(algorithm: String, qop: String)
+}
+
+extension AuthOriginCore {
+    /// Checks a request's `Proxy-Authorization` exactly as `/basic` or `/digest/...` check
+    /// `Authorization` (Digest's `uri` must equal `target`): nil when accepted, else the 407's
+    /// `Proxy-Authenticate` headers. Counted in `stats` like an origin's 401s.
+    func proxyChallenge(_ auth: TestProxyAuth, method: String, target: String, proxyAuthorization: [String]) -> [(String, String)]? {
+        let reply: AuthOriginReply
+        switch auth {
+        case .none:
+            return nil
+        case .basic:
+            reply = self.basic(authorization: proxyAuthorization)
+        case .digest(let algorithm, let qop):
+            guard let route = DigestRoute(pathParts: ["digest", algorithm, qop]) else { return [] }
+            reply = self.digest(route: route, method: method, target: target, authorization: proxyAuthorization, body: [])
+        }
+        guard reply.status == .unauthorized else { return nil }
+        return reply.headers.map { name, value in
+            (name.lowercased() == "www-authenticate" ? "Proxy-Authenticate" : name, value)
+        }
+    }
+}

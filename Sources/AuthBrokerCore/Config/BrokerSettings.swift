@@ -63,8 +63,19 @@ package struct BrokerSettings: Sendable, Equatable {
         package var maxPendingRequestsPerOrigin: Int = 256
         /// `resolve`: curl `--resolve` style pins of host:port to an address.
         package var resolve: [ResolveOverride] = []
+        /// `proxy`: the HTTP proxy upstream connections go through (`http://host:port`); nil: direct.
+        package var proxy: CanonicalOrigin? = nil
+        /// `no_proxy`: hosts reached directly even when `proxy` is set.
+        package var noProxy: [HostPattern] = []
 
         package init() {}
+
+        /// The proxy a connection to `origin` goes through: `proxy`, unless a `no_proxy` pattern
+        /// names the origin's host.
+        package func proxy(for origin: CanonicalOrigin) -> CanonicalOrigin? {
+            guard let proxy, !noProxy.contains(where: { $0.matches(origin.host) }) else { return nil }
+            return proxy
+        }
 
         package var connectTimeout: TimeAmount { .milliseconds(Int64(connectTimeoutMilliseconds)) }
         package var tlsHandshakeTimeout: TimeAmount { .milliseconds(Int64(tlsHandshakeTimeoutMilliseconds)) }
@@ -135,7 +146,7 @@ package struct BrokerSettings: Sendable, Equatable {
         "upstream": [
             "connect_timeout_ms", "tls_handshake_timeout_ms", "response_head_timeout_ms", "idle_timeout_ms",
             "pool_idle_timeout_ms", "max_connections_per_origin", "max_idle_connections_per_origin",
-            "max_pending_requests_per_origin", "resolve",
+            "max_pending_requests_per_origin", "resolve", "proxy", "no_proxy",
         ],
         "limits": ["max_request_head_bytes", "max_response_head_bytes", "request_body_buffer_bytes", "max_client_connections"],
         "security": ["reauth_grant_seconds", "pam_service", "pam_config_dir"],
@@ -220,6 +231,8 @@ package struct BrokerSettings: Sendable, Equatable {
             settings.upstream.maxPendingRequestsPerOrigin = value
         }
         if let value = try upstream.resolveOverrides("resolve") { settings.upstream.resolve = value }
+        if let value = try upstream.proxyOrigin("proxy") { settings.upstream.proxy = value }
+        if let value = try upstream.hostPatterns("no_proxy") { settings.upstream.noProxy = value }
         if settings.upstream.maxIdleConnectionsPerOrigin > settings.upstream.maxConnectionsPerOrigin {
             let key =
                 document.line(of: "max_idle_connections_per_origin", in: "upstream") != nil
@@ -518,6 +531,57 @@ private struct TableReader {
         var message = "unknown log level \"\(TOMLValue.escapedForMessage(text))\""
         if let suggestion = BrokerSettings.nearest(text, in: names) { message += "; did you mean \"\(suggestion)\"?" }
         throw error(key, .invalidValue, message + " The levels are \(names.joined(separator: ", ")).")
+    }
+
+    /// `http://host:port` (port defaults to 80): an HTTP proxy's address, without credentials or path.
+    func proxyOrigin(_ key: String) throws(ConfigError) -> CanonicalOrigin? {
+        guard let text = try string(key, expected: "a proxy URL as a quoted string, like \"http://proxy.example:3128\"") else {
+            return nil
+        }
+        let shown = TOMLValue.escapedForMessage(String(text.prefix(100)))
+        let lower = text.lowercased()
+        guard lower.hasPrefix("http://") else {
+            let why = lower.hasPrefix("https://") ? "TLS to the proxy itself is not supported" : "the proxy URL must start with http://"
+            throw error(key, .invalidValue, "\"\(shown)\": \(why); write http://host:port")
+        }
+        let authority = text.dropFirst("http://".count).prefix { $0 != "/" }
+        if authority.contains("@") {
+            throw error(
+                key, .invalidValue,
+                // The value itself is not shown: it holds a password.
+                "a password does not belong in the config file; remove user:password@ and store it with `authbrokerctl passwords add http://\(authority.split(separator: "@").last ?? "") --user NAME`"
+            )
+        }
+        let rest = text.dropFirst("http://".count + authority.count)
+        guard rest.isEmpty || rest == "/" else {
+            throw error(key, .invalidValue, "\"\(shown)\": a proxy URL has no path; write http://host:port")
+        }
+        do {
+            return try CanonicalOrigin(parsing: "http://" + authority + "/")
+        } catch {
+            throw self.error(key, .invalidValue, "\"\(shown)\": \(error.message)")
+        }
+    }
+
+    /// An array of host patterns (`HostPattern`): names, `*.domain` wildcards, IP addresses.
+    func hostPatterns(_ key: String) throws(ConfigError) -> [HostPattern]? {
+        guard let value = values[key] else { return nil }
+        let expected = "an array of host patterns, like [\"localhost\", \"*.internal.example\", \"10.0.0.5\"]"
+        guard case .array(let elements) = value else {
+            throw error(key, .wrongType, "expected \(expected), got \(value.messageDescription)")
+        }
+        var result: [HostPattern] = []
+        for (offset, element) in elements.enumerated() {
+            guard case .string(let text) = element else {
+                throw error(key, .wrongType, "entry \(offset + 1): expected \(expected), got \(element.messageDescription)")
+            }
+            do {
+                result.append(try HostPattern(parsing: text))
+            } catch {
+                throw self.error(key, .invalidValue, "entry \(offset + 1): \(error.message)")
+            }
+        }
+        return result
     }
 
     func resolveOverrides(_ key: String) throws(ConfigError) -> [ResolveOverride]? {
