@@ -69,7 +69,7 @@ package final class ApacheAuthServer: Sendable {
             try self.writeSite(in: directory, user: user, password: password)
             var lastError: (any Error)?
             for _ in 0..<3 {
-                let port = try freePort()
+                let port = try freeLoopbackPort()
                 do {
                     let process = try await launch(directory: directory, port: port)
                     return ApacheAuthServer(port: port, user: user, directory: directory, process: process)
@@ -138,25 +138,6 @@ package final class ApacheAuthServer: Sendable {
 
     private static func read(_ path: String) -> String {
         (try? String(contentsOfFile: path, encoding: .utf8)) ?? ""
-    }
-
-    /// A port nobody listens on now: bound to port 0, read back, released.
-    private static func freePort() throws -> Int {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { throw TestSupportError("socket: \(String(cString: strerror(errno)))") }
-        defer { close(fd) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = in_addr_t(0x7F00_0001).bigEndian
-        address.sin_port = 0
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
-                bind(fd, pointer, length) == 0 && getsockname(fd, pointer, &length) == 0
-            }
-        }
-        guard bound else { throw TestSupportError("binding 127.0.0.1:0: \(String(cString: strerror(errno)))") }
-        return Int(UInt16(bigEndian: address.sin_port))
     }
 
     // MARK: - Files
@@ -260,6 +241,26 @@ package final class ApacheAuthServer: Sendable {
     }
 }
 
+/// A loopback port nobody listens on now (for servers that cannot be told to bind port 0 and
+/// report it): bound to port 0, read back, released.
+package func freeLoopbackPort() throws -> Int {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+    guard fd >= 0 else { throw TestSupportError("socket: \(String(cString: strerror(errno)))") }
+    defer { close(fd) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = in_addr_t(0x7F00_0001).bigEndian
+    address.sin_port = 0
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    let bound = withUnsafeMutablePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
+            bind(fd, pointer, length) == 0 && getsockname(fd, pointer, &length) == 0
+        }
+    }
+    guard bound else { throw TestSupportError("binding 127.0.0.1:0: \(String(cString: strerror(errno)))") }
+    return Int(UInt16(bigEndian: address.sin_port))
+}
+
 /// A child started with posix_spawn in a process group of its own, its signal mask emptied and
 /// the usual signals at their defaults.
 ///
@@ -267,7 +268,7 @@ package final class ApacheAuthServer: Sendable {
 /// way never sees the SIGTERM that should stop it) and its process group (Apache's prefork
 /// parent signals its children with killpg on its own group, which would take the test runner
 /// and its shell with it).
-private final class SpawnedProcess: Sendable {
+final class SpawnedProcess: Sendable {
     let pid: pid_t
     /// The wait status once reaped.
     private let reaped = Mutex<Int32?>(nil)
