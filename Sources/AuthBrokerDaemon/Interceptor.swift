@@ -217,11 +217,11 @@ package struct Interceptor: Sendable {
                 self.pool.release(lease, reusable: false)
                 abortClient()
                 return RequestOutcome(status: status, bytes: bytes, brokerError: "aborted", disposition: .close)
-            case .challengeAnswered(let upstreamKeepAlive):
+            case .challengeAnswered(let upstreamKeepAlive, let byProxy):
                 // The 401 never reached the client: send the request again with the answer.
                 let reusable = requestEnded && upstreamKeepAlive && lease.connection.isActive
                 self.pool.release(lease, reusable: reusable)
-                logger.debug("answered the challenge from the store; sending the request again")
+                logger.debug("answered the \(byProxy ? "proxy's" : "origin's") challenge from the store; sending the request again")
                 continue
             }
         }
@@ -349,7 +349,7 @@ package struct Interceptor: Sendable {
         case errorSent(BrokerError, bytes: Int, keepAlive: Bool)
         case abortedAfterHead(status: Int, bytes: Int)
         /// A 401 was answered from the store and its body read away; nothing reached the client.
-        case challengeAnswered(upstreamKeepAlive: Bool)
+        case challengeAnswered(upstreamKeepAlive: Bool, byProxy: Bool)
     }
 
     /// What the response pump needs to answer a 401 itself.
@@ -413,7 +413,7 @@ package struct Interceptor: Sendable {
                     if head.status == .unauthorized || fromProxy, auth.mayAnswer,
                         await self.answer(head, auth: auth, requestState: state, isProxy: fromProxy)
                     {
-                        return await Self.readAway(&iterator, upstreamKeepAlive: head.isKeepAlive)
+                        return await Self.readAway(&iterator, upstreamKeepAlive: head.isKeepAlive, byProxy: fromProxy)
                     }
                     if let proxy = auth.proxy, !fromProxy {
                         self.authenticator.responseAccepted(head, origin: proxy.origin, uri: proxy.uri, state: proxy.state.withLockedValue { $0 })
@@ -517,16 +517,17 @@ package struct Interceptor: Sendable {
         return decided.retry
     }
 
-    /// Reads the rest of an answered 401 away, so its connection can carry the next attempt.
+    /// Reads the rest of an answered 401 (or the proxy's 407) away, so its connection can carry
+    /// the next attempt.
     private static func readAway(
-        _ iterator: inout UpstreamExchangeHandler.ResponseParts.AsyncIterator, upstreamKeepAlive: Bool
+        _ iterator: inout UpstreamExchangeHandler.ResponseParts.AsyncIterator, upstreamKeepAlive: Bool, byProxy: Bool
     ) async -> ResponsePumpResult {
         do {
             while let part = try await iterator.next() {
-                if case .end = part { return .challengeAnswered(upstreamKeepAlive: upstreamKeepAlive) }
+                if case .end = part { return .challengeAnswered(upstreamKeepAlive: upstreamKeepAlive, byProxy: byProxy) }
             }
         } catch {}
-        return .challengeAnswered(upstreamKeepAlive: false)
+        return .challengeAnswered(upstreamKeepAlive: false, byProxy: byProxy)
     }
 
     /// The origin failed before a response head: answer with the broker's error right here,
