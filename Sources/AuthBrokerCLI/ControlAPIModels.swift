@@ -118,6 +118,49 @@ package struct AddPinRequest: Codable, Sendable, Equatable {
     }
 }
 
+/// An exact-certificate exception: this leaf from this host (and port) is trusted.
+package struct ExceptionRecord: Codable, Sendable, Equatable {
+    package var host: String
+    /// nil: any port.
+    package var port: Int?
+    package var sha256: String
+    package var addedAt: Date?
+    /// false: a "trust once" answer, kept until the daemon stops.
+    package var persistent: Bool
+
+    /// `host`, `host:port` or `[v6]:port`: what `exceptions remove` takes.
+    package var target: String {
+        guard let port else { return self.host }
+        return self.host.contains(":") ? "[\(self.host)]:\(port)" : "\(self.host):\(port)"
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case host, port, sha256, persistent
+        case addedAt = "added_at"
+    }
+}
+
+/// `GET /v1/exceptions`.
+package struct ExceptionList: Codable, Sendable, Equatable {
+    package var exceptions: [ExceptionRecord]
+}
+
+/// `POST /v1/exceptions` (201).
+package struct AddedException: Codable, Sendable, Equatable {
+    package var exception: ExceptionRecord
+}
+
+/// `DELETE /v1/exceptions`.
+package struct RemovedException: Codable, Sendable, Equatable {
+    package var removed: ExceptionRecord
+}
+
+/// `POST /v1/exceptions` request body.
+package struct AddExceptionRequest: Codable, Sendable, Equatable {
+    package var host: String
+    package var sha256: String
+}
+
 /// `POST /v1/inspect` request body.
 package struct InspectRequest: Codable, Sendable, Equatable {
     package var url: String
@@ -217,18 +260,27 @@ package struct ChallengeRecord: Codable, Sendable, Equatable {
         package var executable: String?
     }
     package var id: String
+    /// `http_auth` or `server_trust` (absent from older daemons: `http_auth`).
+    package var kind: String?
     package var scheme: String
     package var host: String
     package var port: Int
-    package var realm: String
-    package var authScheme: String
+    /// HTTP authentication challenges.
+    package var realm: String?
+    package var authScheme: String?
+    /// Server-trust challenges: failure codes, one sentence each, and the chain (leaf first).
+    package var failures: [String]?
+    package var reasons: [String]?
+    package var chain: [CertificateInfo]?
     package var requester: Requester?
     package var ageSeconds: Double?
     package var waiting: Int?
     package var awaitingAgent: Bool?
 
+    package var isServerTrust: Bool { self.kind == "server_trust" }
+
     enum CodingKeys: String, CodingKey {
-        case id, scheme, host, port, realm, requester, waiting
+        case id, kind, scheme, host, port, realm, failures, reasons, chain, requester, waiting
         case authScheme = "auth_scheme"
         case ageSeconds = "age_seconds"
         case awaitingAgent = "awaiting_agent"
@@ -254,13 +306,21 @@ package struct AgentAnswer: Codable, Sendable {
     package var password: String?
     package var persistence: String?
     package var decline: Bool?
+    /// Server-trust challenges: `once`, `always` or `reject`; with `always`, `scope` `exception` or `anchor`.
+    package var trust: String?
+    package var scope: String?
 
-    package init(challenge: String, user: String? = nil, password: String? = nil, persistence: String? = nil, decline: Bool? = nil) {
+    package init(
+        challenge: String, user: String? = nil, password: String? = nil, persistence: String? = nil, decline: Bool? = nil,
+        trust: String? = nil, scope: String? = nil
+    ) {
         self.challenge = challenge
         self.user = user
         self.password = password
         self.persistence = persistence
         self.decline = decline
+        self.trust = trust
+        self.scope = scope
     }
 }
 

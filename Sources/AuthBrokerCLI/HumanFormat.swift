@@ -185,13 +185,16 @@ package enum HumanFormat {
         ].joined(separator: "\n")
     }
 
-    /// `challenges`: what waits, for whom, how long.
+    /// `challenges`: what waits, for whom, how long. A server-trust challenge shows `trust?` as its
+    /// scheme and the first failure code as its realm.
     package static func challengesTable(_ challenges: [ChallengeRecord]) -> String {
         guard !challenges.isEmpty else { return "No challenges are waiting." }
         let rows = challenges.map { challenge in
             [
                 challenge.id, "\(sanitized(challenge.scheme))://\(sanitized(challenge.host)):\(challenge.port)",
-                sanitized(challenge.realm), sanitized(challenge.authScheme), String(challenge.waiting ?? 0),
+                challenge.isServerTrust ? sanitized(challenge.failures?.first ?? "-") : sanitized(challenge.realm ?? ""),
+                challenge.isServerTrust ? "trust?" : sanitized(challenge.authScheme ?? "?"),
+                String(challenge.waiting ?? 0),
                 String(format: "%.1fs", challenge.ageSeconds ?? 0),
                 challenge.requester.map { "\($0.pid) \(sanitized($0.executable ?? "?"))" } ?? "?",
             ]
@@ -200,14 +203,40 @@ package enum HumanFormat {
     }
 
     /// What `agent` shows for a challenge before asking.
-    package static func challengeOffer(_ challenge: ChallengeRecord) -> String {
+    package static func challengeOffer(_ challenge: ChallengeRecord, now: Date = Date()) -> String {
         let requester = challenge.requester.map { "pid \($0.pid) (\(sanitized($0.executable ?? "unknown executable")))" } ?? "an unknown process"
-        return [
+        let server = "\(sanitized(challenge.scheme))://\(sanitized(challenge.host)):\(challenge.port)"
+        guard challenge.isServerTrust else {
+            return [
+                "",
+                "Challenge \(challenge.id): \(requester) wants to reach \(server)",
+                "  realm:  \(sanitized(challenge.realm ?? ""))",
+                "  scheme: \(sanitized(challenge.authScheme ?? "?"))",
+            ].joined(separator: "\n")
+        }
+        var lines = [
             "",
-            "Challenge \(challenge.id): \(requester) wants to reach \(sanitized(challenge.scheme))://\(sanitized(challenge.host)):\(challenge.port)",
-            "  realm:  \(sanitized(challenge.realm))",
-            "  scheme: \(sanitized(challenge.authScheme))",
-        ].joined(separator: "\n")
+            "Challenge \(challenge.id): \(requester) wants to reach \(server), whose certificate is NOT trusted:",
+        ]
+        for reason in challenge.reasons ?? [] { lines.append("  - \(sanitized(reason))") }
+        let chain = challenge.chain ?? []
+        lines.append("Chain presented (leaf first):")
+        for (index, certificate) in chain.enumerated() {
+            lines.append(contentsOf: self.certificate(certificate, index: index, now: now))
+        }
+        lines.append("Compare the leaf's SHA-256 with one you got from the server's owner before you trust it.")
+        return lines.joined(separator: "\n")
+    }
+
+    /// `exceptions list`.
+    package static func exceptionsTable(_ exceptions: [ExceptionRecord]) -> String {
+        guard !exceptions.isEmpty else {
+            return "No exceptions. Add one with 'authbrokerctl exceptions add HOST[:PORT] SHA256'."
+        }
+        let rows = exceptions.map {
+            [sanitized($0.target), sanitized($0.sha256), $0.persistent ? "always" : "once (until restart)", $0.addedAt.map(date) ?? "-"]
+        }
+        return table(header: ["HOST", "CERTIFICATE SHA-256", "KEPT", "ADDED"], rows: rows)
     }
 
     /// One password in a sentence (`passwords add` / `remove`).

@@ -115,7 +115,8 @@ package enum BrokerDaemon {
         } catch {
             throw StartupError(description: "authbrokerd: \(error)", exitCode: 1)
         }
-        let authenticator = HTTPAuthenticator(vault: vault, audit: audit, logger: logger)
+        let challenges = AgentChallenges(vault: vault, store: store, evaluator: evaluator, logger: logger)
+        let authenticator = HTTPAuthenticator(vault: vault, challenges: challenges, audit: audit, logger: logger)
         let connector: UpstreamConnector
         do {
             connector = try UpstreamConnector(
@@ -157,7 +158,7 @@ package enum BrokerDaemon {
             logger: logger
         )
         let control = ControlAPI(
-            store: store, vault: vault, reauth: reauth, authenticator: authenticator, identities: identities,
+            store: store, vault: vault, reauth: reauth, challenges: challenges, identities: identities,
             status: {
                 StatusReport(
                     version: AuthBrokerVersion.current, pid: Int(getpid()), startedAt: startedAt,
@@ -177,7 +178,8 @@ package enum BrokerDaemon {
         let server = ClientConnectionServer(
             interceptor: Interceptor(
                 pool: pool, settings: settings, counters: counters, store: store,
-                trustGeneration: { connector.trustGeneration }, authenticator: authenticator, audit: audit
+                trustGeneration: { connector.trustGeneration }, authenticator: authenticator, audit: audit,
+                challenges: challenges
             ),
             control: control, registry: registry, counters: counters, settings: settings, logger: logger
         )

@@ -29,15 +29,19 @@ package struct BrokerError: Error, CustomStringConvertible, Sendable {
     package var nextHop: String?
     /// The upstream proxy's Basic and Digest challenges, sent as `Proxy-Authenticate` with a 407.
     package var proxyChallenges: [String] = []
+    /// For `untrusted_server`: what the server presented, so that an agent can be asked about
+    /// it (`ServerTrustChallenges`). Never rendered.
+    package var serverTrustFailure: UntrustedServer?
 
     package init(
         code: String, status: HTTPResponseStatus, proxyErrorType: ProxyErrorType? = nil,
         title: String, detail: String, host: String? = nil, reasons: [String]? = nil,
         chain: [CertificateInfo]? = nil, fix: [String]? = nil, retryAfterSeconds: Int? = nil, nextHop: String? = nil,
-        proxyChallenges: [String] = []
+        proxyChallenges: [String] = [], serverTrustFailure: UntrustedServer? = nil
     ) {
         self.nextHop = nextHop
         self.proxyChallenges = proxyChallenges
+        self.serverTrustFailure = serverTrustFailure
         self.retryAfterSeconds = retryAfterSeconds
         self.code = code
         self.status = status
@@ -88,6 +92,14 @@ package struct BrokerError: Error, CustomStringConvertible, Sendable {
             ByteBuffer(bytes: body)
         )
     }
+}
+
+/// A server whose chain was not trusted: what it presented and the verdict.
+package struct UntrustedServer: Sendable {
+    package var origin: CanonicalOrigin
+    package var decision: TrustDecision
+    /// Leaf first, as the server sent it.
+    package var chainDER: [[UInt8]]
 }
 
 /// Names of the headers the broker itself adds.
@@ -151,7 +163,7 @@ extension BrokerError {
 
 extension BrokerError {
     /// The server's certificate chain failed the daemon's trust evaluation.
-    package static func untrustedServer(origin: CanonicalOrigin, decision: TrustDecision) -> BrokerError {
+    package static func untrustedServer(origin: CanonicalOrigin, decision: TrustDecision, chainDER: [[UInt8]] = []) -> BrokerError {
         let reasons = decision.failures.map(\.summary)
         let topmost = decision.chain.last
         var fix: [String] = []
@@ -162,6 +174,10 @@ extension BrokerError {
         }
         let scope = HostScope.suggestedPattern(for: origin.host)
         fix.append("authbrokerctl anchors add CA.pem --hosts '\(scope)'")
+        if let leaf = decision.chain.first {
+            let host = origin.host.contains(":") ? "[\(origin.host)]" : origin.host
+            fix.append("authbrokerctl exceptions add \(host):\(origin.port) \(leaf.sha256)")
+        }
         var summary = reasons.first ?? "the chain did not verify"
         while summary.hasSuffix(".") { summary.removeLast() }
         return BrokerError(
@@ -169,7 +185,8 @@ extension BrokerError {
             title: "The server's certificate is not trusted",
             detail:
                 "\(origin.hostHeader) presented a certificate chain that is not trusted: \(summary). If you trust this server, add its CA (or its own certificate) as an anchor for this host; see `fix`.",
-            host: origin.hostHeader, reasons: reasons, chain: decision.chain, fix: fix
+            host: origin.hostHeader, reasons: reasons, chain: decision.chain, fix: fix,
+            serverTrustFailure: UntrustedServer(origin: origin, decision: decision, chainDER: chainDER)
         )
     }
 

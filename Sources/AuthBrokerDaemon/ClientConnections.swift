@@ -250,8 +250,8 @@ package struct ClientConnectionServer: Sendable {
         guard complete else {
             return RequestOutcome(status: 0, bytes: 0, brokerError: "client_closed", disposition: .close)
         }
-        if head.method == .GET, path == "/v1/agent", let authenticator = self.control.authenticator {
-            return await self.serveAgent(authenticator, requestID: requestID, logger: logger, requests: &requests, writer: writer)
+        if head.method == .GET, path == "/v1/agent", let challenges = self.control.challenges {
+            return await self.serveAgent(challenges, requestID: requestID, logger: logger, requests: &requests, writer: writer)
         }
         let response = await self.control.handle(
             method: head.method, path: path, query: query, body: body, requestID: requestID, peer: peer?.identity
@@ -277,10 +277,10 @@ package struct ClientConnectionServer: Sendable {
     /// `challenge` and `withdrawn` events — until the agent disconnects, which withdraws it from
     /// every challenge it holds. Answers come on other connections (`POST /v1/agent/{id}/answer`).
     private func serveAgent(
-        _ authenticator: HTTPAuthenticator, requestID: String, logger: Logger, requests: inout ClientRequestIterator,
+        _ challenges: AgentChallenges, requestID: String, logger: Logger, requests: inout ClientRequestIterator,
         writer: ClientResponseWriter
     ) async -> RequestOutcome {
-        let (agent, events) = await authenticator.attachAgent()
+        let (agent, events) = await challenges.attachAgent()
         logger.info("agent attached", metadata: ["agent": "\(agent)"])
         var headers = HTTPHeaders()
         headers.add(name: "Content-Type", value: "application/x-ndjson")
@@ -310,7 +310,7 @@ package struct ClientConnectionServer: Sendable {
             while (try? await requests.next()) != nil {}
             group.cancelAll()
         }
-        await authenticator.detachAgent(agent)
+        await challenges.detachAgent(agent)
         try? await writer.write(.end(nil))
         logger.info("agent detached", metadata: ["agent": "\(agent)"])
         return RequestOutcome(status: 200, bytes: 0, brokerError: nil, disposition: .close)

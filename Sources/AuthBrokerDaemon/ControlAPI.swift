@@ -115,14 +115,14 @@ package struct ControlAPI: Sendable {
     /// The PAM gate in front of revealing secrets; nil when this daemon has none (reveal refused).
     package let reauth: ReauthService?
     /// Challenges and agents; nil in tests of the router alone.
-    package let authenticator: HTTPAuthenticator?
+    package let challenges: AgentChallenges?
     /// Client identities; nil when the daemon has no secret store for their keys.
     package let identities: ClientIdentities?
     package let status: @Sendable () -> StatusReport
     package let inspect: @Sendable (CanonicalOrigin) async throws -> Inspection
 
     package init(
-        store: TrustStore, vault: PasswordVault, reauth: ReauthService? = nil, authenticator: HTTPAuthenticator? = nil,
+        store: TrustStore, vault: PasswordVault, reauth: ReauthService? = nil, challenges: AgentChallenges? = nil,
         identities: ClientIdentities? = nil,
         status: @escaping @Sendable () -> StatusReport,
         inspect: @escaping @Sendable (CanonicalOrigin) async throws -> Inspection
@@ -130,7 +130,7 @@ package struct ControlAPI: Sendable {
         self.store = store
         self.vault = vault
         self.reauth = reauth
-        self.authenticator = authenticator
+        self.challenges = challenges
         self.identities = identities
         self.status = status
         self.inspect = inspect
@@ -248,9 +248,11 @@ package struct ControlAPI: Sendable {
             guard let challenge = UInt64(request.challenge) else {
                 throw BrokerError.badRequest(code: "invalid_challenge", detail: "'\(request.challenge.prefix(40))' is not a challenge id.")
             }
-            let reply: HTTPAuthenticator.AgentReply
+            let reply: AgentChallenges.AgentReply
             if request.decline == true {
                 reply = .decline
+            } else if let trust = request.trust {
+                reply = try Self.trustReply(trust, scope: request.scope)
             } else if let user = request.user, let password = request.password {
                 guard !user.contains(":") else {
                     throw BrokerError.badRequest(code: "invalid_user", detail: "A user name for Basic authentication cannot contain ':' (RFC 7617 §2).")
@@ -259,7 +261,8 @@ package struct ControlAPI: Sendable {
                 reply = .credential(PasswordCredential(user: user, password: password), persistence: persistence)
             } else {
                 throw BrokerError.badRequest(
-                    code: "missing_answer", detail: "Answer with {\"challenge\", \"user\", \"password\", \"persistence\"} or {\"challenge\", \"decline\": true}."
+                    code: "missing_answer",
+                    detail: "Answer with {\"challenge\", \"user\", \"password\", \"persistence\"} (a password challenge), {\"challenge\", \"trust\": \"once\"|\"always\"|\"reject\", \"scope\"?} (a server-trust challenge) or {\"challenge\", \"decline\": true}."
                 )
             }
             try await (try self.agentsAvailable()).agentReplied(agent: agent, challenge: challenge, reply)
@@ -320,6 +323,32 @@ package struct ControlAPI: Sendable {
             let removed = try Self.mapStoreError { () throws(TrustStoreError) in try self.store.removePin(host: host, spkiSHA256: spki) }
             return try Self.json(.ok, ["removed": PinJSON(removed)])
 
+        case (.GET, ["v1", "exceptions"]):
+            let (saved, session) = self.store.exceptions()
+            return try Self.json(
+                .ok, ["exceptions": saved.map { ExceptionJSON($0, persistent: true) } + session.map { ExceptionJSON($0, persistent: false) }]
+            )
+        case (.POST, ["v1", "exceptions"]):
+            let request = try Self.decode(ExceptionRequest.self, from: body)
+            let target = try Self.mapStoreError { () throws(TrustStoreError) in try CertificateException.parseHost(request.host) }
+            let added = try Self.mapStoreError { () throws(TrustStoreError) in
+                try self.store.addException(host: target.host, port: target.port, sha256: request.sha256, persistent: true)
+            }
+            return try Self.json(.created, ["exception": ExceptionJSON(added, persistent: true)])
+        case (.DELETE, ["v1", "exceptions"]):
+            let parameters = Self.queryParameters(query)
+            guard let hostText = parameters["host"], let sha256 = parameters["sha256"] else {
+                throw BrokerError.badRequest(
+                    code: "missing_parameter",
+                    detail: "DELETE /v1/exceptions needs the query parameters host (host or host:port, as listed) and sha256 (percent-encoded)."
+                )
+            }
+            let target = try Self.mapStoreError { () throws(TrustStoreError) in try CertificateException.parseHost(hostText) }
+            let removed = try Self.mapStoreError { () throws(TrustStoreError) in
+                try self.store.removeException(host: target.host, port: target.port, sha256: sha256)
+            }
+            return try Self.json(.ok, ["removed": ExceptionJSON(removed.exception, persistent: removed.persistent)])
+
         case (.POST, ["v1", "inspect"]):
             let request = try Self.decode(InspectRequest.self, from: body)
             let origin: CanonicalOrigin
@@ -361,6 +390,7 @@ package struct ControlAPI: Sendable {
         case ["v1", "anchors"]: ["GET", "POST"]
         case let s where s.count == 3 && s[0] == "v1" && s[1] == "anchors": ["DELETE"]
         case ["v1", "pins"]: ["GET", "POST", "DELETE"]
+        case ["v1", "exceptions"]: ["GET", "POST", "DELETE"]
         case ["v1", "passwords"]: ["GET", "POST", "DELETE"]
         case ["v1", "passwords", "reveal"], ["v1", "reauth"]: ["POST"]
         case ["v1", "challenges"], ["v1", "agent"]: ["GET"]
@@ -469,11 +499,31 @@ package struct ControlAPI: Sendable {
         return identities
     }
 
-    package func agentsAvailable() throws -> HTTPAuthenticator {
-        guard let authenticator = self.authenticator else {
+    package func agentsAvailable() throws -> AgentChallenges {
+        guard let challenges = self.challenges else {
             throw BrokerError.internalError("This daemon was started without a challenge broker.")
         }
-        return authenticator
+        return challenges
+    }
+
+    /// `"trust": "once"|"always"|"reject"` with `"scope": "exception"` (the default) or `"anchor"` for `always`.
+    private static func trustReply(_ trust: String, scope: String?) throws -> AgentChallenges.AgentReply {
+        switch (trust, scope) {
+        case ("once", nil), ("once", "exception"): return .serverTrust(.once)
+        case ("always", nil), ("always", "exception"): return .serverTrust(.alwaysException)
+        case ("always", "anchor"): return .serverTrust(.alwaysAnchor)
+        case ("reject", _): return .decline
+        case ("once", _), ("always", _):
+            throw BrokerError.badRequest(
+                code: "invalid_scope",
+                detail: "scope must be \"exception\" (trust exactly this certificate from this server) or \"anchor\" (for always: trust the chain's topmost certificate as an anchor for this host), not '\(scope?.prefix(40) ?? "")'."
+            )
+        default:
+            throw BrokerError.badRequest(
+                code: "invalid_trust",
+                detail: "trust must be \"once\" (until the daemon stops), \"always\" (saved) or \"reject\", not '\(trust.prefix(40))'."
+            )
+        }
     }
 
     private static func persistence(_ text: String?, allowNone: Bool = false) throws -> CredentialPersistence {
@@ -614,28 +664,51 @@ struct AgentAnswerRequest: Decodable {
     var password: String?
     var persistence: String?
     var decline: Bool?
+    /// Server-trust challenges: `once`, `always` or `reject`.
+    var trust: String?
+    /// With `always`: `exception` (the default) or `anchor`.
+    var scope: String?
 }
 
 /// A pending challenge, for `GET /v1/challenges` and the agent stream.
+///
+/// `kind` is `http_auth` (a Basic/Digest 401: `realm` and `auth_scheme` are set) or
+/// `server_trust` (a certificate chain that did not verify: `failures`, `reasons` and `chain`).
 package struct ChallengeJSON: Encodable {
     var id: String
+    var kind: String
     var scheme: String
     var host: String
     var port: Int
-    var realm: String
-    var authScheme: String
+    var realm: String?
+    var authScheme: String?
+    var failures: [String]?
+    var reasons: [String]?
+    var chain: [CertificateInfo]?
     var requester: Requester?
     var ageSeconds: Double?
     var waiting: Int?
     var awaitingAgent: Bool?
 
-    package init(_ id: UInt64, space: ProtectionSpace, requester: Requester?, age: Duration? = nil, waiting: Int? = nil, awaitingAgent: Bool? = nil) {
+    package init(_ id: UInt64, space: ChallengeSpace, requester: Requester?, age: Duration? = nil, waiting: Int? = nil, awaitingAgent: Bool? = nil) {
         self.id = String(id)
-        self.scheme = space.origin.scheme.rawValue
-        self.host = space.origin.host
-        self.port = space.origin.port
-        self.realm = space.realm
-        self.authScheme = space.authScheme
+        switch space {
+        case .http(let space):
+            self.kind = "http_auth"
+            self.scheme = space.origin.scheme.rawValue
+            self.host = space.origin.host
+            self.port = space.origin.port
+            self.realm = space.realm
+            self.authScheme = space.authScheme
+        case .serverTrust(let server):
+            self.kind = "server_trust"
+            self.scheme = "https"
+            self.host = server.host
+            self.port = server.port
+            self.failures = server.failureCodes
+            self.reasons = server.reasons
+            self.chain = server.chain
+        }
         self.requester = requester
         self.ageSeconds = age.map { Double($0.components.seconds) + Double($0.components.attoseconds) / 1e18 }
         self.waiting = waiting
@@ -643,7 +716,7 @@ package struct ChallengeJSON: Encodable {
     }
 
     enum CodingKeys: String, CodingKey {
-        case id, scheme, host, port, realm, requester, waiting
+        case id, kind, scheme, host, port, realm, failures, reasons, chain, requester, waiting
         case authScheme = "auth_scheme"
         case ageSeconds = "age_seconds"
         case awaitingAgent = "awaiting_agent"
@@ -713,6 +786,34 @@ struct PinRequest: Decodable {
     enum CodingKeys: String, CodingKey {
         case host
         case spkiSHA256 = "spki_sha256"
+    }
+}
+
+struct ExceptionRequest: Decodable {
+    /// `host`, `host:port`, `*.example.com`, `[::1]:8443`.
+    var host: String
+    var sha256: String
+}
+
+/// An exact-certificate exception; `persistent` false: a "trust once" answer, gone at restart.
+struct ExceptionJSON: Encodable {
+    var host: String
+    var port: Int?
+    var sha256: String
+    var addedAt: Date
+    var persistent: Bool
+
+    init(_ exception: CertificateException, persistent: Bool) {
+        self.host = exception.host.description
+        self.port = exception.port
+        self.sha256 = exception.sha256
+        self.addedAt = exception.addedAt
+        self.persistent = persistent
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case host, port, sha256, persistent
+        case addedAt = "added_at"
     }
 }
 

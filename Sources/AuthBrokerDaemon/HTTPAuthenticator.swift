@@ -75,7 +75,8 @@ package final class HTTPAuthenticator: Sendable {
     static let resolveTimeout: Duration = .seconds(30)
 
     private let vault: PasswordVault
-    private let broker: ChallengeBroker<ProtectionSpace, StoredAnswer>
+    /// Where challenges the store may answer, or an agent, are resolved (shared with server trust).
+    private let challenges: AgentChallenges
     private let digestSessions = NIOLockedValueBox<[ProtectionSpace: DigestSession]>([:])
     private let knownSpaces = NIOLockedValueBox<[Authority: [KnownSpace]]>([:])
     /// The Basic space whose 401 last went to the client, per origin: a credential the client
@@ -86,11 +87,11 @@ package final class HTTPAuthenticator: Sendable {
     private let audit: AuditLog?
     private let logger: Logger
 
-    package init(vault: PasswordVault, audit: AuditLog? = nil, logger: Logger) {
+    package init(vault: PasswordVault, challenges: AgentChallenges, audit: AuditLog? = nil, logger: Logger) {
         self.vault = vault
+        self.challenges = challenges
         self.audit = audit
         self.logger = logger
-        self.broker = ChallengeBroker { space in await vault.credential(for: space) }
     }
 
     // MARK: - Before sending
@@ -163,10 +164,10 @@ package final class HTTPAuthenticator: Sendable {
             }
         }
 
-        let resolution = await self.broker.resolve(
-            space, interactive: agentWait != nil, timeout: agentWait ?? Self.resolveTimeout, requester: requester
+        let resolution = await self.challenges.broker.resolve(
+            .http(space), interactive: agentWait != nil, timeout: agentWait ?? Self.resolveTimeout, requester: requester
         )
-        let answer: StoredAnswer? = if case .answered(let answer) = resolution { answer } else { nil }
+        let answer: StoredAnswer? = if case .answered(.credential(let answer)) = resolution { answer } else { nil }
         let decision = AuthAttemptPolicy.decide(
             previousFailures: state.previousFailures, lastAttempt: state.lastAttempt, stored: answer?.state ?? .none,
             challengeIsStale: stale, staleRetries: state.staleRetries
@@ -262,49 +263,6 @@ package final class HTTPAuthenticator: Sendable {
             if list.count > Self.maxKnownSpacesPerOrigin { list.removeFirst(list.count - Self.maxKnownSpacesPerOrigin) }
             known[authority] = list
         }
-    }
-
-    // MARK: - Agents
-
-    package typealias AgentEvent = ChallengeBroker<ProtectionSpace, StoredAnswer>.AgentEvent
-
-    /// What an agent says to a challenge it was offered.
-    package enum AgentReply: Sendable {
-        case credential(PasswordCredential, persistence: CredentialPersistence)
-        case decline
-    }
-
-    package func attachAgent() async -> (id: UInt64, events: AsyncStream<AgentEvent>) {
-        await self.broker.attachAgent()
-    }
-
-    package func detachAgent(_ id: UInt64) async {
-        await self.broker.detachAgent(id)
-    }
-
-    /// Passes an agent's reply to the broker; a credential with `session` persistence is kept
-    /// in the vault for the challenge's space (`permanent` needs the secret store).
-    package func agentReplied(agent: UInt64, challenge: UInt64, _ reply: AgentReply) async throws(BrokerError) {
-        switch reply {
-        case .decline:
-            await self.broker.agentAnswered(agent, challenge: challenge, .decline)
-        case .credential(let credential, let persistence):
-            if persistence != .none {
-                guard let space = await self.broker.pending.first(where: { $0.challenge.id == challenge })?.challenge.space else {
-                    throw BrokerError(
-                        code: "challenge_not_found", status: .notFound, title: "No such challenge",
-                        detail: "Challenge \(challenge) is no longer pending (it was answered, withdrawn or timed out)."
-                    )
-                }
-                try await self.vault.add(origin: space.origin, realm: space.realm, credential: credential, persistence: persistence)
-            }
-            await self.broker.agentAnswered(agent, challenge: challenge, .answer(StoredAnswer(credential: credential, state: .usable)))
-        }
-    }
-
-    /// The challenges that wait, oldest first.
-    package func pendingChallenges() async -> [(challenge: ChallengeQueue<ProtectionSpace, StoredAnswer, ContinuousClock.Instant>.PendingChallenge, age: Duration, requester: Requester?)] {
-        await self.broker.pending
     }
 
     /// `Authbroker-Persist`: the server accepted a Basic credential the client sent; keep it for

@@ -41,6 +41,8 @@ package struct Interceptor: Sendable {
     package let authenticator: HTTPAuthenticator
     /// Records which process had a client identity presented for it.
     package let audit: AuditLog?
+    /// Asks agents about servers whose certificates do not verify (interactive requests only).
+    package var challenges: AgentChallenges? = nil
 
     /// Attempts per request at most: a stale pooled connection, a challenge, a stale nonce, and
     /// through a proxy its challenge and stale nonce too.
@@ -100,6 +102,7 @@ package struct Interceptor: Sendable {
         }
         var attempt = 0
         var requestEnded = false
+        var askedAboutTrust = false
         while true {
             attempt += 1
             var attemptHead = upstreamHead
@@ -117,6 +120,17 @@ package struct Interceptor: Sendable {
                 }
             } catch {
                 let brokerError = self.mapLeaseError(error, origin: origin)
+                // An interactive request may ask an agent whether to trust the server, once; a
+                // "yes" adds an exception or anchor, and the request connects anew.
+                if !askedAboutTrust, let untrusted = brokerError.serverTrustFailure, let wait = Self.agentWait(head),
+                    let challenges = self.challenges
+                {
+                    askedAboutTrust = true
+                    if await challenges.serverTrusted(untrusted, wait: wait, requester: peer?.requester, clientGone: clientGone) {
+                        logger.debug("an agent trusted the server; connecting again")
+                        continue
+                    }
+                }
                 return await self.respondWithError(
                     brokerError, requestID: requestID, logger: logger, requests: &requests, writer: writer,
                     clientWantsKeepAlive: clientWantsKeepAlive, requestEnded: requestEnded

@@ -197,7 +197,7 @@ package final class UpstreamConnector: Sendable {
                 timer.cancel()
                 channel.close(promise: nil)
                 if let seen = decisionBox.withLockedValue({ $0 }), !seen.decision.isTrusted {
-                    throw BrokerError.untrustedServer(origin: origin, decision: seen.decision)
+                    throw BrokerError.untrustedServer(origin: origin, decision: seen.decision, chainDER: seen.chainDER)
                 }
                 if let broker = error as? BrokerError { throw broker }
                 throw BrokerError.tlsHandshakeFailed(origin: origin, underlying: error, identity: route.clientIdentity)
@@ -353,7 +353,7 @@ package final class UpstreamConnector: Sendable {
                     }
                     // Never block the event loop: the decision is made on a task and completes the promise.
                     Task {
-                        let decision = await trust.evaluate(chainDER: chainDER, host: host)
+                        let decision = await trust.evaluate(chainDER: chainDER, host: host, port: origin.port)
                         decisionBox.withLockedValue { $0 = TrustObservation(decision: decision, chainDER: chainDER) }
                         logger.debug(
                             "trust decision",

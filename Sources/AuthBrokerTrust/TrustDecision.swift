@@ -86,6 +86,8 @@ package struct TrustDecision: Sendable, Equatable {
     package var chain: [CertificateInfo]
     /// Whether this decision was served from the evaluator's cache.
     package var fromCache: Bool
+    /// Trusted only because of an exact-certificate exception (the chain itself did not verify).
+    package var byException = false
 
     package init(isTrusted: Bool, failures: [TrustFailure], chain: [CertificateInfo], fromCache: Bool) {
         self.isTrusted = isTrusted

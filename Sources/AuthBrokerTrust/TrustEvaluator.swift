@@ -12,7 +12,9 @@ import Synchronization
 /// Validation is swift-certificates' `Verifier` with `RFC5280Policy` at `now` and
 /// `ServerIdentityPolicy` (RFC 6125 §6) for the host; NIOSSL's custom verification callback
 /// skips BoringSSL's own checks, so this is the only check the chain gets. Pins then restrict
-/// the validated chain further. Decisions are cached per (chain, host, store generation).
+/// the validated chain further. An exact-certificate exception for the host (and port) trusts the
+/// leaf it names despite any failure but a pin's. Decisions are cached per (chain, host, port,
+/// store generation).
 package final class TrustEvaluator: Sendable {
     /// Most certificates a chain may have; real chains have 2 to 4.
     package static let maxChainLength = 16
@@ -66,9 +68,10 @@ package final class TrustEvaluator: Sendable {
 
     /// Evaluates `chainDER` (leaf first, as the server sent it) for `host`.
     ///
-    /// `host`: canonical (lower-case DNS name, or IP literal without brackets). Fails closed:
+    /// `host`: canonical (lower-case DNS name, or IP literal without brackets); `port`: the
+    /// server's port (nil: unknown, so only exceptions for any port apply). Fails closed:
     /// anything that cannot be parsed or checked is a failure.
-    package func evaluate(chainDER: [[UInt8]], host: String, now: Date = Date()) async -> TrustDecision {
+    package func evaluate(chainDER: [[UInt8]], host: String, port: Int? = nil, now: Date = Date()) async -> TrustDecision {
         guard !chainDER.isEmpty else {
             return TrustDecision(
                 isTrusted: false,
@@ -123,6 +126,7 @@ package final class TrustEvaluator: Sendable {
         let key = DecisionCache.Key(
             chainDigest: Self.chainDigest(chainDER),
             host: host,
+            port: port,
             generation: snapshot.generation
         )
         let clockNow = ContinuousClock.now
@@ -132,8 +136,17 @@ package final class TrustEvaluator: Sendable {
             return cached
         }
 
-        let failures = await self.decide(certificates: certificates, host: host, now: now, snapshot: snapshot)
-        let decision = TrustDecision(isTrusted: failures.isEmpty, failures: failures, chain: infos, fromCache: false)
+        var failures = await self.decide(certificates: certificates, host: host, now: now, snapshot: snapshot)
+        let leafSHA256 = infos[0].sha256
+        let excepted =
+            !failures.isEmpty
+            && snapshot.exceptions.contains { $0.covers(host: host, port: port, leafSHA256: leafSHA256) }
+        if excepted {
+            // The user trusts exactly this certificate from this server; a pin still restricts it.
+            failures = Self.pinFailures(chain: certificates, host: host, pins: snapshot.pins)
+        }
+        var decision = TrustDecision(isTrusted: failures.isEmpty, failures: failures, chain: infos, fromCache: false)
+        decision.byException = excepted && failures.isEmpty
         let validFrom = certificates.map(\.notValidBefore).max() ?? now
         let validUntil = certificates.map(\.notValidAfter).min() ?? now
         self.cache.withLock {
@@ -151,6 +164,7 @@ package final class TrustEvaluator: Sendable {
                 "leaf_sha256": "\(decision.chain.first?.sha256 ?? "-")",
                 "trusted": "\(decision.isTrusted)",
                 "failures": "\(decision.failures.map(\.code).joined(separator: ","))",
+                "by_exception": "\(decision.byException)",
                 "cached": "\(decision.fromCache)",
             ]
         )
@@ -413,6 +427,7 @@ struct DecisionCache {
     struct Key: Hashable {
         var chainDigest: [UInt8]
         var host: String
+        var port: Int?
         var generation: UInt64
     }
 

@@ -12,7 +12,9 @@ import Musl
 import Darwin
 #endif
 
-/// The user's own anchors, pins and client identities (their public part), persisted as JSON at `path`.
+/// The user's own anchors, pins, exact-certificate exceptions and client identities (their
+/// public part), persisted as JSON at `path`; plus exceptions for this run only ("trust once"),
+/// kept in memory.
 ///
 /// Every change is written before it is visible: a temporary file in the same directory
 /// (mode 0600), `fsync`, then `rename` over the old file, so a crash leaves either the old or
@@ -31,6 +33,9 @@ package final class TrustStore: Sendable {
         var certificates: [String: Certificate]
         var pins: [SPKIPin]
         var identities: [ClientIdentity]
+        var exceptions: [CertificateException]
+        /// "Trust once" answers: never saved, gone when the daemon stops.
+        var sessionExceptions: [CertificateException] = []
         var generation: UInt64
     }
 
@@ -52,12 +57,12 @@ package final class TrustStore: Sendable {
         self.state = Mutex(
             State(
                 anchors: file.anchors, certificates: certificates, pins: file.pins, identities: file.identities ?? [],
-                generation: 0
+                exceptions: file.exceptions ?? [], generation: 0
             )
         )
     }
 
-    /// Bumps on every change to the anchors, pins or identities.
+    /// Bumps on every change to the anchors, pins, exceptions (saved or not) or identities.
     package var generation: UInt64 {
         self.state.withLock { $0.generation }
     }
@@ -75,6 +80,8 @@ package final class TrustStore: Sendable {
         var generation: UInt64
         var anchors: [(anchor: TrustAnchor, certificate: Certificate)]
         var pins: [SPKIPin]
+        /// Saved and session exceptions together.
+        var exceptions: [CertificateException]
     }
 
     func snapshot() -> Snapshot {
@@ -84,7 +91,8 @@ package final class TrustStore: Sendable {
                 anchors: state.anchors.compactMap { anchor in
                     state.certificates[anchor.id].map { (anchor, $0) }
                 },
-                pins: state.pins
+                pins: state.pins,
+                exceptions: state.exceptions + state.sessionExceptions
             )
         }
     }
@@ -186,6 +194,72 @@ package final class TrustStore: Sendable {
         }
     }
 
+    // MARK: - Exact-certificate exceptions
+
+    /// The saved exceptions and the session ("trust once") ones.
+    package func exceptions() -> (saved: [CertificateException], session: [CertificateException]) {
+        self.state.withLock { ($0.exceptions, $0.sessionExceptions) }
+    }
+
+    /// Trusts the leaf `sha256` from `host` (on `port`, or any port when nil): saved in the file
+    /// when `persistent`, else kept in memory until the daemon stops. One that exists already is
+    /// returned unchanged.
+    @discardableResult
+    package func addException(
+        host: HostPattern, port: Int?, sha256: String, persistent: Bool, now: Date = Date()
+    ) throws(TrustStoreError) -> CertificateException {
+        let exception = CertificateException(
+            host: host, port: port, sha256: try CertificateException.canonicalFingerprint(sha256),
+            addedAt: Self.wholeSeconds(now)
+        )
+        if persistent {
+            if let existing = self.state.withLock({ $0.exceptions.first { $0.sameTarget(as: exception) } }) {
+                return existing
+            }
+            return try self.modify { state throws(TrustStoreError) in
+                if let existing = state.exceptions.first(where: { $0.sameTarget(as: exception) }) { return existing }
+                state.exceptions.append(exception)
+                return exception
+            }
+        }
+        return self.state.withLock { state in
+            if let existing = state.sessionExceptions.first(where: { $0.sameTarget(as: exception) }) { return existing }
+            state.sessionExceptions.append(exception)
+            state.generation &+= 1
+            return exception
+        }
+    }
+
+    /// Removes the exception for exactly this host pattern, port and certificate, saved or
+    /// session (both, when both exist); returns it and whether it was saved.
+    @discardableResult
+    package func removeException(
+        host: HostPattern, port: Int?, sha256: String
+    ) throws(TrustStoreError) -> (exception: CertificateException, persistent: Bool) {
+        let target = CertificateException(
+            host: host, port: port, sha256: try CertificateException.canonicalFingerprint(sha256), addedAt: Date()
+        )
+        let removedSession = self.state.withLock { state -> CertificateException? in
+            guard let index = state.sessionExceptions.firstIndex(where: { $0.sameTarget(as: target) }) else { return nil }
+            state.generation &+= 1
+            return state.sessionExceptions.remove(at: index)
+        }
+        guard self.state.withLock({ $0.exceptions.contains { $0.sameTarget(as: target) } }) else {
+            if let removedSession { return (removedSession, false) }
+            throw TrustStoreError(
+                .notFound,
+                "There is no exception for \(target.hostDescription) and the certificate \(target.sha256). List the exceptions to see which exist."
+            )
+        }
+        return try self.modify { state throws(TrustStoreError) in
+            guard let index = state.exceptions.firstIndex(where: { $0.sameTarget(as: target) }) else {
+                if let removedSession { return (removedSession, false) }
+                throw TrustStoreError(.notFound, "The exception for \(target.hostDescription) was removed meanwhile.")
+            }
+            return (state.exceptions.remove(at: index), true)
+        }
+    }
+
     // MARK: - Client identities
 
     package func identities() -> [ClientIdentity] {
@@ -239,7 +313,10 @@ package final class TrustStore: Sendable {
         try self.state.withLock { (state: inout State) throws(TrustStoreError) -> Result in
             var copy = state
             let result = try change(&copy)
-            try Self.save(StoreFile(anchors: copy.anchors, pins: copy.pins, identities: copy.identities), path: self.path)
+            try Self.save(
+                StoreFile(anchors: copy.anchors, pins: copy.pins, identities: copy.identities, exceptions: copy.exceptions),
+                path: self.path
+            )
             copy.generation &+= 1
             state = copy
             return result
@@ -253,6 +330,8 @@ package final class TrustStore: Sendable {
         var pins: [SPKIPin]
         /// Absent in files written before identities existed.
         var identities: [ClientIdentity]?
+        /// Absent in files written before exceptions existed.
+        var exceptions: [CertificateException]?
     }
 
     private static func load(path: String) throws(TrustStoreError) -> StoreFile {

@@ -19,6 +19,8 @@ package struct TrustStoreError: Error, CustomStringConvertible, Equatable {
         case identityNotForHost = "identity_not_for_host"
         case identityExpired = "identity_expired"
         case invalidIdentity = "invalid_identity"
+        case invalidHost = "invalid_host"
+        case invalidFingerprint = "invalid_fingerprint"
     }
 
     let _code: Code

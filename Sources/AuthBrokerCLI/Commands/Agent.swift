@@ -7,11 +7,12 @@ import NIOHTTP1
 /// `authbrokerctl challenges`: what waits for an answer.
 struct Challenges: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "List the authentication challenges waiting for an answer, with their ages.",
+        abstract: "List the challenges waiting for an answer (passwords, server trust), with their ages.",
         discussion: """
-            A challenge waits when the daemon has no stored password for it and the request \
-            said it may wait for an agent (header Authbroker-Interactive). Answer them with \
-            'authbrokerctl agent'.
+            A challenge waits when the request said it may wait for an agent (header \
+            Authbroker-Interactive) and the daemon has no stored password for the server's \
+            401, or the server's certificate is not trusted (SCHEME 'trust?', REALM the first \
+            reason). Answer them with 'authbrokerctl agent'.
 
             Examples:
               authbrokerctl challenges
@@ -34,13 +35,22 @@ struct Challenges: AsyncParsableCommand {
 /// `authbrokerctl agent`: answers challenges in this terminal.
 struct Agent: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Answer HTTP Basic/Digest challenges interactively in this terminal.",
+        abstract: "Answer password and server-trust challenges interactively in this terminal.",
         discussion: """
             Attaches to the daemon as an agent. For each challenge it shows the requesting \
-            process (pid and executable), the server, realm and scheme, and asks for a user \
-            name and password (without echo), and whether to keep the password: not at all, \
-            for this session (until the daemon stops), or permanently. An empty user name \
-            declines. Ctrl-C detaches; challenges it held go back to their requests.
+            process (pid and executable) and the server.
+
+            For a Basic/Digest 401 it shows the realm and scheme, and asks for a user name and \
+            password (without echo), and whether to keep the password: not at all, for this \
+            session (until the daemon stops), or permanently. An empty user name declines.
+
+            For a server whose certificate is not trusted it shows why, and each certificate's \
+            subject, issuer, validity and SHA-256 fingerprints, and asks: trust [o]nce (until \
+            the daemon stops), [a]lways, or [r]eject (the default). Always then asks whether to \
+            keep an [e]xception for exactly this certificate from this server (the default), or \
+            to add the chain's topmost certificate as an [a]nchor for this host.
+
+            Ctrl-C detaches; challenges it held go back to their requests.
 
             Examples:
               authbrokerctl agent
@@ -85,20 +95,29 @@ struct Agent: AsyncParsableCommand {
         case "challenge":
             guard let challenge = event.challenge, let agent = agentID else { return }
             Console.out(HumanFormat.challengeOffer(challenge))
-            let answer = Self.ask(challenge)
+            let answer = challenge.isServerTrust ? Self.askTrust(challenge) : Self.ask(challenge)
             let api = ControlAPI(client: client)
             do {
                 _ = try await api.call(
                     .POST, "/v1/agent/\(agent)/answer", json: try answer.brokerJSON(), context: "cannot answer the challenge",
                     as: AgentAnswerAccepted.self
                 )
-                Console.out(answer.decline == true ? "Declined." : "Answered.")
+                Console.out(answer.trust == "reject" ? "Rejected." : answer.decline == true ? "Declined." : "Answered.")
             } catch let error as CLIError {
                 Console.error(error.message)
             }
         default:
             return
         }
+    }
+
+    /// Once, always (an exception or an anchor) or reject; anything unrecognised rejects.
+    static func askTrust(_ challenge: ChallengeRecord) -> AgentAnswer {
+        let trust = (Terminal.ask("Trust this server? [o]nce, [a]lways, [r]eject: ") ?? "r").lowercased()
+        if trust.hasPrefix("o") { return AgentAnswer(challenge: challenge.id, trust: "once") }
+        guard trust.hasPrefix("a") else { return AgentAnswer(challenge: challenge.id, trust: "reject") }
+        let scope = (Terminal.ask("Keep an [e]xception for exactly this certificate, or add the chain's top as an [a]nchor for this host? [e]: ") ?? "e").lowercased()
+        return AgentAnswer(challenge: challenge.id, trust: "always", scope: scope.hasPrefix("a") ? "anchor" : "exception")
     }
 
     static func ask(_ challenge: ChallengeRecord) -> AgentAnswer {

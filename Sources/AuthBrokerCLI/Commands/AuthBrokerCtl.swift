@@ -25,7 +25,7 @@ package struct AuthBrokerCtl: AsyncParsableCommand {
             fetch --fail, 64 bad command line.
             """,
         version: AuthBrokerVersion.current,
-        subcommands: [Status.self, Fetch.self, Anchors.self, Pins.self, Passwords.self, Identities.self, Challenges.self, Agent.self]
+        subcommands: [Status.self, Fetch.self, Anchors.self, Pins.self, Exceptions.self, Passwords.self, Identities.self, Challenges.self, Agent.self]
     )
 
     package init() {}
