@@ -103,16 +103,20 @@ package final class ClientIdentities: ClientIdentitySource {
         return removed
     }
 
-    /// What was imported, for `identities export` (behind the PAM gate).
+    /// What was imported, for `identities export` (behind the PAM gate): the PKCS#12 file as it
+    /// was, or the PEM chain followed by the PEM key as imported (encrypted if it was).
     package func export(name: String) async throws -> (format: String, data: [UInt8], passphrase: [UInt8]?) {
-        guard self.store.identities().contains(where: { $0.name == name }) else {
+        guard let identity = self.store.identities().first(where: { $0.name == name }) else {
             throw BrokerError(
                 code: "unknown_identity", status: .notFound, title: "No such identity",
                 detail: "There is no client identity named '\(name.prefix(80))'. `authbrokerctl identities list` shows the ones there are."
             )
         }
         let material = try await self.material(name: name)
-        return (material.format.rawValue, material.data, material.passphrase)
+        switch material.format {
+        case .pkcs12: return (material.format.rawValue, material.data, material.passphrase)
+        case .pem: return (material.format.rawValue, Array(identity.chainPEM.utf8) + material.data, material.passphrase)
+        }
     }
 
     // MARK: - ClientIdentitySource

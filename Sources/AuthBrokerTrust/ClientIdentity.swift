@@ -18,6 +18,12 @@ package struct ClientIdentity: Codable, Sendable, Hashable {
     /// The leaf certificate.
     package var certificate: CertificateInfo
 
+    /// The chain in PEM, leaf first, one block per certificate: what a PEM export writes
+    /// before the key, so the file is a whole identity again.
+    package var chainPEM: String {
+        self.chainDER.map { PEMDocument(type: "CERTIFICATE", derBytes: $0).pemString + "\n" }.joined()
+    }
+
     /// An identity for `chainDER` (leaf first); checks the name and parses the leaf.
     package init(name: String, chainDER: [[UInt8]], hosts: [HostPattern], addedAt: Date) throws(TrustStoreError) {
         try Self.validate(name: name)

@@ -91,7 +91,15 @@ struct RevealTests {
                 stdin: user.password + "\n"
             )
             #expect(exported.status == 0, "\(exported.stderr)")
-            #expect((try? String(contentsOfFile: exportPath, encoding: .utf8)) == client.privateKeyPEM)
+            // A PEM export is the chain, then the key: a whole identity that imports again.
+            let exportedPEM = (try? String(contentsOfFile: exportPath, encoding: .utf8)) ?? ""
+            #expect(exportedPEM.hasPrefix("-----BEGIN CERTIFICATE-----"))
+            #expect(exportedPEM.hasSuffix(client.privateKeyPEM))
+            #expect(exported.stdout.contains("not encrypted"))
+            let reimported = try Self.ctl(
+                daemon, user: user, ["identities", "import", "--cert", exportPath, "--key", exportPath, "--name", "again"], stdin: ""
+            )
+            #expect(reimported.status == 0, "\(reimported.stderr)")
             let mode = (try? FileManager.default.attributesOfItem(atPath: exportPath)[.posixPermissions] as? Int) ?? 0
             #expect(mode == 0o600)
 

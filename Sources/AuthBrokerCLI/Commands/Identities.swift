@@ -203,7 +203,11 @@ struct Identities: AsyncParsableCommand {
                     }
                     defer { close(descriptor) }
                     try LocalFile.writeAll(ByteBuffer(bytes: data), to: descriptor)
-                    Console.out("Wrote \(exported.format == "pkcs12" ? "the PKCS#12 file" : "the PEM key") of \(name) to \(output), protected by the passphrase it was imported with.")
+                    let what = exported.format == "pkcs12" ? "the PKCS#12 file" : "the PEM certificate chain and key"
+                    let protection = exported.passphrase == nil
+                        ? "The key in it is not encrypted (it was imported that way): keep the file private."
+                        : "It is protected by the passphrase it was imported with."
+                    Console.out("Wrote \(what) of \(name) to \(output). \(protection)")
                     return
                 }
             }
