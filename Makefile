@@ -5,7 +5,7 @@ SWIFT ?= swift
 PREFIX ?= $(HOME)/.local
 UNIT_DIR ?= $(HOME)/.config/systemd/user
 
-.PHONY: run test bench build release install uninstall verify-units clean
+.PHONY: run test bench soak build release install uninstall verify-units clean
 
 ## Installs what is missing, builds, and runs authbrokerd in the foreground (Ctrl-C stops it).
 run:
@@ -26,6 +26,11 @@ test:
 ## Installs nginx and squid-openssl if missing; writes bench-results/RESULTS.md.
 bench:
 	scripts/bench
+
+## Soak: the release daemon under mixed traffic for SOAK_SECONDS (default 300); every response
+## checked, memory and descriptors sampled; writes bench-results/SOAK.md. Never part of `test`.
+soak:
+	scripts/soak
 
 build:
 	$(SWIFT) build

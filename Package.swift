@@ -164,6 +164,16 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
+        // SOAK TOOL, not a product: `make soak` (scripts/soak) drives the daemon with the test fixtures.
+        .executableTarget(
+            name: "authbroker-soak",
+            dependencies: [
+                "TestSupport",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            swiftSettings: strictSettings
+        ),
         // TEST TOOL, not a product: runs PAM as the (non-root) user it is started as.
         .executableTarget(name: "authbroker-pam-probe", dependencies: ["AuthBrokerPAM"], swiftSettings: strictSettings),
 

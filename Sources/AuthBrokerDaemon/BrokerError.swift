@@ -346,7 +346,16 @@ extension BrokerError {
         )
     }
 
-    package static func connectionClosedEarly(origin: CanonicalOrigin) -> BrokerError {
+    package static func responseIncomplete(origin: CanonicalOrigin) -> BrokerError {
+        BrokerError(
+            code: "http_response_incomplete", status: .badGateway, proxyErrorType: .httpResponseIncomplete,
+            title: "The server's response was cut off",
+            detail: "\(origin.hostHeader) closed the connection in the middle of the response head. Retry; if it keeps happening, the server is failing.",
+            host: origin.hostHeader
+        )
+    }
+
+        package static func connectionClosedEarly(origin: CanonicalOrigin) -> BrokerError {
         BrokerError(
             code: "connection_terminated", status: .badGateway, proxyErrorType: .connectionTerminated,
             title: "The server closed the connection",

@@ -181,6 +181,10 @@ package struct Interceptor: Sendable {
                     requestComplete = await self.pumpRequestBody(
                         requests: &requests, exchange: exchange, state: state, replay: replay
                     )
+                    // The client left (or broke its framing) mid-body: the origin would wait for
+                    // the rest until a timeout, holding the connection. Closing it ends the
+                    // response pump too.
+                    if !requestComplete { lease.connection.close() }
                 }
                 requestEnded = requestComplete
                 var response = await group.next() ?? .failedBeforeHead(nil)
@@ -601,6 +605,8 @@ package struct Interceptor: Sendable {
             return .idleTimeout(origin: origin, milliseconds: self.settings.upstream.idleTimeoutMilliseconds)
         case .responseHeadTooLarge?:
             return .responseHeadTooLarge(origin: origin, limit: self.settings.limits.maxResponseHeadBytes)
+        case .responseIncomplete?:
+            return .responseIncomplete(origin: origin)
         case .protocolError(let underlying)?:
             if underlying is NIOSSLError || underlying is BoringSSLError || ClientCertificateAlert(underlying) != nil {
                 return .tlsHandshakeFailed(origin: origin, underlying: underlying, identity: route.clientIdentity)

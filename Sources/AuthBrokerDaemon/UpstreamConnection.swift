@@ -3,6 +3,10 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// Why an exchange on an upstream connection failed; mapped to a `BrokerError` by the interceptor,
 /// which knows the origin and the settings.
 package enum UpstreamExchangeError: Error, Sendable {
@@ -10,6 +14,8 @@ package enum UpstreamExchangeError: Error, Sendable {
     case responseHeadTimeout
     case idleTimeout
     case responseHeadTooLarge
+    /// The origin closed the connection in the middle of a response head.
+    case responseIncomplete
     case protocolError(any Error & Sendable)
     case busy
 }
@@ -212,10 +218,24 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
     }
 
     package func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        if let parserError = error as? HTTPParserError {
-            self.fail(.protocolError(parserError), close: true)
-        } else {
-            self.fail(.protocolError(SendableErrorBox(String(describing: error))), close: true)
+        self.fail(Self.exchangeError(for: error), close: true)
+    }
+
+    /// What an error from the pipeline means for the exchange: a reset is a closed connection
+    /// (retried like one when nothing was sent back yet), a header section over the decoder's
+    /// limits is too large, an end of stream inside a head is an incomplete response.
+    package static func exchangeError(for error: any Error) -> UpstreamExchangeError {
+        switch error {
+        case HTTPParserError.headerOverflow:
+            return .responseHeadTooLarge
+        case HTTPParserError.invalidEOFState:
+            return .responseIncomplete
+        case let parserError as HTTPParserError:
+            return .protocolError(parserError)
+        case let ioError as IOError where [ECONNRESET, EPIPE].contains(ioError.errnoCode):
+            return .connectionClosed
+        default:
+            return .protocolError(SendableErrorBox(String(describing: error)))
         }
     }
 

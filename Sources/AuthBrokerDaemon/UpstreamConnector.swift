@@ -50,6 +50,9 @@ package final class UpstreamConnector: Sendable {
 
     package var trustGeneration: UInt64 { self.trust.storeGeneration }
 
+    /// How long a closing TLS connection waits for the server's close_notify.
+    static let tlsShutdownTimeout: TimeAmount = .milliseconds(100)
+
     package init(
         group: any EventLoopGroup, settings: BrokerSettings, trust: TrustEvaluator,
         identities: (any ClientIdentitySource)? = nil, proxyAuthenticator: HTTPAuthenticator? = nil, logger: Logger
@@ -66,6 +69,10 @@ package final class UpstreamConnector: Sendable {
         // Every check is ours (custom callback below); BoringSSL's own roots are never consulted.
         tls.certificateVerification = .fullVerification
         tls.trustRoots = .certificates([])
+        // Closing, the daemon sends close_notify but need not wait long for the server's: NIOSSL's
+        // default 5 s let an origin that keeps sending (an endless header line) hold an event loop
+        // busy decrypting bytes nobody reads, starving the other connections on it.
+        tls.shutdownTimeout = Self.tlsShutdownTimeout
         self.tlsConfiguration = tls
         self.tlsContext = try NIOSSLContext(configuration: tls)
     }
@@ -371,8 +378,17 @@ package final class UpstreamConnector: Sendable {
             try sync.addHandler(HandshakeObserver(promise: handshake, errors: channelError))
         }
         try sync.addHandler(HTTPRequestEncoder())
+        // The decoder's own limits enforce max_response_head_bytes while the head is still
+        // arriving (an endless header line must not be buffered until a timeout).
+        var limits = NIOHTTPDecoderLimitConfiguration()
+        limits.maxHeaderFieldSize = self.settings.limits.maxResponseHeadBytes
+        limits.maxHeaderListSize = self.settings.limits.maxResponseHeadBytes
         try sync.addHandler(
-            ByteToMessageHandler(HTTPResponseDecoder(leftOverBytesStrategy: .dropBytes, informationalResponseStrategy: .forward))
+            ByteToMessageHandler(
+                HTTPResponseDecoder(
+                    leftOverBytesStrategy: .dropBytes, informationalResponseStrategy: .forward, limitConfiguration: limits
+                )
+            )
         )
         let idle = TimeAmount.milliseconds(Int64(self.settings.upstream.idleTimeoutMilliseconds))
         try sync.addHandler(IdleStateHandler(allTimeout: idle))

@@ -68,3 +68,33 @@ struct BrokerErrorTests {
         #expect(head.headers.first(name: "Proxy-Status") == nil)
     }
 }
+
+@Suite("Upstream exchange errors")
+struct UpstreamExchangeErrorTests {
+    @Test("a reset is a closed connection, an oversized head is too large, an end inside a head is incomplete")
+    func classification() {
+        func name(_ error: UpstreamExchangeError) -> String {
+            switch error {
+            case .connectionClosed: "closed"
+            case .responseHeadTooLarge: "too large"
+            case .responseIncomplete: "incomplete"
+            case .protocolError: "protocol"
+            case .responseHeadTimeout, .idleTimeout, .busy: "other"
+            }
+        }
+        #expect(name(UpstreamExchangeHandler.exchangeError(for: IOError(errnoCode: ECONNRESET, reason: "read"))) == "closed")
+        #expect(name(UpstreamExchangeHandler.exchangeError(for: IOError(errnoCode: EPIPE, reason: "write"))) == "closed")
+        #expect(name(UpstreamExchangeHandler.exchangeError(for: IOError(errnoCode: EBADF, reason: "read"))) == "protocol")
+        #expect(name(UpstreamExchangeHandler.exchangeError(for: HTTPParserError.headerOverflow)) == "too large")
+        #expect(name(UpstreamExchangeHandler.exchangeError(for: HTTPParserError.invalidEOFState)) == "incomplete")
+        #expect(name(UpstreamExchangeHandler.exchangeError(for: HTTPParserError.invalidChunkSize)) == "protocol")
+    }
+
+    @Test("an incomplete response head is 502 http_response_incomplete")
+    func incomplete() throws {
+        let origin = try CanonicalOrigin(scheme: .http, host: "origin.test", port: 80)
+        let (head, _) = BrokerError.responseIncomplete(origin: origin).response(requestID: nil)
+        #expect(head.status == .badGateway)
+        #expect(head.headers.first(name: "Proxy-Status")?.hasPrefix("authbrokerd; error=http_response_incomplete") == true)
+    }
+}

@@ -123,11 +123,12 @@ struct AgentTests {
         }
     }
 
-    @Test("an agent that disconnects mid-challenge: the request goes on with the 401 at once")
+    @Test("an agent that disconnects mid-challenge: the request goes on with the 401 at once; no descriptor stays open")
     func agentDisconnects() async throws {
         let origin = try await TestAuthOrigin.start(name: "gone", user: "alice", password: Self.password)
         defer { Task { await origin.stop() } }
-        try await withDaemon(config: Self.config(origin)) { daemon in
+        try await withDaemon(config: Self.config(origin) + "pool_idle_timeout_ms = 200\n") { daemon in
+            let descriptors = await daemon.settledFileDescriptorCount()
             let agent = try await Self.startAgent(daemon, mode: "disconnect")
             let started = ContinuousClock.now
             let response = try fetch(
@@ -138,6 +139,8 @@ struct AgentTests {
             _ = Self.stop(agent)
             try await Task.sleep(for: .milliseconds(100))
             #expect(daemon.log.contains("agent detached"))
+            let after = await daemon.waitForFileDescriptors(atMost: descriptors)
+            #expect(after <= descriptors, "open descriptors: \(descriptors) before the agent, \(after) after")
         }
     }
 

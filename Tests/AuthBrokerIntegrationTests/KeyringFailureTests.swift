@@ -51,11 +51,11 @@ struct KeyringFailureTests {
         return (status >> 8) & 0xff
     }
 
-    @Test("keyring killed: status and plain fetches work, passwords say why; restarted: they work again")
+    @Test("keyring killed: status and plain fetches work, passwords say why; restarted: they work again, no descriptor left over")
     func keyringDiesAndReturns() async throws {
         let origin = try await TestOrigin.start(name: "plain")
         defer { Task { await origin.stop() } }
-        let config = configText(resolving: [("origin.internal.test", origin)], extra: "[secrets]\nstore = \"secret-service\"\n")
+        let config = configText(resolving: [("origin.internal.test", origin)], extra: "pool_idle_timeout_ms = 200\n[secrets]\nstore = \"secret-service\"\n")
         try await withDaemon(config: config) { daemon in
             let url = "https://keyring-\(UUID().uuidString.prefix(8).lowercased()).internal.test"
             let added = try CLIAndClientsTests.ctl(
@@ -64,6 +64,7 @@ struct KeyringFailureTests {
             )
             #expect(added.status == 0, "\(added.stderr)")
 
+            let descriptors = await daemon.settledFileDescriptorCount()
             guard let pid = try Self.keyringPID() else {
                 Issue.record("no keyring on the session bus")
                 return
@@ -87,6 +88,8 @@ struct KeyringFailureTests {
             #expect(listed.stdout.contains("alice"))
             _ = try CLIAndClientsTests.ctl(daemon, ["passwords", "remove", url, "--user", "alice"])
             #expect(daemon.process.isRunning)
+            let after = await daemon.waitForFileDescriptors(atMost: descriptors)
+            #expect(after <= descriptors, "open descriptors: \(descriptors) before the keyring died, \(after) after it came back")
         }
     }
 }

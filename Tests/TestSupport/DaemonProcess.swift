@@ -162,6 +162,48 @@ package final class DaemonProcess: @unchecked Sendable {  // mutable only in sta
         return nil
     }
 
+    /// What the daemon's open file descriptors point at (`/proc/PID/fd`), by number.
+    package var openFileDescriptors: [Int: String] {
+        let directory = "/proc/\(self.pid)/fd"
+        var result: [Int: String] = [:]
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? [] {
+            guard let number = Int(name) else { continue }
+            result[number] = (try? FileManager.default.destinationOfSymbolicLink(atPath: directory + "/" + name)) ?? "?"
+        }
+        return result
+    }
+
+    /// The daemon's open file descriptors that a leak would show in: all but timer descriptors,
+    /// which libdispatch makes once per clock, the first time a timer on that clock is armed, and
+    /// keeps for good (so a first fault may add one, and no later one adds more).
+    package var countedFileDescriptors: Int {
+        self.openFileDescriptors.values.filter { $0 != "anon_inode:[timerfd]" }.count
+    }
+
+    /// The daemon's count of counted file descriptors once it has stopped changing (connections
+    /// that just ended are closed a moment later), for a baseline.
+    package func settledFileDescriptorCount() async -> Int {
+        var count = self.countedFileDescriptors
+        for _ in 0..<50 {
+            try? await Task.sleep(for: .milliseconds(300))
+            let next = self.countedFileDescriptors
+            if next == count { break }
+            count = next
+        }
+        return count
+    }
+
+    /// Waits (up to `seconds`) until the daemon has at most `limit` counted file descriptors;
+    /// returns the last count seen.
+    package func waitForFileDescriptors(atMost limit: Int, seconds: Int = 10) async -> Int {
+        var count = self.countedFileDescriptors
+        for _ in 0..<(seconds * 20) where count > limit {
+            try? await Task.sleep(for: .milliseconds(50))
+            count = self.countedFileDescriptors
+        }
+        return count
+    }
+
     /// Deletes the temporary directory.
     package func cleanUp() {
         try? FileManager.default.removeItem(atPath: self.directory)

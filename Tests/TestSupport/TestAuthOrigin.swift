@@ -18,7 +18,15 @@ package struct TestAuthBehaviour: Sendable, Hashable {
     /// 401 `stale=true`.
     package var nonceLifetime: Duration
 
-    package init(staleAfter: Int? = nil, nextNonceEvery: Int? = nil, nonceLifetime: Duration = .seconds(300)) {
+    /// True: a Digest `nc` must exceed the highest seen for its nonce (stricter than RFC 7616, which
+    /// only calls a repeated count a replay). False: each count is accepted once, in any order, as
+    /// concurrent requests sharing a nonce over several connections arrive.
+    package var strictCountOrder: Bool
+
+    package init(
+        staleAfter: Int? = nil, nextNonceEvery: Int? = nil, nonceLifetime: Duration = .seconds(300), strictCountOrder: Bool = true
+    ) {
+        self.strictCountOrder = strictCountOrder
         self.staleAfter = staleAfter
         self.nextNonceEvery = nextNonceEvery
         self.nonceLifetime = nonceLifetime
@@ -171,6 +179,7 @@ final class AuthOriginCore: Sendable {
         var issued: ContinuousClock.Instant
         /// Highest `nc` accepted; 0 before the first.
         var highestNonceCount: UInt32 = 0
+        var seenNonceCounts: Set<UInt32> = []
         /// Successful authentications with this nonce.
         var uses = 0
         /// For `-sess`: the cnonce of the first successful request, which H(A1) keeps.
@@ -393,7 +402,9 @@ final class AuthOriginCore: Sendable {
                 return self.digestChallenge(route: route, stale: false, state: &state, now: now)
             }
             // The credentials are right; now the nonce's freshness and the count.
-            if let nonceCount = credentials.nonceCount, nonceCount <= record.highestNonceCount {
+            if let nonceCount = credentials.nonceCount,
+                state.behaviour.strictCountOrder ? nonceCount <= record.highestNonceCount : record.seenNonceCounts.contains(nonceCount)
+            {
                 self.count(.replay, in: &state.stats)
                 return self.digestChallenge(route: route, stale: false, state: &state, now: now)
             }
@@ -403,7 +414,8 @@ final class AuthOriginCore: Sendable {
                 return self.digestChallenge(route: route, stale: true, state: &state, now: now)
             }
             record.uses += 1
-            record.highestNonceCount = credentials.nonceCount ?? record.highestNonceCount
+            record.highestNonceCount = max(credentials.nonceCount ?? 0, record.highestNonceCount)
+            if let nonceCount = credentials.nonceCount, !state.behaviour.strictCountOrder { record.seenNonceCounts.insert(nonceCount) }
             if route.algorithm.isSession, record.sessionClientNonce == nil {
                 record.sessionClientNonce = credentials.clientNonce
             }

@@ -115,6 +115,27 @@ package final class UnixSocketConnection: @unchecked Sendable {  // one test tas
         return self.buffer.removeFirst()
     }
 
+    /// Exactly `count` bytes.
+    package func read(count: Int) throws -> [UInt8] {
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(count)
+        try self.readExactly(count) { bytes.append(contentsOf: $0) }
+        return bytes
+    }
+
+    /// Reads and drops at least `count` bytes (say, a body's start); returns how many it dropped.
+    package func discard(atLeast count: Int) throws -> Int {
+        var dropped = 0
+        while dropped < count {
+            if self.buffer.isEmpty {
+                guard try self.fill() else { throw TestSupportError("connection closed after \(dropped) bytes") }
+            }
+            dropped += self.buffer.count
+            self.buffer.removeAll(keepingCapacity: true)
+        }
+        return dropped
+    }
+
     /// Everything until the daemon closes the connection.
     package func readToEnd() throws -> [UInt8] {
         while try self.fill() {}
@@ -128,7 +149,8 @@ package final class UnixSocketConnection: @unchecked Sendable {  // one test tas
         return (try? self.fill()) == false
     }
 
-    private func readLine() throws -> String {
+    /// One line, without its CRLF.
+    package func readLine() throws -> String {
         while true {
             if let index = self.buffer.firstIndex(of: 10) {
                 var line = Array(self.buffer[0..<index])
