@@ -140,11 +140,13 @@ package final class HTTPAuthenticator: Sendable {
     /// give the client the 401/407.
     ///
     /// - Parameters:
-    ///   - replayableBody: the request body, when it can be sent again (nil: it cannot).
+    ///   - resendableBody: the request body when the request can be sent again (nil: it cannot):
+    ///     its bytes when they were kept, or `.unavailable` when they were never sent (held for
+    ///     `Expect: 100-continue`), which rules out `auth-int`.
     ///   - agentWait: how long the request may wait for an agent when the store has nothing (nil: not).
     package func answerChallenge(
         _ head: HTTPResponseHead, origin: CanonicalOrigin, method: HTTPMethod, uri: String,
-        replayableBody: [UInt8]?, isProxy: Bool = false, agentWait: Duration? = nil, requester: Requester? = nil,
+        resendableBody: DigestEntityBody?, isProxy: Bool = false, agentWait: Duration? = nil, requester: Requester? = nil,
         state: inout RequestAuthState
     ) async -> Bool {
         defer { state.previousFailures += 1 }
@@ -191,7 +193,7 @@ package final class HTTPAuthenticator: Sendable {
             )
             return false
         case .answerFromStore:
-            guard let answer, let body = replayableBody else { return false }
+            guard let answer, let body = resendableBody else { return false }
             do {
                 switch choice {
                 case .basic(let challenge):
@@ -202,7 +204,7 @@ package final class HTTPAuthenticator: Sendable {
                             : DigestSession(protectionSpace: space, challenge: digest)
                         defer { sessions[space] = session }
                         return try session.authorization(
-                            credential: answer.credential, method: method.rawValue, uri: uri, body: .bytes(body)
+                            credential: answer.credential, method: method.rawValue, uri: uri, body: body
                         )
                     }
                     state.authorization = authorization.headerValue

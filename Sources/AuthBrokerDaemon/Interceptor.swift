@@ -77,7 +77,9 @@ package struct Interceptor: Sendable {
         if let identity = route.clientIdentity {
             self.audit?.record(.identityPresented(name: identity, origin: origin, requester: peer?.requester))
         }
-        let expectsContinue = head.headers["expect"].contains { $0.lowercased() == "100-continue" }
+        // RFC 9110 §10.1.1: an HTTP/1.0 client's Expect is ignored.
+        let expectsContinue =
+            (head.version.major, head.version.minor) >= (1, 1) && head.headers["expect"].contains { $0.lowercased() == "100-continue" }
         let clientWantsKeepAlive = head.isKeepAlive && head.version == .http1_1
 
         // A request without a body may be retried once on a fresh connection when a pooled
@@ -100,12 +102,23 @@ package struct Interceptor: Sendable {
                 )
             }
         }
+        // A body too large to keep for a resend goes to a space the broker cannot authorize up
+        // front only after the origin's 100 (or a timeout): its 401 comes first and is answered.
+        var uploadPlan = UploadPlan(
+            body: RequestBodyFraming(head), clientExpectsContinue: expectsContinue,
+            replayBound: self.settings.limits.requestBodyBufferBytes,
+            credentialUpFront: auth.withLockedValue { $0.authorization != nil } || head.headers.contains(name: "authorization")
+        )
+        var continueSentToClient = false
         var attempt = 0
         var requestEnded = false
         var askedAboutTrust = false
         while true {
             attempt += 1
             var attemptHead = upstreamHead
+            if uploadPlan.addsExpect {
+                attemptHead.headers.replaceOrAdd(name: "Expect", value: "100-continue")
+            }
             if let authorization = auth.withLockedValue({ $0.authorization }) {
                 attemptHead.headers.replaceOrAdd(name: "Authorization", value: authorization)
             }
@@ -151,6 +164,13 @@ package struct Interceptor: Sendable {
             }
 
             let state = ExchangeState()
+            let gate = ContinueGate(
+                ContinueGateStateMachine(
+                    holdsBody: uploadPlan.holdsBody && !requestEnded, clientExpectsContinue: expectsContinue,
+                    continueSentToClient: continueSentToClient
+                )
+            )
+            let brokerAddedExpect = uploadPlan.addsExpect
             let retryAllowed = mayRetry && attempt == 1
             let authContext = AuthContext(
                 head: head, origin: origin, uri: pathAndQuery, replay: replay, state: auth,
@@ -163,7 +183,7 @@ package struct Interceptor: Sendable {
                     await self.pumpResponse(
                         exchange.responseParts, route: route, connection: lease.connection, requestID: requestID, logger: logger,
                         writer: writer,
-                        expectsContinue: expectsContinue, clientWantsKeepAlive: clientWantsKeepAlive,
+                        gate: gate, brokerAddedExpect: brokerAddedExpect, clientWantsKeepAlive: clientWantsKeepAlive,
                         state: state, auth: authContext, closeClient: closeClient, draining: draining,
                         retryAllowed: retryAllowed
                     )
@@ -178,13 +198,23 @@ package struct Interceptor: Sendable {
                     state.markRequestComplete()
                     requestComplete = true
                 } else {
-                    requestComplete = await self.pumpRequestBody(
-                        requests: &requests, exchange: exchange, state: state, replay: replay
-                    )
-                    // The client left (or broke its framing) mid-body: the origin would wait for
-                    // the rest until a timeout, holding the connection. Closing it ends the
-                    // response pump too.
-                    if !requestComplete { lease.connection.close() }
+                    switch await gate.bodyDecision(timeout: ExpectContinue.timeout) {
+                    case .withhold:
+                        // A final status came before the origin wanted the body: it stays unread.
+                        requestComplete = false
+                    case .send(let writeContinueToClient):
+                        if writeContinueToClient {
+                            try? await writer.write(.head(HTTPResponseHead(version: .http1_1, status: .continue)))
+                            gate.continueWritten()
+                        }
+                        requestComplete = await self.pumpRequestBody(
+                            requests: &requests, exchange: exchange, state: state, replay: replay
+                        )
+                        // The client left (or broke its framing) mid-body: the origin would wait
+                        // for the rest until a timeout, holding the connection. Closing it ends the
+                        // response pump too.
+                        if !requestComplete { lease.connection.close() }
+                    }
                 }
                 requestEnded = requestComplete
                 var response = await group.next() ?? .failedBeforeHead(nil)
@@ -195,12 +225,19 @@ package struct Interceptor: Sendable {
                 return response
             }
 
+            continueSentToClient = gate.continueSentToClient
+            let bodyWithheld = gate.bodyWithheld
+            if !bodyWithheld { uploadPlan.bodyStarted() }
+
             switch result {
             case .completed(let completed):
                 let reusable =
                     completed.requestComplete && completed.upstreamKeepAlive && lease.connection.isActive
                     && lease.connection.isTrustCurrent(self.trustGeneration())
                 self.pool.release(lease, reusable: reusable)
+                if bodyWithheld {
+                    await Self.lingerDiscardingBody(&requests, closeClient: closeClient)
+                }
                 let keepAlive =
                     completed.requestComplete && completed.clientKeepAlive && !draining()
                 return RequestOutcome(
@@ -236,10 +273,16 @@ package struct Interceptor: Sendable {
                 abortClient()
                 return RequestOutcome(status: status, bytes: bytes, brokerError: "aborted", disposition: .close)
             case .challengeAnswered(let upstreamKeepAlive, let byProxy):
-                // The 401 never reached the client: send the request again with the answer.
+                // The 401 never reached the client: send the request again with the answer. A
+                // connection whose request body was withheld is out of step and is closed.
                 let reusable = requestEnded && upstreamKeepAlive && lease.connection.isActive
                 self.pool.release(lease, reusable: reusable)
                 logger.debug("answered the \(byProxy ? "proxy's" : "origin's") challenge from the store; sending the request again")
+                continue
+            case .expectationRefused:
+                self.pool.release(lease, reusable: false)
+                _ = uploadPlan.expectationFailed()
+                logger.debug("the origin refused Expect: 100-continue; sending the request again without it")
                 continue
             }
         }
@@ -368,6 +411,9 @@ package struct Interceptor: Sendable {
         case abortedAfterHead(status: Int, bytes: Int)
         /// A 401 was answered from the store and its body read away; nothing reached the client.
         case challengeAnswered(upstreamKeepAlive: Bool, byProxy: Bool)
+        /// The origin answered 417 to the broker's own `Expect` before the body; nothing reached
+        /// the client.
+        case expectationRefused
     }
 
     /// What the response pump needs to answer a 401 itself.
@@ -407,7 +453,7 @@ package struct Interceptor: Sendable {
     private func pumpResponse(
         _ parts: UpstreamExchangeHandler.ResponseParts, route: UpstreamRoute, connection: UpstreamConnection,
         requestID: String, logger: Logger,
-        writer: ClientResponseWriter, expectsContinue: Bool, clientWantsKeepAlive: Bool,
+        writer: ClientResponseWriter, gate: ContinueGate, brokerAddedExpect: Bool, clientWantsKeepAlive: Bool,
         state: ExchangeState, auth: AuthContext, closeClient: @Sendable () -> Void, draining: @Sendable () -> Bool,
         retryAllowed: Bool
     ) async -> ResponsePumpResult {
@@ -416,22 +462,36 @@ package struct Interceptor: Sendable {
         var headSent = false
         var upstreamKeepAlive = false
         var clientKeepAlive = clientWantsKeepAlive
+        var bodyWithheld = false
         var iterator = parts.makeAsyncIterator()
+        // However the pump ends, a body still held must not be sent into a finished exchange.
+        defer { gate.exchangeFailed() }
         do {
             while let part = try await iterator.next() {
                 switch part {
                 case .head(let head) where head.status.code < 200:
-                    // 100 only to a client that asked for it (RFC 9110 §10.1.1); 103 and others pass.
-                    if head.status == .continue && !expectsContinue { continue }
+                    // A 100 only to a client that asked for it, once, and only when the broker
+                    // wants the body (RFC 9110 §10.1.1; the gate decides); 103 and others pass.
+                    if head.status == .continue, !gate.originSentContinue() { continue }
                     if head.status == .switchingProtocols { continue }
                     try await writer.write(.head(head))
                 case .head(let head):
+                    // Whether this attempt's body was held and never sent (a final status first).
+                    bodyWithheld = await gate.finalHeadArrived(status: head.status)
                     // A 407 is the upstream proxy's only when the request went through one.
                     let fromProxy = head.status == .proxyAuthenticationRequired && auth.proxy != nil
-                    if head.status == .unauthorized || fromProxy, auth.mayAnswer,
-                        await self.answer(head, auth: auth, requestState: state, isProxy: fromProxy)
+                    if bodyWithheld,
+                        ExpectContinue.withheldOutcome(status: head.status, isProxyChallenge: fromProxy, brokerAddedExpect: brokerAddedExpect)
+                            == .expectationRefused
                     {
-                        return await Self.readAway(&iterator, upstreamKeepAlive: head.isKeepAlive, byProxy: fromProxy)
+                        _ = await Self.readAway(&iterator)
+                        return .expectationRefused
+                    }
+                    if head.status == .unauthorized || fromProxy, auth.mayAnswer,
+                        await self.answer(head, auth: auth, requestState: state, isProxy: fromProxy, bodyWithheld: bodyWithheld)
+                    {
+                        let readToEnd = await Self.readAway(&iterator)
+                        return .challengeAnswered(upstreamKeepAlive: readToEnd && head.isKeepAlive, byProxy: fromProxy)
                     }
                     if let proxy = auth.proxy, !fromProxy {
                         self.authenticator.responseAccepted(head, origin: proxy.origin, uri: proxy.uri, state: proxy.state.withLockedValue { $0 })
@@ -452,7 +512,8 @@ package struct Interceptor: Sendable {
                     Self.keepOnlyStandardChallenges(status: head.status, in: &headers, logger: logger)
                     // Whether the request body will end is not known yet (the request pump may
                     // simply not have reached its end): that is decided when the response ends.
-                    if draining() { clientKeepAlive = false }
+                    // A withheld body stays unread, so the client connection ends after this.
+                    if draining() || bodyWithheld { clientKeepAlive = false }
                     if !clientKeepAlive { headers.replaceOrAdd(name: "Connection", value: "close") }
                     try await writer.write(
                         .head(HTTPResponseHead(version: .http1_1, status: head.status, headers: headers))
@@ -466,8 +527,11 @@ package struct Interceptor: Sendable {
                     try await writer.write(.end(nil))
                     // A response that ends before its request body did: give the rest of the
                     // body a moment (the request pump is usually just behind), then end the
-                    // client connection, because that rest may never come.
-                    if await !state.waitForRequestComplete(upTo: Self.requestLinger) {
+                    // client connection, because that rest may never come. (A withheld body is
+                    // not pumped at all; the connection task discards it and closes.)
+                    if bodyWithheld {
+                        clientKeepAlive = false
+                    } else if await !state.waitForRequestComplete(upTo: Self.requestLinger) {
                         clientKeepAlive = false
                         closeClient()
                     }
@@ -480,6 +544,7 @@ package struct Interceptor: Sendable {
                 }
             }
             // The sequence ended without .end: the origin closed mid-response.
+            gate.exchangeFailed()
             if headSent { return .abortedAfterHead(status: status, bytes: bytes) }
             return await self.failBeforeHead(
                 .connectionClosed, route: route, connection: connection, requestID: requestID, writer: writer,
@@ -487,6 +552,7 @@ package struct Interceptor: Sendable {
                 draining: draining, retryAllowed: retryAllowed
             )
         } catch let error as UpstreamExchangeError {
+            gate.exchangeFailed()
             if headSent { return .abortedAfterHead(status: status, bytes: bytes) }
             return await self.failBeforeHead(
                 error, route: route, connection: connection, requestID: requestID, writer: writer,
@@ -501,13 +567,18 @@ package struct Interceptor: Sendable {
 
     /// Asks the authenticator about a 401 (or the upstream proxy's 407), once the request body it
     /// would resend is known.
-    private func answer(_ head: HTTPResponseHead, auth: AuthContext, requestState: ExchangeState, isProxy: Bool) async -> Bool {
-        var kept: [UInt8]?
-        if auth.replay.mayComplete {
+    private func answer(
+        _ head: HTTPResponseHead, auth: AuthContext, requestState: ExchangeState, isProxy: Bool, bodyWithheld: Bool
+    ) async -> Bool {
+        var resendable: DigestEntityBody?
+        if bodyWithheld {
+            // Never sent, still unread at the client: it goes with the next attempt.
+            resendable = .unavailable
+        } else if auth.replay.mayComplete {
             _ = await requestState.waitForRequestComplete(upTo: Self.replayWait)
-            kept = requestState.requestComplete ? auth.replay.bytes : nil
+            resendable = requestState.requestComplete ? auth.replay.bytes.map { .bytes($0) } : nil
         }
-        let body = kept
+        let body = resendable
         let authenticator = self.authenticator
         let (challenger, uri, stateBox) =
             if isProxy, let proxy = auth.proxy { (proxy.origin, proxy.uri, proxy.state) } else { (auth.origin, auth.uri, auth.state) }
@@ -517,7 +588,7 @@ package struct Interceptor: Sendable {
             group.addTask {
                 var state = stateBox.withLockedValue { $0 }
                 let retry = await authenticator.answerChallenge(
-                    head, origin: challenger, method: auth.head.method, uri: uri, replayableBody: body, isProxy: isProxy,
+                    head, origin: challenger, method: auth.head.method, uri: uri, resendableBody: body, isProxy: isProxy,
                     agentWait: auth.agentWait, requester: auth.peer?.requester, state: &state
                 )
                 return (retry, state)
@@ -535,17 +606,27 @@ package struct Interceptor: Sendable {
         return decided.retry
     }
 
-    /// Reads the rest of an answered 401 (or the proxy's 407) away, so its connection can carry
-    /// the next attempt.
-    private static func readAway(
-        _ iterator: inout UpstreamExchangeHandler.ResponseParts.AsyncIterator, upstreamKeepAlive: Bool, byProxy: Bool
-    ) async -> ResponsePumpResult {
+    /// Reads the rest of a response the client will not see (an answered 401 or 407, a 417)
+    /// away, so its connection can carry the next attempt. Returns whether it ended cleanly.
+    private static func readAway(_ iterator: inout UpstreamExchangeHandler.ResponseParts.AsyncIterator) async -> Bool {
         do {
             while let part = try await iterator.next() {
-                if case .end = part { return .challengeAnswered(upstreamKeepAlive: upstreamKeepAlive, byProxy: byProxy) }
+                if case .end = part { return true }
             }
         } catch {}
-        return .challengeAnswered(upstreamKeepAlive: false, byProxy: byProxy)
+        return false
+    }
+
+    /// After a response to a request whose body was withheld (never read): reads and drops what
+    /// the client still sends, for up to `requestLinger`, so a client that writes its whole body
+    /// before it reads gets to read the response; the connection then closes (its head said so).
+    private static func lingerDiscardingBody(_ requests: inout ClientRequestIterator, closeClient: @escaping @Sendable () -> Void) async {
+        let timer = Task {
+            try await Task.sleep(for: Self.requestLinger)
+            closeClient()
+        }
+        _ = await drainRequestBody(&requests)
+        timer.cancel()
     }
 
     /// The origin failed before a response head: answer with the broker's error right here,

@@ -322,7 +322,7 @@ package final class UpstreamConnector: Sendable {
             var answered = false
             if attempt < Self.maxTunnelAttempts, let authenticator = self.proxyAuthenticator {
                 answered = await authenticator.answerChallenge(
-                    answer, origin: proxy, method: .CONNECT, uri: target, replayableBody: [], isProxy: true,
+                    answer, origin: proxy, method: .CONNECT, uri: target, resendableBody: .bytes([]), isProxy: true,
                     agentWait: context?.agentWait, requester: context?.requester, state: &auth
                 )
             }

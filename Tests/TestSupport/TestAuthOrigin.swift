@@ -17,6 +17,13 @@ package struct TestAuthBehaviour: Sendable, Hashable {
     /// How long an issued nonce is accepted; a correct response with an older one gets
     /// 401 `stale=true`.
     package var nonceLifetime: Duration
+    /// Never answers `Expect: 100-continue` (no 100, no early final status): reads the whole
+    /// body first, as a server that predates it does.
+    package var ignoresExpect: Bool
+    /// Answers as `HTTP/1.0` and closes the connection after each response.
+    package var speaksHTTP10: Bool
+    /// Answers every `Expect: 100-continue` with 417 (Expectation Failed), as some proxies do.
+    package var refusesExpect: Bool
 
     /// True: a Digest `nc` must exceed the highest seen for its nonce (stricter than RFC 7616, which
     /// only calls a repeated count a replay). False: each count is accepted once, in any order, as
@@ -24,12 +31,16 @@ package struct TestAuthBehaviour: Sendable, Hashable {
     package var strictCountOrder: Bool
 
     package init(
-        staleAfter: Int? = nil, nextNonceEvery: Int? = nil, nonceLifetime: Duration = .seconds(300), strictCountOrder: Bool = true
+        staleAfter: Int? = nil, nextNonceEvery: Int? = nil, nonceLifetime: Duration = .seconds(300), ignoresExpect: Bool = false,
+        speaksHTTP10: Bool = false, refusesExpect: Bool = false, strictCountOrder: Bool = true
     ) {
         self.strictCountOrder = strictCountOrder
+        self.refusesExpect = refusesExpect
         self.staleAfter = staleAfter
         self.nextNonceEvery = nextNonceEvery
         self.nonceLifetime = nonceLifetime
+        self.ignoresExpect = ignoresExpect
+        self.speaksHTTP10 = speaksHTTP10
     }
 }
 
@@ -52,6 +63,14 @@ package struct TestAuthStats: Sendable, Hashable, Codable {
     /// Any other refused authorization: malformed, wrong scheme, realm, uri, algorithm, qop or
     /// opaque, a nonce never issued.
     package var rejections = 0
+    /// Request body bytes received, on every route: what crossed the wire.
+    package var bodyBytes = 0
+    /// Requests that carried `Expect: 100-continue`.
+    package var expectations = 0
+    /// `100 Continue` responses sent.
+    package var continues = 0
+    /// Final responses sent before the request's body was read (to an `Expect: 100-continue`).
+    package var earlyAnswers = 0
 
     package init() {}
 }
@@ -60,7 +79,13 @@ package struct TestAuthStats: Sendable, Hashable, Codable {
 /// (RFC 7616) the way a real server does: from the password it knows, never trusting what the
 /// client claims. 127.0.0.1, port 0, plain HTTP.
 ///
-/// Routes (any method; the request body is read, and hashed for `auth-int`):
+/// `Expect: 100-continue` is honoured as Apache does (unless `TestAuthBehaviour.ignoresExpect`):
+/// a request without `Authorization` to a protected route, and any to `/too-large`, is answered
+/// at once with its body unread (and the connection closed); any other gets a 100, then its
+/// body is read. With `TestAuthBehaviour.refusesExpect` every `Expect` gets 417 instead.
+///
+/// Routes (any method; the request body is read, and hashed for `auth-int`, which needs it to
+/// be at most 1 MiB; longer bodies are only counted):
 /// - `/basic/<anything>`: realm `basic@test`, `charset="UTF-8"`; 200 `hello <user>`.
 /// - `/digest/<algorithm>/<qop>/<anything>`: algorithm one of MD5, MD5-sess, SHA-256,
 ///   SHA-256-sess, SHA-512-256, SHA-512-256-sess; qop one of `auth`, `auth-int`, `none`
@@ -71,6 +96,8 @@ package struct TestAuthStats: Sendable, Hashable, Codable {
 ///   qop, cnonce, nc; `nextnonce` per `TestAuthBehaviour.nextNonceEvery`).
 /// - `/digest-userhash/<algorithm>/<qop>/<anything>`: as `/digest`, offering `userhash=true`;
 ///   accepts the hashed user name (RFC 7616 §3.4.4) or the plain one.
+/// - `/too-large/<anything>`: 413.
+/// - `/open/<anything>`: no authentication; 200 `received <n> bytes`.
 /// - `GET /stats`: `TestAuthStats` as JSON.
 /// - `/control?staleAfter=N&nextNonceEvery=N&nonceLifetimeMs=N`: changes the behaviour (`none`
 ///   clears a limit); answers the behaviour as JSON.
@@ -204,7 +231,7 @@ final class AuthOriginCore: Sendable {
         }
     }
 
-    /// Longest request body read; more is refused with 413.
+    /// Longest request body kept (for `auth-int`); an `auth-int` request with more is refused with 413.
     static let maxBodyBytes = 1 << 20
 
     let name: String
@@ -221,6 +248,27 @@ final class AuthOriginCore: Sendable {
     }
 
     var stats: TestAuthStats { self.state.withLock { $0.stats } }
+
+    /// Counts what the connection handler saw beyond the routes' verdicts.
+    func record(bodyBytes: Int = 0, expectation: Bool = false, continued: Bool = false, earlyAnswer: Bool = false) {
+        self.state.withLock { state in
+            state.stats.bodyBytes += bodyBytes
+            if expectation { state.stats.expectations += 1 }
+            if continued { state.stats.continues += 1 }
+            if earlyAnswer { state.stats.earlyAnswers += 1 }
+        }
+    }
+
+    /// Whether a request for `target` with these headers is answered before its body is read
+    /// (to an `Expect: 100-continue`): it is refused on its head alone.
+    func answersOnHead(target: String, headers: HTTPHeaders) -> Bool {
+        let first = target.split(separator: "/").first.map(String.init)
+        switch first {
+        case "too-large": return true
+        case "basic", "digest", "digest-userhash": return headers["authorization"].isEmpty
+        default: return false
+        }
+    }
     var behaviour: TestAuthBehaviour { self.state.withLock { $0.behaviour } }
     var issuedNonceCount: Int { self.state.withLock { $0.issued } }
 
@@ -235,13 +283,18 @@ final class AuthOriginCore: Sendable {
     }
 
     /// The reply to one complete request.
-    func respond(method: String, target: String, headers: HTTPHeaders, body: [UInt8]) -> AuthOriginReply {
+    /// - Parameter bodyLength: the body's length, when more came than `body` kept.
+    func respond(method: String, target: String, headers: HTTPHeaders, body: [UInt8], bodyLength: Int? = nil) -> AuthOriginReply {
         let path = target.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? target
         let parts = path.split(separator: "/").map(String.init)
         let authorization = headers["authorization"]
         switch parts.first {
         case "stats":
             return self.statsReply()
+        case "too-large":
+            return AuthOriginReply(status: .payloadTooLarge, body: "this route takes no body")
+        case "open":
+            return AuthOriginReply(status: .ok, body: "received \(bodyLength ?? body.count) bytes")
         case "control":
             return self.control(target: target)
         case "basic":
@@ -552,6 +605,9 @@ private final class AuthOriginHandler: ChannelInboundHandler {
     private var head: HTTPRequestHead?
     private var body: [UInt8] = []
     private var bodyTooLarge = false
+    /// The response went before the body (to an `Expect`): the rest of the request is not read.
+    private var answeredEarly = false
+    private var bodyLength = 0
 
     init(core: AuthOriginCore) {
         self.core = core
@@ -563,21 +619,50 @@ private final class AuthOriginHandler: ChannelInboundHandler {
             self.head = head
             self.body = []
             self.bodyTooLarge = false
+            self.answeredEarly = false
+            self.bodyLength = 0
+            let expects = head.headers["expect"].contains { $0.lowercased() == "100-continue" }
+            guard expects else { return }
+            self.core.record(expectation: true)
+            guard !self.core.behaviour.ignoresExpect else { return }
+            if self.core.behaviour.refusesExpect {
+                self.answeredEarly = true
+                self.core.record(earlyAnswer: true)
+                let reply = AuthOriginReply(status: .expectationFailed, body: "no expectations here")
+                self.write(reply, context: context, keepAlive: false, withBody: head.method != .HEAD)
+            } else if self.core.answersOnHead(target: head.uri, headers: head.headers) {
+                // Like Apache: refused on the head, the body never read; the connection cannot
+                // carry another request.
+                self.answeredEarly = true
+                self.core.record(earlyAnswer: true)
+                let reply = self.core.respond(method: head.method.rawValue, target: head.uri, headers: head.headers, body: [])
+                self.write(reply, context: context, keepAlive: false, withBody: head.method != .HEAD)
+            } else {
+                self.core.record(continued: true)
+                context.writeAndFlush(self.wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .continue))), promise: nil)
+            }
         case .body(var buffer):
+            self.core.record(bodyBytes: buffer.readableBytes)
+            guard !self.answeredEarly else { return }
+            self.bodyLength += buffer.readableBytes
             if self.body.count + buffer.readableBytes > AuthOriginCore.maxBodyBytes {
                 self.bodyTooLarge = true
-            } else if let bytes = buffer.readBytes(length: buffer.readableBytes) {
+                self.body = []
+            } else if !self.bodyTooLarge, let bytes = buffer.readBytes(length: buffer.readableBytes) {
                 self.body += bytes
             }
         case .end:
-            guard let head = self.head else { return }
+            guard let head = self.head, !self.answeredEarly else { return }
             self.head = nil
             let reply =
-                self.bodyTooLarge
-                ? AuthOriginReply(status: .payloadTooLarge, body: "request body over \(AuthOriginCore.maxBodyBytes) bytes")
-                : self.core.respond(method: head.method.rawValue, target: head.uri, headers: head.headers, body: self.body)
+                self.bodyTooLarge && head.uri.contains("/auth-int/")
+                ? AuthOriginReply(status: .payloadTooLarge, body: "auth-int takes at most \(AuthOriginCore.maxBodyBytes) bytes of body")
+                : self.core.respond(
+                    method: head.method.rawValue, target: head.uri, headers: head.headers, body: self.body, bodyLength: self.bodyLength
+                )
             self.body = []
-            self.write(reply, context: context, keepAlive: head.isKeepAlive && !self.bodyTooLarge, withBody: head.method != .HEAD)
+            let keepAlive = head.isKeepAlive && !self.core.behaviour.speaksHTTP10
+            self.write(reply, context: context, keepAlive: keepAlive, withBody: head.method != .HEAD)
         }
     }
 
@@ -588,8 +673,9 @@ private final class AuthOriginHandler: ChannelInboundHandler {
         headers.add(name: "content-type", value: reply.contentType)
         headers.add(name: "content-length", value: String(reply.body.utf8.count))
         headers.add(name: "x-origin", value: self.core.name)
-        if !keepAlive { headers.add(name: "connection", value: "close") }
-        context.write(self.wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: reply.status, headers: headers))), promise: nil)
+        let version: HTTPVersion = self.core.behaviour.speaksHTTP10 ? .http1_0 : .http1_1
+        if !keepAlive && version == .http1_1 { headers.add(name: "connection", value: "close") }
+        context.write(self.wrapOutboundOut(.head(HTTPResponseHead(version: version, status: reply.status, headers: headers))), promise: nil)
         if withBody {
             context.write(self.wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: reply.body)))), promise: nil)
         }
