@@ -9,6 +9,11 @@ package struct RequestAuthState: Sendable {
     /// 401s this request has had so far.
     var previousFailures = 0
     var staleRetries = 0
+    /// Answers made because the server accepted the same credential from another request after
+    /// this one's refused attempt was sent (`AuthAttemptPolicy.maxRetriesAfterAcceptance`).
+    var retriesAfterAcceptance = 0
+    /// How many acceptances the space had when the broker's latest credential was sent.
+    var acceptancesWhenSent: UInt64 = 0
     var lastAttempt: AuthAttemptPolicy.LastAttempt = .noCredentials
     /// The space and user of the credential the broker sent on the latest attempt.
     var space: ProtectionSpace?
@@ -23,6 +28,9 @@ package struct RequestAuthState: Sendable {
     /// The Digest answer the broker sent on the latest attempt, and with which credential, to
     /// check the server's `rspauth` (RFC 7616 §3.5).
     var digestSent: (authorization: DigestAuthorization, credential: PasswordCredential)?
+    /// The Digest session started from this request's own fresh challenge, shared for preemptive
+    /// answers only once the server accepted it.
+    var freshDigestSession: DigestSession?
 
     /// The state for a request with these headers: whether the client authorised it itself,
     /// and whether it asked for its Basic credential to be kept (Digest answers cannot be: the
@@ -78,6 +86,9 @@ package final class HTTPAuthenticator: Sendable {
     /// Where challenges the store may answer, or an agent, are resolved (shared with server trust).
     private let challenges: AgentChallenges
     private let digestSessions = NIOLockedValueBox<[ProtectionSpace: DigestSession]>([:])
+    /// Per space, how many responses accepted a credential the broker sent: a refusal sent before
+    /// a later acceptance is not evidence of a wrong password (`AuthAttemptPolicy`).
+    private let acceptances = NIOLockedValueBox<[ProtectionSpace: UInt64]>([:])
     private let knownSpaces = NIOLockedValueBox<[Authority: [KnownSpace]]>([:])
     /// The Basic space whose 401 last went to the client, per origin: a credential the client
     /// then sends with `Authbroker-Persist` is kept for that realm.
@@ -127,6 +138,7 @@ package final class HTTPAuthenticator: Sendable {
             }
             state.space = space
             state.user = answer.credential.user
+            state.acceptancesWhenSent = self.acceptanceCount(space)
             self.audit?.record(.credentialUsed(space: space, user: answer.credential.user, requester: requester()))
         } catch {
             self.logger.debug("no preemptive authorization", metadata: ["space": "\(space)", "error": "\((error as? HTTPAuthError)?.code ?? "\(error)")"])
@@ -159,8 +171,11 @@ package final class HTTPAuthenticator: Sendable {
 
         var stale = false
         if case .digest(let digest, _) = choice, state.space == space {
+            // Only a stale nonce moves the shared session to the new one; after any other
+            // refusal the request answers with a session of its own (shared once accepted), so
+            // that concurrent requests keep counting on the nonce that works.
             stale = self.digestSessions.withLockedValue { sessions in
-                guard var session = sessions[space] else { return false }
+                guard var session = sessions[space], digest.stale, digest.realm == session.challenge.realm else { return false }
                 defer { sessions[space] = session }
                 return session.challenge(digest) == .staleNonce
             }
@@ -170,9 +185,11 @@ package final class HTTPAuthenticator: Sendable {
             .http(space), interactive: agentWait != nil, timeout: agentWait ?? Self.resolveTimeout, requester: requester
         )
         let answer: StoredAnswer? = if case .answered(.credential(let answer)) = resolution { answer } else { nil }
+        let acceptedSinceSent = state.space == space && self.acceptanceCount(space) > state.acceptancesWhenSent
         let decision = AuthAttemptPolicy.decide(
             previousFailures: state.previousFailures, lastAttempt: state.lastAttempt, stored: answer?.state ?? .none,
-            challengeIsStale: stale, staleRetries: state.staleRetries
+            challengeIsStale: stale, staleRetries: state.staleRetries, acceptedSinceSent: acceptedSinceSent,
+            retriesAfterAcceptance: state.retriesAfterAcceptance
         )
         switch decision {
         case .passToClient:
@@ -202,10 +219,14 @@ package final class HTTPAuthenticator: Sendable {
                     let authorization = try self.digestSessions.withLockedValue { sessions throws(HTTPAuthError) in
                         var session = stale ? (sessions[space] ?? DigestSession(protectionSpace: space, challenge: digest))
                             : DigestSession(protectionSpace: space, challenge: digest)
-                        defer { sessions[space] = session }
-                        return try session.authorization(
+                        let authorization = try session.authorization(
                             credential: answer.credential, method: method.rawValue, uri: uri, body: body
                         )
+                        // A fresh nonce stays this request's own until the server accepts the
+                        // answer (`responseAccepted`): shared at once, concurrent preemptive
+                        // requests would send higher counts that overtake this nc=1.
+                        if stale { sessions[space] = session } else { state.freshDigestSession = session }
+                        return authorization
                     }
                     state.authorization = authorization.headerValue
                     state.digestSent = (authorization, answer.credential)
@@ -214,10 +235,16 @@ package final class HTTPAuthenticator: Sendable {
                 self.logger.notice("cannot answer the challenge", metadata: ["space": "\(space)", "error": "\((error as? HTTPAuthError)?.code ?? "\(error)")"])
                 return false
             }
-            if stale { state.staleRetries += 1 }
+            if stale {
+                state.staleRetries += 1
+            } else if acceptedSinceSent {
+                state.retriesAfterAcceptance += 1
+                self.logger.debug("the server refused a password it accepted meanwhile; answering afresh", metadata: ["space": "\(space)"])
+            }
             state.lastAttempt = .storedCredential
             state.space = space
             state.user = answer.credential.user
+            state.acceptancesWhenSent = self.acceptanceCount(space)
             self.audit?.record(.credentialUsed(space: space, user: answer.credential.user, requester: requester))
             return true
         }
@@ -241,7 +268,9 @@ package final class HTTPAuthenticator: Sendable {
             let parsed = AuthenticationInfo(parsing: info)
             if let sent = state.digestSent {
                 let verdict = self.digestSessions.withLockedValue { sessions in
-                    sessions[space]?.challenge.verifyResponseAuth(parsed, credential: sent.credential, authorization: sent.authorization)
+                    (state.freshDigestSession ?? sessions[space])?.challenge.verifyResponseAuth(
+                        parsed, credential: sent.credential, authorization: sent.authorization
+                    )
                 }
                 if verdict == .mismatch {
                     // The server did not prove it knows the password: stop trusting this space.
@@ -253,8 +282,14 @@ package final class HTTPAuthenticator: Sendable {
                     return
                 }
             }
-            self.digestSessions.withLockedValue { sessions in sessions[space]?.accept(authenticationInfo: parsed) }
         }
+        if space.authScheme == "digest" {
+            self.digestSessions.withLockedValue { sessions in
+                if let fresh = state.freshDigestSession { sessions[space] = fresh }
+                if !info.isEmpty { sessions[space]?.accept(authenticationInfo: AuthenticationInfo(parsing: info)) }
+            }
+        }
+        self.acceptances.withLockedValue { $0[space, default: 0] &+= 1 }
         // A proxy's credentials are for every request through it (RFC 9110 §11.7.2).
         let prefix = space.isProxy ? "" : space.authScheme == "basic" ? Self.directory(of: uri) : "/"
         let authority = Authority(origin: origin, isProxy: space.isProxy)
@@ -287,6 +322,10 @@ package final class HTTPAuthenticator: Sendable {
     }
 
     // MARK: - Helpers
+
+    private func acceptanceCount(_ space: ProtectionSpace) -> UInt64 {
+        self.acceptances.withLockedValue { $0[space] ?? 0 }
+    }
 
     /// The known space whose prefix covers `uri` most narrowly.
     private func knownSpace(_ authority: Authority, uri: String) -> KnownSpace? {

@@ -15,6 +15,13 @@
 ///    Digest challenges, so the app (or the user) can answer; a credential the client sent
 ///    itself is never replaced by a stored one.
 ///
+/// One exception to rule 2: a refusal is no evidence against the password when the server
+/// accepted the same stored credential from another request after this one was sent. Concurrent
+/// requests share a Digest nonce, so their `nc` values can reach the server out of order, and a
+/// server that insists on rising counts refuses the late ones with a plain 401. Such a refusal
+/// gets a bounded number of fresh answers (`maxRetriesAfterAcceptance`) instead of the mark. With
+/// a wrong password no request is ever accepted, so rule 2 still holds for it in full.
+///
 /// Each answer needs an earlier answer to have been refused, and the number of answers is
 /// bounded, so a request never loops: it ends with a response or a 401 for the client.
 package enum AuthAttemptPolicy {
@@ -50,6 +57,10 @@ package enum AuthAttemptPolicy {
         case markStoredFailedAndPassToClient
     }
 
+    /// Fresh answers a request may make after refusals the server contradicted by accepting the
+    /// same credential from another request meanwhile.
+    package static let maxRetriesAfterAcceptance = 2
+
     /// What to do with a 401/407.
     ///
     /// - Parameters:
@@ -58,10 +69,13 @@ package enum AuthAttemptPolicy {
     ///   - stored: the store's credential for the protection space.
     ///   - challengeIsStale: the broker's chosen challenge says `stale=true`.
     ///   - staleRetries: how many stale retries this request already made.
+    ///   - acceptedSinceSent: the server accepted the same stored credential from another request
+    ///     after this request's refused attempt was sent.
+    ///   - retriesAfterAcceptance: how many answers this request already made on that ground.
     /// - Returns: fails closed: anything unexpected passes the 401/407 to the client.
     package static func decide(
         previousFailures: Int, lastAttempt: LastAttempt, stored: StoredCredential, challengeIsStale: Bool,
-        staleRetries: Int
+        staleRetries: Int, acceptedSinceSent: Bool = false, retriesAfterAcceptance: Int = 0
     ) -> Decision {
         switch lastAttempt {
         case .clientCredential:
@@ -71,12 +85,21 @@ package enum AuthAttemptPolicy {
                 // The credential was right; one fresh nonce is all a correct server needs.
                 return staleRetries == 0 && stored == .usable ? .answerFromStore : .passToClient
             }
+            if acceptedSinceSent {
+                // The password is right (the server just took it); the refusal was about the
+                // nonce or count. Never a mark; a bounded number of fresh answers.
+                return retriesAfterAcceptance < Self.maxRetriesAfterAcceptance && stored == .usable ? .answerFromStore : .passToClient
+            }
             return .markStoredFailedAndPassToClient
         case .preemptiveDigest:
             if challengeIsStale {
                 return staleRetries == 0 && stored == .usable ? .answerFromStore : .passToClient
             }
-            return previousFailures == 0 && stored == .usable ? .answerFromStore : .markStoredFailedAndPassToClient
+            if previousFailures == 0, stored == .usable { return .answerFromStore }
+            if acceptedSinceSent {
+                return retriesAfterAcceptance < Self.maxRetriesAfterAcceptance && stored == .usable ? .answerFromStore : .passToClient
+            }
+            return .markStoredFailedAndPassToClient
         case .noCredentials:
             return previousFailures == 0 && stored == .usable ? .answerFromStore : .passToClient
         }

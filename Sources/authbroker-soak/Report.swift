@@ -116,10 +116,11 @@ struct SoakReport {
 
             The Digest origin accepts each `nc` of a nonce once, in any order (RFC 7616's replay rule):
             concurrent requests share the daemon's nonce over several connections, so their counts arrive
-            out of order. Against an origin that insists on rising counts, some of them are refused, and
-            the daemon, unable to tell that refusal from a wrong password, marks the stored password
-            refused (lockout safety): every later Basic and Digest request to that origin then gets the
-            401. An earlier run against such an origin failed about 40% of them that way.
+            out of order. The daemon copes with origins that insist on rising counts too (a refusal the
+            server contradicted by accepting the same password from another request meanwhile is answered
+            afresh, never marked refused; `StoredCredentialTests` covers it); an earlier daemon, unable to
+            tell that refusal from a wrong password, marked the password refused and failed about 40% of
+            such a run.
 
             """
         let failures = Kind.allCases.flatMap { kind in (self.tally.failures[kind] ?? []).map { "\(kind.rawValue): \($0)" } }

@@ -276,6 +276,41 @@ struct AuthAttemptPolicyTests {
         )
     }
 
+    /// A refusal the server contradicted (it accepted the same credential from another request
+    /// after this one was sent: out-of-order Digest counts) is never a mark, and gets at most
+    /// `maxRetriesAfterAcceptance` fresh answers; without that evidence the mark comes at once.
+    @Test("a refusal contradicted by an acceptance meanwhile is retried a bounded number of times, never marked")
+    func refusalContradictedByAcceptance() {
+        for last in [P.LastAttempt.storedCredential, .preemptiveDigest] {
+            var retries = 0
+            var failures = last == .preemptiveDigest ? 1 : 0
+            var decisions: [P.Decision] = []
+            for _ in 0..<10 {
+                let decision = P.decide(
+                    previousFailures: failures, lastAttempt: last, stored: .usable, challengeIsStale: false,
+                    staleRetries: 0, acceptedSinceSent: true, retriesAfterAcceptance: retries
+                )
+                decisions.append(decision)
+                failures += 1
+                guard decision == .answerFromStore else { break }
+                retries += 1
+            }
+            #expect(decisions == Array(repeating: .answerFromStore, count: P.maxRetriesAfterAcceptance) + [.passToClient])
+            // The same refusal without an acceptance meanwhile marks the password at once.
+            #expect(
+                P.decide(previousFailures: 1, lastAttempt: last, stored: .usable, challengeIsStale: false, staleRetries: 0)
+                    == .markStoredFailedAndPassToClient
+            )
+            // A credential already marked failed is not sent again, acceptance or not.
+            #expect(
+                P.decide(
+                    previousFailures: 1, lastAttempt: last, stored: .markedFailed, challengeIsStale: false, staleRetries: 0,
+                    acceptedSinceSent: true
+                ) == .passToClient
+            )
+        }
+    }
+
     /// Drives one request against a server that refuses everything (optionally always saying
     /// stale): the broker must stop after a few attempts and never loop.
     @Test("a request never loops, whatever the server answers", arguments: [false, true])

@@ -88,6 +88,50 @@ struct StoredCredentialTests {
         }
     }
 
+    /// Concurrent requests over several upstream connections share one Digest nonce, so their
+    /// `nc` values reach the origin out of order; an origin that insists on rising counts refuses
+    /// the late ones with a plain 401. The server accepting the same password meanwhile shows that
+    /// refusal is not about the password: it must not be marked refused (found by the soak, where
+    /// it failed about 40% of requests).
+    @Test("concurrent Digest requests to a server that insists on rising nc all succeed; the password is never marked refused")
+    func concurrentDigestOutOfOrderCounts() async throws {
+        let origin = try await TestAuthOrigin.start(
+            name: "strict-nc", user: Self.user, password: Self.password, behaviour: TestAuthBehaviour(strictCountOrder: true)
+        )
+        defer { Task { await origin.stop() } }
+        try await withDaemon(config: Self.config(origin)) { daemon in
+            try Self.store(daemon, url: Self.base(origin))
+            let lock = NSLock()
+            nonisolated(unsafe) var statuses: [Int: Int] = [:]  // guarded by `lock`
+            let done = DispatchGroup()
+            let (socketPath, base) = (daemon.socketPath, Self.base(origin))
+            for client in 0..<12 {
+                done.enter()
+                // Threads, not tasks: the socket client blocks, and the clients must overlap.
+                Thread.detachNewThread {
+                    defer { done.leave() }
+                    guard let connection = try? UnixSocketConnection(path: socketPath) else { return }
+                    for index in 0..<40 {
+                        let status = (try? connection.request("GET", base + "/digest/SHA-256/auth/c\(client)-\(index)").status) ?? -1
+                        lock.withLock { statuses[status, default: 0] += 1 }
+                    }
+                }
+            }
+            await withCheckedContinuation { continuation in
+                DispatchQueue.global().async {
+                    done.wait()
+                    continuation.resume()
+                }
+            }
+            let counted = lock.withLock { statuses }
+            let stats = origin.stats
+            print("strict nc, 12 clients x 40 requests: \(counted), origin: \(stats.unauthorized) 401s, \(stats.replays) out-of-order or replayed counts")
+            #expect(counted == [200: 480])
+            let list = try UnixSocketConnection(path: daemon.socketPath).request("GET", "/v1/passwords")
+            #expect((list.json["passwords"] as? [[String: Any]])?.first?["failed"] as? Bool == false)
+        }
+    }
+
     @Test("a stale nonce is retried with the new one without asking anyone")
     func staleNonce() async throws {
         let origin = try await TestAuthOrigin.start(
