@@ -214,7 +214,7 @@ package struct ClientConnectionServer: Sendable {
             "duration_ms": "\(elapsed.components.seconds * 1000 + elapsed.components.attoseconds / 1_000_000_000_000_000)",
         ]
         if let code = outcome.brokerError { metadata["error"] = "\(code)" }
-        logger.info("request", metadata: metadata)
+        logger.info(BrokerLogHandler.accessLineMessage, metadata: metadata)
         return outcome
     }
 
