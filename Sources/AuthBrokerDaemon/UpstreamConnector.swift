@@ -104,12 +104,15 @@ package final class UpstreamConnector: Sendable {
         package var handler: NIOLoopBound<UpstreamExchangeHandler>
     }
 
-    /// Connects to `origin` and returns a connection ready for its first exchange.
+    /// Connects to `origin` and returns a connection ready for its first exchange, on
+    /// `eventLoop` when given (the requesting client connection's), else on any of the group's.
     /// - Throws: `BrokerError` naming what failed (DNS, refused, timeout, untrusted server, TLS).
     package func connect(
-        route: UpstreamRoute, id: Int, onClose: @escaping @Sendable () -> Void
+        route: UpstreamRoute, id: Int, on eventLoop: (any EventLoop)? = nil, onClose: @escaping @Sendable () -> Void
     ) async throws -> UpstreamConnection {
-        try await self.open(route: route, id: id, onClose: onClose, observation: NIOLockedValueBox(nil))
+        try await self.open(
+            route: route, id: id, on: eventLoop, onClose: onClose, observation: NIOLockedValueBox(nil)
+        )
     }
 
     /// Shakes hands with `origin` and reports the chain it presented and our verdict on it,
@@ -117,7 +120,9 @@ package final class UpstreamConnector: Sendable {
     package func inspect(origin: CanonicalOrigin) async throws -> Inspection {
         let observation = NIOLockedValueBox<TrustObservation?>(nil)
         do {
-            let connection = try await self.open(route: UpstreamRoute(origin), id: -1, onClose: {}, observation: observation)
+            let connection = try await self.open(
+                route: UpstreamRoute(origin), id: -1, on: nil, onClose: {}, observation: observation
+            )
             connection.close()
         } catch {
             guard observation.withLockedValue({ $0 }) != nil else { throw error }
@@ -132,7 +137,7 @@ package final class UpstreamConnector: Sendable {
     }
 
     private func open(
-        route: UpstreamRoute, id: Int, onClose: @escaping @Sendable () -> Void,
+        route: UpstreamRoute, id: Int, on eventLoop: (any EventLoop)?, onClose: @escaping @Sendable () -> Void,
         observation decisionBox: NIOLockedValueBox<TrustObservation?>
     ) async throws -> UpstreamConnection {
         let origin = route.origin
@@ -145,7 +150,7 @@ package final class UpstreamConnector: Sendable {
         let channelError = NIOLockedValueBox<(any Error & Sendable)?>(nil)
         let channel: any Channel
         do {
-            let bootstrap = ClientBootstrap(group: self.group)
+            let bootstrap = ClientBootstrap(group: eventLoop ?? self.group)
                 .connectTimeout(.milliseconds(Int64(settings.upstream.connectTimeoutMilliseconds)))
                 .channelOption(.socketOption(.tcp_nodelay), value: 1)
                 .channelInitializer { [self] channel in
