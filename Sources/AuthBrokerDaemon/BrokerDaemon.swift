@@ -283,6 +283,9 @@ struct BrokerService: Service, CustomStringConvertible {
         let executors = EventLoopTaskExecutor.executors(for: self.group)
         try await withGracefulShutdownHandler {
             try await withThrowingDiscardingTaskGroup { group in
+                group.addTask(executorPreference: globalConcurrentExecutor) {
+                    await MemoryTrimmer.run { counters.requestsTotal.current + counters.clientConnectionsAccepted.current }
+                }
                 try await serverChannel.executeThenClose { connections in
                     for try await connection in connections {
                         // The connection's task runs on its channel's event loop (no thread hops).
