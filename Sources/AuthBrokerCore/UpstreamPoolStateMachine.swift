@@ -38,6 +38,9 @@ extension PoolFailure: Equatable {
 package struct UpstreamPoolStateMachine: Sendable {
     package typealias ConnectionID = Int
     package typealias RequestID = Int
+    /// Which event loop (thread) a connection lives on, as the shell names it; a request that
+    /// names one is given an idle connection on it when there is one, so it never changes thread.
+    package typealias Affinity = Int
 
     /// The bounds of one origin's pool.
     package struct Limits: Sendable, Equatable {
@@ -111,6 +114,8 @@ package struct UpstreamPoolStateMachine: Sendable {
     /// Idle connections, least recently parked first; the most recent is reused first so the
     /// others age out.
     private var idle: [ConnectionID] = []
+    /// The affinity each connection was made with, when the shell reported one.
+    private var affinities: [ConnectionID: Affinity] = [:]
     private var waiters = CircularBuffer<RequestID>()
     private var isShuttingDown = false
     /// The next id `create` will carry.
@@ -151,10 +156,16 @@ package struct UpstreamPoolStateMachine: Sendable {
 
     // MARK: Events
 
-    /// A request wants a connection: reuse the most recently idle one, else start one if below
-    /// `maxConnections`, else queue it, else (queue full) fail it.
-    package mutating func leaseRequested(_ request: RequestID) -> Action {
+    /// A request wants a connection: reuse the most recently idle one (of those with the
+    /// request's `affinity`, if any has it), else start one if below `maxConnections`, else queue
+    /// it, else (queue full) fail it.
+    package mutating func leaseRequested(_ request: RequestID, affinity: Affinity? = nil) -> Action {
         if isShuttingDown { return Action(request: .fail(request, .shuttingDown), connection: .none) }
+        if let affinity, idle.count > 1, let index = idle.lastIndex(where: { affinities[$0] == affinity }) {
+            let connection = idle.remove(at: index)
+            connections[connection] = .leased
+            return Action(request: .lease(connection, to: request), connection: .cancelIdleTimeout(connection))
+        }
         if let connection = idle.popLast() {
             connections[connection] = .leased
             return Action(request: .lease(connection, to: request), connection: .cancelIdleTimeout(connection))
@@ -170,18 +181,20 @@ package struct UpstreamPoolStateMachine: Sendable {
         return .none
     }
 
-    /// A connection is ready: it goes to the oldest waiter, or is parked idle.
-    package mutating func connectionCreated(_ connection: ConnectionID) -> Action {
+    /// A connection is ready: it goes to the oldest waiter, or is parked idle. `affinity`: where
+    /// it lives, for `leaseRequested(_:affinity:)`.
+    package mutating func connectionCreated(_ connection: ConnectionID, affinity: Affinity? = nil) -> Action {
         guard case .starting(let closedEarly) = connections[connection] else { return .none }
         if closedEarly {
-            connections[connection] = nil
+            forget(connection)
             return Action(request: .none, connection: replacementIfNeeded(closing: connection))
         }
         if isShuttingDown {
-            connections[connection] = nil
+            forget(connection)
             return Action(request: .none, connection: .close(connection))
         }
         connections[connection] = .leased
+        affinities[connection] = affinity
         return handOver(connection)
     }
 
@@ -191,7 +204,7 @@ package struct UpstreamPoolStateMachine: Sendable {
     /// Each failure consumes one waiter, so repeated failures end once the queue is empty.
     package mutating func connectionFailed(_ connection: ConnectionID, error: any Error & Sendable) -> Action {
         guard case .starting = connections[connection] else { return .none }
-        connections[connection] = nil
+        forget(connection)
         guard let request = waiters.popFirst() else { return .none }
         return Action(request: .fail(request, .connectFailed(error)), connection: createIfNeeded())
     }
@@ -201,7 +214,7 @@ package struct UpstreamPoolStateMachine: Sendable {
     package mutating func connectionReleased(_ connection: ConnectionID, reusable: Bool) -> Action {
         guard connections[connection] == .leased else { return .none }
         guard reusable, !isShuttingDown else {
-            connections[connection] = nil
+            forget(connection)
             return Action(request: .none, connection: replacementIfNeeded(closing: connection))
         }
         return handOver(connection)
@@ -220,11 +233,11 @@ package struct UpstreamPoolStateMachine: Sendable {
             connections[connection] = .starting(closedEarly: true)
             return .none
         case .idle:
-            connections[connection] = nil
+            forget(connection)
             idle.removeAll { $0 == connection }
             return Action(request: .none, connection: .cancelIdleTimeout(connection))
         case .leased:
-            connections[connection] = nil
+            forget(connection)
             return Action(request: .none, connection: createIfNeeded())
         }
     }
@@ -240,7 +253,7 @@ package struct UpstreamPoolStateMachine: Sendable {
     /// An idle timer fired: close the connection if it is still idle (a stale timer is ignored).
     package mutating func idleTimeoutFired(_ connection: ConnectionID) -> Action {
         guard connections[connection] == .idle else { return .none }
-        connections[connection] = nil
+        forget(connection)
         idle.removeAll { $0 == connection }
         return Action(request: .none, connection: .close(connection))
     }
@@ -253,7 +266,7 @@ package struct UpstreamPoolStateMachine: Sendable {
         waiters.removeAll()
         let closing = idle
         idle.removeAll()
-        for connection in closing { connections[connection] = nil }
+        for connection in closing { forget(connection) }
         return Action(
             request: failed.isEmpty ? .none : .failAll(failed, .shuttingDown),
             connection: closing.isEmpty ? .none : .closeMany(closing)
@@ -268,7 +281,7 @@ package struct UpstreamPoolStateMachine: Sendable {
             return Action(request: .lease(connection, to: request), connection: .none)
         }
         guard idle.count < limits.maxIdleConnections else {
-            connections[connection] = nil
+            forget(connection)
             return Action(request: .none, connection: .close(connection))
         }
         connections[connection] = .idle
@@ -287,6 +300,11 @@ package struct UpstreamPoolStateMachine: Sendable {
             return .none
         }
         return .create(mintConnectionID(state: .starting(closedEarly: false)))
+    }
+
+    private mutating func forget(_ connection: ConnectionID) {
+        connections[connection] = nil
+        affinities[connection] = nil
     }
 
     private mutating func mintConnectionID(state: ConnectionState) -> ConnectionID {

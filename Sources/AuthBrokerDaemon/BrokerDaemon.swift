@@ -135,15 +135,16 @@ package enum BrokerDaemon {
             ),
             idleTimeout: .milliseconds(Int64(settings.upstream.poolIdleTimeoutMilliseconds)),
             eventLoop: group.next(),
-            connect: { route, id in
-                let connection = try await connector.connect(route: route, id: id) {
+            connect: { route, id, eventLoop in
+                let connection = try await connector.connect(route: route, id: id, on: eventLoop) {
                     counters.upstreamConnectionsOpen.subtract(1)
                     poolBox.withLockedValue { $0 }?.connectionClosed(route: route, id: id)
                 }
                 counters.upstreamConnectionsOpen.add(1)
                 return connection
             },
-            close: { connection in connection.close() }
+            close: { connection in connection.close() },
+            eventLoopOf: { connection in connection.channel.eventLoop }
         )
         poolBox.withLockedValue { $0 = pool }
 
@@ -284,11 +285,20 @@ struct BrokerService: Service, CustomStringConvertible {
 
         let graceSeconds = self.settings.daemon.shutdownGraceSeconds
         let registry = self.registry
+        let executors = EventLoopTaskExecutor.executors(for: self.group)
         try await withGracefulShutdownHandler {
             try await withThrowingDiscardingTaskGroup { group in
+                group.addTask(executorPreference: globalConcurrentExecutor) {
+                    await MemoryTrimmer.run { counters.requestsTotal.current + counters.clientConnectionsAccepted.current }
+                }
                 try await serverChannel.executeThenClose { connections in
                     for try await connection in connections {
-                        group.addTask { await self.server.serve(connection) }
+                        // The connection's task runs on its channel's event loop (no thread hops).
+                        if let executor = executors.executor(for: connection.channel.eventLoop) {
+                            group.addTask(executorPreference: executor) { await self.server.serve(connection) }
+                        } else {
+                            group.addTask { await self.server.serve(connection) }
+                        }
                     }
                 }
                 // Listener closed: the remaining connections finish their current request.

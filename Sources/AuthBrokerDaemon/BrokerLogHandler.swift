@@ -1,7 +1,16 @@
 import Foundation
 import Logging
+import NIOConcurrencyHelpers
+
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// Writes one line per log event to stderr: `LEVEL message key=value ...`.
+///
+/// The per-request access line (`accessLineMessage` at info) is batched: written with the next
+/// other line, or within `BatchedLogOutput.flushDelay`, so a busy daemon makes a few writes a
+/// second instead of one per request. Every other line is written at once.
 ///
 /// Under systemd (`JOURNAL_STREAM` set) each line starts with the syslog priority in angle
 /// brackets, which journald turns into the entry's priority (sd-daemon(3)), and the timestamp
@@ -11,6 +20,9 @@ package struct BrokerLogHandler: LogHandler {
     package var logLevel: Logger.Level
     private let label: String
     private let forJournal: Bool
+
+    /// The message of the one info line per request (`ClientConnectionServer`).
+    package static let accessLineMessage: Logger.Message = "request"
 
     package init(label: String, level: Logger.Level, forJournal: Bool) {
         self.label = label
@@ -40,7 +52,11 @@ package struct BrokerLogHandler: LogHandler {
             line += " \(key)=\(Self.quoted("\(merged[key] ?? "")"))"
         }
         line += "\n"
-        FileHandle.standardError.write(Data(line.utf8))
+        if event.level == .info && event.message == Self.accessLineMessage {
+            BatchedLogOutput.standardError.writeBatched(line)
+        } else {
+            BatchedLogOutput.standardError.write(line)
+        }
     }
 
     /// RFC 3339 UTC to the second, formatted by hand: the ISO-8601 formatter this replaced cost
@@ -73,5 +89,75 @@ package struct BrokerLogHandler: LogHandler {
         case .error: 3
         case .critical: 2
         }
+    }
+}
+
+/// A file descriptor that takes some lines at once and batches others (`writeBatched`), keeping
+/// the order in which they were logged.
+package final class BatchedLogOutput: Sendable {
+    package static let standardError = BatchedLogOutput(fileDescriptor: 2)
+    /// How long a batched line may wait to be written.
+    static let flushDelay: DispatchTimeInterval = .milliseconds(100)
+    /// Batched bytes written at once when reached, without waiting for the delay.
+    static let maxPending = 32 * 1024
+
+    private struct State {
+        var pending: [UInt8] = []
+        var flushScheduled = false
+    }
+    private let fileDescriptor: CInt
+    private let state = NIOLockedValueBox(State())
+
+    package init(fileDescriptor: CInt) {
+        self.fileDescriptor = fileDescriptor
+    }
+
+    /// Writes `line` after every batched line.
+    package func write(_ line: String) {
+        self.state.withLockedValue { state in
+            state.pending.append(contentsOf: line.utf8)
+            self.writeAll(&state.pending)
+        }
+    }
+
+    /// Adds `line` to the batch: written with the next `write`, when the batch is full, or after
+    /// `flushDelay`.
+    package func writeBatched(_ line: String) {
+        let scheduleFlush = self.state.withLockedValue { state -> Bool in
+            state.pending.append(contentsOf: line.utf8)
+            if state.pending.count >= Self.maxPending { self.writeAll(&state.pending) }
+            guard !state.flushScheduled else { return false }
+            state.flushScheduled = true
+            return true
+        }
+        if scheduleFlush {
+            DispatchQueue.global().asyncAfter(deadline: .now() + Self.flushDelay) { self.flush() }
+        }
+    }
+
+    package func flush() {
+        self.state.withLockedValue { state in
+            state.flushScheduled = false
+            self.writeAll(&state.pending)
+        }
+    }
+
+    /// Writes and empties `bytes` (under the lock, so lines from several threads stay whole and in order).
+    private func writeAll(_ bytes: inout [UInt8]) {
+        guard !bytes.isEmpty else { return }
+        bytes.withUnsafeBytes { buffer in
+            var offset = 0
+            while offset < buffer.count {
+                let written = Glibc.write(self.fileDescriptor, buffer.baseAddress! + offset, buffer.count - offset)  // non-empty: checked above
+                if written > 0 {
+                    offset += written
+                } else if written < 0 && errno == EINTR {
+                    continue
+                } else {
+                    return  // stderr is gone or broken: nothing sensible to do with a log line
+                }
+            }
+        }
+        bytes.removeAll(keepingCapacity: bytes.count <= Self.maxPending)
     }
 }

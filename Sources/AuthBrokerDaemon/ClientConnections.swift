@@ -214,7 +214,7 @@ package struct ClientConnectionServer: Sendable {
             "duration_ms": "\(elapsed.components.seconds * 1000 + elapsed.components.attoseconds / 1_000_000_000_000_000)",
         ]
         if let code = outcome.brokerError { metadata["error"] = "\(code)" }
-        logger.info("request", metadata: metadata)
+        logger.info(BrokerLogHandler.accessLineMessage, metadata: metadata)
         return outcome
     }
 
@@ -253,9 +253,14 @@ package struct ClientConnectionServer: Sendable {
         if head.method == .GET, path == "/v1/agent", let challenges = self.control.challenges {
             return await self.serveAgent(challenges, requestID: requestID, logger: logger, requests: &requests, writer: writer)
         }
-        let response = await self.control.handle(
-            method: head.method, path: path, query: query, body: body, requestID: requestID, peer: peer?.identity
-        )
+        // Off the event loop this connection's task prefers: control requests read and write
+        // files and may wait on the keyring.
+        let control = self.control
+        let response = await withTaskExecutorPreference(globalConcurrentExecutor) {
+            await control.handle(
+                method: head.method, path: path, query: query, body: body, requestID: requestID, peer: peer?.identity
+            )
+        }
         var headers = response.headers
         headers.replaceOrAdd(name: BrokerHeaders.requestID, value: requestID)
         let keep = keepAlive && !self.registry.isDraining

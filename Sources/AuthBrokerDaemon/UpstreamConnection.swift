@@ -63,9 +63,13 @@ package final class UpstreamConnection: Sendable {
     /// the response read.
     package func startExchange(head: HTTPRequestHead) async throws -> UpstreamExchange {
         let handler = self.handler
-        let responses = try await self.channel.eventLoop.submit {
-            try handler.value.beginExchange()
-        }.get()
+        // A task on the connection's own loop (the usual case, see EventLoopTaskExecutor) needs no hop.
+        let responses =
+            if self.channel.eventLoop.inEventLoop {
+                try handler.value.beginExchange()
+            } else {
+                try await self.channel.eventLoop.submit { try handler.value.beginExchange() }.get()
+            }
         try await self.channel.writeAndFlush(HTTPClientRequestPart.head(head)).get()
         return UpstreamExchange(channel: self.channel, handler: handler, responseParts: responses)
     }
@@ -89,7 +93,11 @@ package struct UpstreamExchange: Sendable {
     package func finishRequest() async throws {
         try await self.channel.writeAndFlush(HTTPClientRequestPart.end(nil)).get()
         let handler = self.handler
-        self.channel.eventLoop.execute { handler.value.requestFinished() }
+        if self.channel.eventLoop.inEventLoop {
+            handler.value.requestFinished()
+        } else {
+            self.channel.eventLoop.execute { handler.value.requestFinished() }
+        }
     }
 }
 

@@ -115,12 +115,15 @@ package final class UpstreamConnector: Sendable {
         package var handler: NIOLoopBound<UpstreamExchangeHandler>
     }
 
-    /// Connects to `origin` and returns a connection ready for its first exchange.
+    /// Connects to `origin` and returns a connection ready for its first exchange, on
+    /// `eventLoop` when given (the requesting client connection's), else on any of the group's.
     /// - Throws: `BrokerError` naming what failed (DNS, refused, timeout, untrusted server, TLS).
     package func connect(
-        route: UpstreamRoute, id: Int, onClose: @escaping @Sendable () -> Void
+        route: UpstreamRoute, id: Int, on eventLoop: (any EventLoop)? = nil, onClose: @escaping @Sendable () -> Void
     ) async throws -> UpstreamConnection {
-        try await self.open(route: route, id: id, onClose: onClose, observation: NIOLockedValueBox(nil))
+        try await self.open(
+            route: route, id: id, on: eventLoop, onClose: onClose, observation: NIOLockedValueBox(nil)
+        )
     }
 
     /// Shakes hands with `origin` and reports the chain it presented and our verdict on it,
@@ -129,7 +132,7 @@ package final class UpstreamConnector: Sendable {
         let observation = NIOLockedValueBox<TrustObservation?>(nil)
         do {
             let route = UpstreamRoute(origin, proxy: self.settings.upstream.proxy(for: origin))
-            let connection = try await self.open(route: route, id: -1, onClose: {}, observation: observation)
+            let connection = try await self.open(route: route, id: -1, on: nil, onClose: {}, observation: observation)
             connection.close()
         } catch {
             guard observation.withLockedValue({ $0 }) != nil else { throw error }
@@ -144,7 +147,7 @@ package final class UpstreamConnector: Sendable {
     }
 
     private func open(
-        route: UpstreamRoute, id: Int, onClose: @escaping @Sendable () -> Void,
+        route: UpstreamRoute, id: Int, on eventLoop: (any EventLoop)?, onClose: @escaping @Sendable () -> Void,
         observation decisionBox: NIOLockedValueBox<TrustObservation?>
     ) async throws -> UpstreamConnection {
         let origin = route.origin
@@ -158,7 +161,7 @@ package final class UpstreamConnector: Sendable {
         let channel: any Channel
         if let proxy = route.proxy, origin.scheme == .https {
             do {
-                channel = try await self.openTunnel(through: proxy, to: origin)
+                channel = try await self.openTunnel(through: proxy, to: origin, on: eventLoop)
             } catch {
                 handshake.fail(error)
                 throw error
@@ -177,7 +180,7 @@ package final class UpstreamConnector: Sendable {
             }
         } else {
             do {
-                channel = try await self.connectTCP(to: route.firstHop) { [self] channel in
+                channel = try await self.connectTCP(to: route.firstHop, on: eventLoop) { [self] channel in
                     try self.configurePipeline(
                         channel: channel, origin: origin, tlsContext: tlsContext, decisionBox: decisionBox,
                         channelError: channelError, handshake: handshake, onClose: onClose
@@ -233,9 +236,10 @@ package final class UpstreamConnector: Sendable {
 
     /// A TCP connection to `hop` (with the config's `resolve` overrides), set up by `initializer`.
     private func connectTCP(
-        to hop: CanonicalOrigin, initializer: @escaping @Sendable (any Channel) throws -> Void
+        to hop: CanonicalOrigin, on eventLoop: (any EventLoop)? = nil, initializer: @escaping @Sendable (any Channel) throws -> Void
     ) async throws -> any Channel {
-        let bootstrap = ClientBootstrap(group: self.group)
+        // On the requester's event loop when given, so the exchange never hops threads.
+        let bootstrap = ClientBootstrap(group: eventLoop ?? self.group)
             .connectTimeout(self.settings.upstream.connectTimeout)
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
             .channelInitializer { channel in
@@ -257,7 +261,9 @@ package final class UpstreamConnector: Sendable {
     ///
     /// - Throws: `BrokerError`: the proxy unreachable, its refusal (with `next-hop`), or a 407 no
     ///   stored password answers (carrying the proxy's Basic and Digest challenges for the client).
-    private func openTunnel(through proxy: CanonicalOrigin, to origin: CanonicalOrigin) async throws -> any Channel {
+    private func openTunnel(
+        through proxy: CanonicalOrigin, to origin: CanonicalOrigin, on eventLoop: (any EventLoop)?
+    ) async throws -> any Channel {
         let context = UpstreamConnectContext.current
         let target = origin.authorityForm
         var auth = RequestAuthState(proxyAuthorization: context?.clientProxyAuthorization)
@@ -268,7 +274,7 @@ package final class UpstreamConnector: Sendable {
             let responsePromise = self.group.next().makePromise(of: HTTPResponseHead.self)
             let channel: any Channel
             do {
-                channel = try await self.connectTCP(to: proxy) { channel in
+                channel = try await self.connectTCP(to: proxy, on: eventLoop) { channel in
                     let sync = channel.pipeline.syncOperations
                     try sync.addHandler(HTTPRequestEncoder(), name: "proxy-encoder")
                     try sync.addHandler(

@@ -1,6 +1,7 @@
 import AuthBrokerCore
 import NIOConcurrencyHelpers
 import NIOCore
+import NIOPosix
 
 /// A connection leased from the pool; give it back with `UpstreamPool.release(_:reusable:)`.
 package struct PooledConnection<Connection: Sendable>: Sendable {
@@ -106,7 +107,9 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
         var close: [Connection] = []
         var fail: [(Waiter, any Error)] = []
         var lease: [(Waiter, PooledConnection<Connection>)] = []
-        var create: [(UpstreamRoute, Int)] = []
+        var create: [(UpstreamRoute, Int, (any EventLoop)?)] = []
+        /// The event loop of the request being served, for a connection made for it.
+        var preferredLoop: (any EventLoop)?
         var schedule: [(UpstreamRoute, Int, token: Int)] = []
         var shutdownDone: [CheckedContinuation<Void, Never>] = []
     }
@@ -114,8 +117,9 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
     private let limits: Machine.Limits
     private let idleTimeout: TimeAmount
     private let eventLoop: any EventLoop
-    private let connect: @Sendable (UpstreamRoute, _ id: Int) async throws -> Connection
+    private let connect: @Sendable (UpstreamRoute, _ id: Int, _ on: (any EventLoop)?) async throws -> Connection
     private let closeConnection: @Sendable (Connection) -> Void
+    private let eventLoopOf: @Sendable (Connection) -> (any EventLoop)?
     private let state = NIOLockedValueBox(State())
 
     /// - Parameters:
@@ -124,16 +128,39 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
     ///   - eventLoop: runs the idle timers only.
     ///   - connect: makes a connection; its error fails one waiting request (`connect_failed`).
     ///   - close: closes a connection the pool no longer wants; must not block.
+    ///   - eventLoopOf: the event loop a connection lives on. A request made on an event loop
+    ///     (its task runs there) gets an idle connection on the same loop when there is one, and a
+    ///     connection made for it is made on that loop (`connect`'s third argument), so the
+    ///     request's I/O stays on one thread.
     package init(
         limits: UpstreamPoolStateMachine.Limits, idleTimeout: TimeAmount, eventLoop: any EventLoop,
-        connect: @escaping @Sendable (UpstreamRoute, _ id: Int) async throws -> Connection,
-        close: @escaping @Sendable (Connection) -> Void
+        connect: @escaping @Sendable (UpstreamRoute, _ id: Int, _ on: (any EventLoop)?) async throws -> Connection,
+        close: @escaping @Sendable (Connection) -> Void,
+        eventLoopOf: @escaping @Sendable (Connection) -> (any EventLoop)?
     ) {
         self.limits = limits
         self.idleTimeout = idleTimeout
         self.eventLoop = eventLoop
         self.connect = connect
         self.closeConnection = close
+        self.eventLoopOf = eventLoopOf
+    }
+
+    /// A pool whose connections have no event loop preference.
+    package convenience init(
+        limits: UpstreamPoolStateMachine.Limits, idleTimeout: TimeAmount, eventLoop: any EventLoop,
+        connect: @escaping @Sendable (UpstreamRoute, _ id: Int) async throws -> Connection,
+        close: @escaping @Sendable (Connection) -> Void
+    ) {
+        self.init(
+            limits: limits, idleTimeout: idleTimeout, eventLoop: eventLoop,
+            connect: { route, id, _ in try await connect(route, id) }, close: close, eventLoopOf: { _ in nil }
+        )
+    }
+
+    /// How the state machine names an event loop.
+    private static func affinity(_ loop: (any EventLoop)?) -> UpstreamPoolStateMachine.Affinity? {
+        loop.map { Int(bitPattern: ObjectIdentifier($0)) }
     }
 
     /// Established connections (idle or leased) over all routes; ones being made are not counted.
@@ -147,6 +174,9 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
     /// - Throws: `UpstreamPoolError` (`too_many_pending`, `shutting_down`, `connect_failed`), or
     ///   `CancellationError` when the task is cancelled while it waits.
     package func lease(_ route: UpstreamRoute) async throws -> PooledConnection<Connection> {
+        // The loop this task runs on, when it runs on one (a client connection's task does).
+        let loop = MultiThreadedEventLoopGroup.currentEventLoop
+        let affinity = Self.affinity(loop)
         let requestID = state.withLockedValue { state in
             defer { state.nextRequestID += 1 }
             return state.nextRequestID
@@ -162,7 +192,8 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
                             return .none
                         }
                         entry.waiters[requestID] = continuation
-                        return entry.machine.leaseRequested(requestID)
+                        effects.preferredLoop = loop
+                        return entry.machine.leaseRequested(requestID, affinity: affinity)
                     }
                 )
             }
@@ -208,10 +239,11 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
     // MARK: Events from the connect task and the timers
 
     private func connectionCreated(_ route: UpstreamRoute, id: Int, connection: Connection) {
+        let affinity = Self.affinity(self.eventLoopOf(connection))
         run(
             modify(route) { entry, effects in
                 entry.connections[id] = connection
-                let action = entry.machine.connectionCreated(id)
+                let action = entry.machine.connectionCreated(id, affinity: affinity)
                 if action == .none {
                     // The machine did not expect this connection: never keep one nobody owns.
                     entry.connections[id] = nil
@@ -313,14 +345,14 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
         case .none:
             break
         case .create(let id):
-            effects.create.append((route, id))
+            effects.create.append((route, id, effects.preferredLoop))
         case .close(let id):
             close(id)
         case .closeMany(let ids):
             ids.forEach(close)
         case .closeAndCreate(let closing, let creating):
             close(closing)
-            effects.create.append((route, creating))
+            effects.create.append((route, creating, effects.preferredLoop))
         case .scheduleIdleTimeout(let id):
             let token = state.nextTimerToken
             state.nextTimerToken += 1
@@ -352,10 +384,10 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
         for connection in effects.close { closeConnection(connection) }
         for (waiter, error) in effects.fail { waiter.resume(throwing: error) }
         for (waiter, lease) in effects.lease { waiter.resume(returning: lease) }
-        for (route, id) in effects.create {
+        for (route, id, loop) in effects.create {
             Task {
                 do {
-                    let connection = try await self.connect(route, id)
+                    let connection = try await self.connect(route, id, loop)
                     self.connectionCreated(route, id: id, connection: connection)
                 } catch {
                     self.connectionFailed(route, id: id, error: error)

@@ -1,6 +1,9 @@
 #define _GNU_SOURCE
 #include "CAuthBrokerSystem.h"
 #include <errno.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <sys/stat.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -98,4 +101,12 @@ int cab_file_owner_mode(const char *path, int follow, uid_t *uid, uint32_t *mode
     *uid = info.st_uid;
     *mode = (uint32_t)info.st_mode;
     return 0;
+}
+
+int cab_malloc_trim(void) {
+#if defined(__GLIBC__)
+    return malloc_trim(0);
+#else
+    return 0;
+#endif
 }

@@ -28,6 +28,28 @@ struct UpstreamPoolStateMachineTests {
         #expect(pool.isEmpty)
     }
 
+    @Test func leasePrefersAnIdleConnectionWithTheRequestsAffinity() {
+        var pool = Machine(limits: .init(maxConnections: 3, maxIdleConnections: 3, maxPendingRequests: 4))
+        #expect(pool.leaseRequested(1, affinity: 10) == action(.none, .create(0)))
+        #expect(pool.connectionCreated(0, affinity: 10) == action(.lease(0, to: 1)))
+        #expect(pool.leaseRequested(2, affinity: 20) == action(.none, .create(1)))
+        #expect(pool.connectionCreated(1, affinity: 20) == action(.lease(1, to: 2)))
+        #expect(pool.connectionReleased(0, reusable: true) == action(.none, .scheduleIdleTimeout(0)))
+        #expect(pool.connectionReleased(1, reusable: true) == action(.none, .scheduleIdleTimeout(1)))
+        // 1 is the most recently idle, but 0 lives where request 3 runs.
+        #expect(pool.leaseRequested(3, affinity: 10) == action(.lease(0, to: 3), .cancelIdleTimeout(0)))
+        #expect(pool.connectionReleased(0, reusable: true) == action(.none, .scheduleIdleTimeout(0)))
+        // No idle connection has affinity 30: the most recently idle one serves, nothing is made.
+        #expect(pool.leaseRequested(4, affinity: 30) == action(.lease(0, to: 4), .cancelIdleTimeout(0)))
+        // Without an affinity: the most recently idle one.
+        #expect(pool.connectionReleased(0, reusable: true) == action(.none, .scheduleIdleTimeout(0)))
+        #expect(pool.leaseRequested(5) == action(.lease(0, to: 5), .cancelIdleTimeout(0)))
+        // A closed connection's affinity is forgotten with it: 1 closes, a later 20 takes 0.
+        #expect(pool.connectionClosed(1) == action(.none, .cancelIdleTimeout(1)))
+        #expect(pool.connectionReleased(0, reusable: true) == action(.none, .scheduleIdleTimeout(0)))
+        #expect(pool.leaseRequested(6, affinity: 20) == action(.lease(0, to: 6), .cancelIdleTimeout(0)))
+    }
+
     @Test func queueAndPendingLimit() {
         var pool = Machine(limits: .init(maxConnections: 1, maxIdleConnections: 1, maxPendingRequests: 1))
         #expect(pool.leaseRequested(1) == action(.none, .create(0)))

@@ -417,4 +417,44 @@ struct UpstreamPoolTests {
         #expect(Set(closedByPool).union(closedByServer) == Set(upstream.madeConnections))
         #expect(upstream.madeConnections.count == closedByPool.count + closedByServer.count)
     }
+
+    /// A request whose task runs on an event loop gets the idle connection on that loop, not
+    /// the most recently idle one, and a connection made for it is made on its loop.
+    @Test func leasePrefersTheRequestsEventLoop() async throws {
+        struct LoopConnection: Sendable {
+            var id: Int
+            var loop: any EventLoop
+        }
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 2)
+        let executors = EventLoopTaskExecutor.executors(for: group)
+        let (loopA, loopB) = (executors[0].eventLoop, executors[1].eventLoop)
+        let pool = UpstreamPool<LoopConnection>(
+            limits: .init(maxConnections: 4, maxIdleConnections: 4, maxPendingRequests: 4),
+            idleTimeout: .seconds(60), eventLoop: loopA,
+            connect: { _, id, loop in LoopConnection(id: id, loop: loop ?? loopA) },
+            close: { _ in },
+            eventLoopOf: { $0.loop }
+        )
+        func lease(on executor: EventLoopTaskExecutor) async throws -> PooledConnection<LoopConnection> {
+            let origin = self.origin
+            let task = Task(executorPreference: executor, operation: { try await pool.lease(origin) })
+            return try await task.value
+        }
+        let onA = try await lease(on: executors[0])
+        let onB = try await lease(on: executors[1])
+        #expect(onA.connection.loop === loopA, "a connection made for a request on loop A is on loop A")
+        #expect(onB.connection.loop === loopB)
+        pool.release(onA, reusable: true)
+        pool.release(onB, reusable: true)
+        // B's connection is the most recently idle; a request on A still gets A's.
+        let again = try await lease(on: executors[0])
+        #expect(again.id == onA.id)
+        pool.release(again, reusable: true)
+        // A request on no event loop gets the most recently idle one.
+        let anywhere = try await pool.lease(origin)
+        #expect(anywhere.id == onA.id)
+        pool.release(anywhere, reusable: true)
+        await pool.shutdown()
+        try await group.shutdownGracefully()
+    }
 }

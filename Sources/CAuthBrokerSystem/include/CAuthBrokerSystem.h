@@ -35,4 +35,7 @@ int cab_unix_socket_is_live(const char *path);
 /// Swift (whose members several overlays claim). Returns 0, or an errno value.
 int cab_file_owner_mode(const char *path, int follow, uid_t *uid, uint32_t *mode);
 
+/// glibc's malloc_trim(0): returns free heap pages to the kernel (1 if any were). 0 elsewhere.
+int cab_malloc_trim(void);
+
 #endif

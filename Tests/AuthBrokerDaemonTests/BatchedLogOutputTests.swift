@@ -1,0 +1,52 @@
+import AuthBrokerDaemon
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The log output behind `BrokerLogHandler`, on a real pipe.
+@Suite("BatchedLogOutput")
+struct BatchedLogOutputTests {
+    /// Reads what is in the pipe now, without waiting.
+    private func available(_ fd: CInt) -> String {
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let count = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            guard count > 0 else { break }
+            bytes += chunk[0..<count]
+        }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+
+    @Test func batchedLinesWaitAndKeepTheirOrder() async throws {
+        var fds: [CInt] = [0, 0]
+        #expect(pipe(&fds) == 0)
+        defer {
+            close(fds[0])
+            close(fds[1])
+        }
+        _ = fcntl(fds[0], F_SETFL, O_NONBLOCK)
+        let output = BatchedLogOutput(fileDescriptor: fds[1])
+
+        output.writeBatched("access 1\n")
+        output.writeBatched("access 2\n")
+        #expect(available(fds[0]) == "", "batched lines are not written at once")
+        output.write("warning\n")
+        #expect(available(fds[0]) == "access 1\naccess 2\nwarning\n", "an unbatched line writes the batch first, in order")
+
+        output.writeBatched("access 3\n")
+        var seen = ""
+        for _ in 0..<200 where seen.isEmpty {
+            try await Task.sleep(for: .milliseconds(10))
+            seen = available(fds[0])
+        }
+        #expect(seen == "access 3\n", "a batched line is written by the flush timer without another line")
+
+        output.writeBatched("access 4\n")
+        output.flush()
+        #expect(available(fds[0]) == "access 4\n")
+    }
+}
