@@ -115,7 +115,7 @@ package struct Interceptor: Sendable {
             let retryAllowed = mayRetry && attempt == 1
             let authContext = AuthContext(
                 head: head, origin: origin, uri: pathAndQuery, replay: replay, state: auth,
-                mayAnswer: attempt < Self.maxAttempts, agentWait: Self.agentWait(head), peer: peer,
+                mayAnswer: attempt < Self.maxAttempts, agentWait: BrokerDirectives(headers: head.headers).interactiveWait, peer: peer,
                 clientGone: clientGone
             )
             let result = await withTaskGroup(of: ResponsePumpResult.self) { group in
@@ -215,7 +215,7 @@ package struct Interceptor: Sendable {
     /// it names in `Authbroker-Identity`, or the user's rules for the host).
     private func route(to origin: CanonicalOrigin, head: HTTPRequestHead) throws(BrokerError) -> UpstreamRoute {
         guard origin.scheme == .https else { return UpstreamRoute(origin) }
-        let requested = ProxyHeaders.brokerDirectives(head.headers).last { $0.name == BrokerHeaders.identity }?.value
+        let requested = BrokerDirectives(headers: head.headers).identity
         do {
             let identity = try self.store.clientIdentity(for: origin.host, requested: requested)
             return UpstreamRoute(origin, clientIdentity: identity?.name)
@@ -341,17 +341,6 @@ package struct Interceptor: Sendable {
         var clientGone: @Sendable () async -> Void
     }
 
-    /// `Authbroker-Interactive: <seconds>` (1 to 600) or `yes` (120 s): the request may wait
-    /// that long for an agent to answer a challenge the store cannot. Absent, or anything
-    /// else: it may not, and such a challenge goes to the client at once.
-    static func agentWait(_ head: HTTPRequestHead) -> Duration? {
-        guard let value = ProxyHeaders.brokerDirectives(head.headers).last(where: { $0.name == BrokerHeaders.interactive })?.value
-        else { return nil }
-        let text = value.filter { $0 != " " && $0 != "\t" }.lowercased()
-        if text == "yes" || text == "true" || text == "?1" { return .seconds(120) }
-        guard let seconds = Int(text), (1...600).contains(seconds) else { return nil }
-        return .seconds(seconds)
-    }
 
     /// How long a 401 waits for the rest of the request body before deciding without it.
     static let replayWait: Duration = .seconds(5)
