@@ -30,7 +30,8 @@ public func fuzzRequestTarget(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt
     }
     var headers = HTTPHeaders()
     for line in lines {
-        guard let colon = line.firstIndex(of: ":") else { continue }
+        // NIOHTTP1's parser hands over only token names (RFC 9110 §5.1); `add` traps on others.
+        guard let colon = line.firstIndex(of: ":"), isToken(line[..<colon]) else { continue }
         headers.add(name: String(line[..<colon]), value: String(line[line.index(after: colon)...]).trimmingBlanks())
     }
 
@@ -92,9 +93,17 @@ private func connectionOptions(_ headers: HTTPHeaders) -> Set<String> {
     Set(headers[canonicalForm: "connection"].map { $0.trimmingBlanks().lowercased() })
 }
 
-/// Printable ASCII, plus the ellipsis `HostSyntax.text` appends to a shortened input.
+private func isToken(_ name: Substring) -> Bool {
+    !name.isEmpty && name.utf8.allSatisfy { byte in
+        (byte >= 0x30 && byte <= 0x39) || (byte | 0x20 >= 0x61 && byte | 0x20 <= 0x7A) || "!#$%&'*+-.^_`|~".utf8.contains(byte)
+    }
+}
+
+/// Printable ASCII, plus the two non-ASCII characters of the messages' own text (the ellipsis
+/// `HostSyntax.text` appends to a shortened input, and "§" of RFC citations): the input itself
+/// must arrive escaped.
 private func isLoggable(_ text: String) -> Bool {
-    text.unicodeScalars.allSatisfy { ($0.value >= 0x20 && $0.value < 0x7F) || $0 == "…" }
+    text.unicodeScalars.allSatisfy { ($0.value >= 0x20 && $0.value < 0x7F) || $0 == "…" || $0 == "§" }
 }
 
 extension StringProtocol {
