@@ -242,3 +242,54 @@ let package = Package(
         ),
     ]
 )
+
+// FUZZ TARGETS, not products: libFuzzer harnesses (Fuzz/), declared only when scripts/fuzz
+// builds them (AUTHBROKER_FUZZ=1, its own scratch path .build-fuzz, `--sanitize=fuzzer`).
+// Each has no `main` (libFuzzer's is linked in), so an ordinary `swift build` could not link
+// them; and they must be in this package, not a separate one, to reach `package` declarations.
+if Context.environment["AUTHBROKER_FUZZ"] == "1" {
+    let fuzzTargets: [(name: String, dependencies: [Target.Dependency])] = [
+        ("fuzz-auth-challenge", ["AuthBrokerHTTPAuth", "AuthBrokerCore"]),
+        ("fuzz-request-target", ["AuthBrokerCore", .product(name: "NIOHTTP1", package: "swift-nio")]),
+        ("fuzz-config", ["AuthBrokerCore"]),
+        (
+            "fuzz-control-api",
+            [
+                "FuzzDaemonSupport", "AuthBrokerDaemon", "AuthBrokerTrust", "AuthBrokerCore",
+                .product(name: "Logging", package: "swift-log"), .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ]
+        ),
+        ("fuzz-anchors-pem", ["AuthBrokerTrust", "AuthBrokerCore"]),
+        (
+            "fuzz-identity-import",
+            [
+                "FuzzDaemonSupport", "AuthBrokerDaemon", "AuthBrokerTrust", "AuthBrokerCore",
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ]
+        ),
+    ]
+    package.targets += [
+        .target(
+            name: "FuzzSupport",
+            path: "Fuzz/Sources/FuzzSupport",
+            swiftSettings: strictSettings
+        ),
+        .target(
+            name: "FuzzDaemonSupport",
+            dependencies: ["AuthBrokerDaemon", .product(name: "NIOConcurrencyHelpers", package: "swift-nio")],
+            path: "Fuzz/Sources/FuzzDaemonSupport",
+            swiftSettings: strictSettings
+        ),
+    ]
+    for target in fuzzTargets {
+        package.targets.append(
+            .executableTarget(
+                name: target.name,
+                dependencies: target.dependencies + ["FuzzSupport"],
+                path: "Fuzz/Sources/\(target.name)",
+                swiftSettings: strictSettings
+            )
+        )
+    }
+}

@@ -105,10 +105,6 @@ package struct UntrustedServer: Sendable {
 /// Names of the headers the broker itself adds.
 package enum BrokerHeaders {
     package static let requestID = "Authbroker-Request-Id"
-    /// Names the client identity to present to the origin (lower-cased, as directives are collected).
-    package static let identity = "authbroker-identity"
-    /// Whether, and how long, a request may wait for an agent (lower-cased directive name).
-    package static let interactive = "authbroker-interactive"
 }
 
 // MARK: - Client-side errors

@@ -38,7 +38,7 @@ package struct RequestAuthState: Sendable {
     package init(headers: HTTPHeaders) {
         let authorization = headers.first(name: "authorization")
         if authorization != nil { self.lastAttempt = .clientCredential }
-        let persist = ProxyHeaders.brokerDirectives(headers).last { $0.name == "authbroker-persist" }?.value.lowercased()
+        let persist = BrokerDirectives(headers: headers).persist
         guard let authorization, let persist, let persistence = CredentialPersistence(rawValue: persist), persistence != .none
         else { return }
         self.clientCredential = BasicAuthorization.credential(fromHeaderValue: authorization)

@@ -72,7 +72,7 @@ package struct Interceptor: Sendable {
         // The client's own Proxy-Authorization is for the configured proxy only, never an origin.
         let clientProxyAuthorization = route.proxy == nil ? nil : head.headers.first(name: "proxy-authorization")
         let connectContext = UpstreamConnectContext.Value(
-            requester: peer?.requester, agentWait: Self.agentWait(head), clientProxyAuthorization: clientProxyAuthorization
+            requester: peer?.requester, agentWait: BrokerDirectives(headers: head.headers).interactiveWait, clientProxyAuthorization: clientProxyAuthorization
         )
         if let identity = route.clientIdentity {
             self.audit?.record(.identityPresented(name: identity, origin: origin, requester: peer?.requester))
@@ -135,7 +135,7 @@ package struct Interceptor: Sendable {
                 let brokerError = self.mapLeaseError(error, origin: origin)
                 // An interactive request may ask an agent whether to trust the server, once; a
                 // "yes" adds an exception or anchor, and the request connects anew.
-                if !askedAboutTrust, let untrusted = brokerError.serverTrustFailure, let wait = Self.agentWait(head),
+                if !askedAboutTrust, let untrusted = brokerError.serverTrustFailure, let wait = BrokerDirectives(headers: head.headers).interactiveWait,
                     let challenges = self.challenges
                 {
                     askedAboutTrust = true
@@ -174,7 +174,7 @@ package struct Interceptor: Sendable {
             let retryAllowed = mayRetry && attempt == 1
             let authContext = AuthContext(
                 head: head, origin: origin, uri: pathAndQuery, replay: replay, state: auth,
-                mayAnswer: attempt < Self.maxAttempts, agentWait: Self.agentWait(head), peer: peer,
+                mayAnswer: attempt < Self.maxAttempts, agentWait: BrokerDirectives(headers: head.headers).interactiveWait, peer: peer,
                 clientGone: clientGone,
                 proxy: forwardProxy.map { (origin: $0, uri: upstreamTarget, state: proxyAuth) }
             )
@@ -303,7 +303,7 @@ package struct Interceptor: Sendable {
     private func route(to origin: CanonicalOrigin, head: HTTPRequestHead) throws(BrokerError) -> UpstreamRoute {
         let proxy = self.settings.upstream.proxy(for: origin)
         guard origin.scheme == .https else { return UpstreamRoute(origin, proxy: proxy) }
-        let requested = ProxyHeaders.brokerDirectives(head.headers).last { $0.name == BrokerHeaders.identity }?.value
+        let requested = BrokerDirectives(headers: head.headers).identity
         do {
             let identity = try self.store.clientIdentity(for: origin.host, requested: requested)
             return UpstreamRoute(origin, clientIdentity: identity?.name, proxy: proxy)
@@ -435,17 +435,6 @@ package struct Interceptor: Sendable {
         var proxy: (origin: CanonicalOrigin, uri: String, state: NIOLockedValueBox<RequestAuthState>)?
     }
 
-    /// `Authbroker-Interactive: <seconds>` (1 to 600) or `yes` (120 s): the request may wait
-    /// that long for an agent to answer a challenge the store cannot. Absent, or anything
-    /// else: it may not, and such a challenge goes to the client at once.
-    static func agentWait(_ head: HTTPRequestHead) -> Duration? {
-        guard let value = ProxyHeaders.brokerDirectives(head.headers).last(where: { $0.name == BrokerHeaders.interactive })?.value
-        else { return nil }
-        let text = value.filter { $0 != " " && $0 != "\t" }.lowercased()
-        if text == "yes" || text == "true" || text == "?1" { return .seconds(120) }
-        guard let seconds = Int(text), (1...600).contains(seconds) else { return nil }
-        return .seconds(seconds)
-    }
 
     /// How long a 401 waits for the rest of the request body before deciding without it.
     static let replayWait: Duration = .seconds(5)

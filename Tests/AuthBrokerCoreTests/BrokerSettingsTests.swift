@@ -281,6 +281,11 @@ struct BrokerSettingsTests {
         BadCase("[trust]\nsystem_anchors = \"/etc/\\u0000x\"", .invalidValue, line: 2, key: "trust.system_anchors", "control character"),
         BadCase("[upstream]\nresolve = [\"nope\"]", .invalidValue, line: 2, key: "upstream.resolve", "entry 1: \"nope\": expected three parts"),
         BadCase("[upstream]\nresolve = [\"a:1:1.1.1.1\", \"A.:1:[::1]\"]", .invalidValue, line: 2, key: "upstream.resolve", "entries 1 and 2 both pin a:1; keep one"),
+        // Found by fuzz-config: the refused value is shown escaped, so the message stays one line.
+        BadCase(
+            "[security]\nreauth_grant_seconds = 3\n\n[secrets]\nstore = \"\\U0001F600fil\t\t\teA\"\n", .invalidValue, line: 5,
+            key: "secrets.store", "not \"\u{1F600}fil\\t\\t\\teA\""
+        ),
     ])
     func rejects(_ bad: BadCase) {
         let error = #expect(throws: ConfigError.self) { try BrokerSettings.parse(bad.text, file: Self.file) }

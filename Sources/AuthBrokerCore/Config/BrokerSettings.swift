@@ -276,7 +276,7 @@ package struct BrokerSettings: Sendable, Equatable {
         let secrets = TableReader(file: file, table: "secrets", document: document)
         if let value = try secrets.string("store", expected: "\"auto\", \"secret-service\" or \"file\"") {
             guard ["auto", "secret-service", "file"].contains(value) else {
-                throw secrets.error("store", .invalidValue, "use \"auto\", \"secret-service\" or \"file\", not \"\(value.prefix(40))\"")
+                throw secrets.error("store", .invalidValue, "use \"auto\", \"secret-service\" or \"file\", not \"\(TOMLValue.escapedForMessage(value))\"")
             }
             settings.secrets.store = value
         }
