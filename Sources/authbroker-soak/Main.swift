@@ -126,11 +126,11 @@ struct SoakSetup: Sendable {
         let mtls = try await TestOrigin.start(
             name: "mtls", identity: try TestPKI.makeLeaf(dnsNames: ["mtls.soak.test"], issuer: serverCA), clientCA: clientCA
         )
-        // Counts accepted in any order (RFC 7616's replay rule): concurrent requests share a nonce
-        // over several connections. (A server that insists on rising counts refuses some of them,
-        // and the daemon then marks the password refused: see SOAK.md.)
+        // The strict kind of Digest server: `nc` must rise per nonce, so the counts of concurrent
+        // requests sharing a nonce over several connections are refused when they arrive out of
+        // order, and the daemon must answer afresh without ever marking the password refused.
         let auth = try await TestAuthOrigin.start(
-            name: "auth", user: Self.user, password: Self.password, behaviour: TestAuthBehaviour(strictCountOrder: false)
+            name: "auth", user: Self.user, password: Self.password, behaviour: TestAuthBehaviour(strictCountOrder: true)
         )
         let agentOrigin = try await TestAuthOrigin.start(name: "agent", user: Self.agentUser, password: Self.password)
         let resolve = [("plain", plain.port), ("tls", tls.port), ("mtls", mtls.port), ("auth", auth.port), ("agent", agentOrigin.port)]

@@ -114,13 +114,11 @@ struct SoakReport {
         text += "\nThe agent answered \(self.tally.agentAnswers) challenges (each can release several coalesced requests).\n"
         text += """
 
-            The Digest origin accepts each `nc` of a nonce once, in any order (RFC 7616's replay rule):
-            concurrent requests share the daemon's nonce over several connections, so their counts arrive
-            out of order. The daemon copes with origins that insist on rising counts too (a refusal the
-            server contradicted by accepting the same password from another request meanwhile is answered
-            afresh, never marked refused; `StoredCredentialTests` covers it); an earlier daemon, unable to
-            tell that refusal from a wrong password, marked the password refused and failed about 40% of
-            such a run.
+            The Digest origin is the strict kind: `nc` must rise per nonce. Concurrent requests share the
+            daemon's nonce over several connections, so some counts arrive out of order and are refused;
+            the server accepting the same password from other requests meanwhile tells the daemon the
+            refusal is not about the password, so it answers afresh and never marks it refused
+            (`AuthAttemptPolicy`). An earlier daemon marked it refused and failed about 40% of such a run.
 
             """
         let failures = Kind.allCases.flatMap { kind in (self.tally.failures[kind] ?? []).map { "\(kind.rawValue): \($0)" } }

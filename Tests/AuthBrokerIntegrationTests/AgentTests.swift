@@ -8,10 +8,11 @@ import TestSupport
 struct AgentTests {
     static let password = "Wonderland-Secret-42"
 
-    /// A minimal agent speaking the wire protocol: answer (once or always), ignore, or disconnect.
-    static let script = #"""
-        import json, socket, sys
-        path, mode, password = sys.argv[1], sys.argv[2], sys.argv[3]
+    /// Python that attaches to `GET /v1/agent` at `path` and defines `lines()`, the event lines
+    /// of its chunked stream: the start of every test agent.
+    static let attachPrelude = #"""
+        import json, socket, sys, time
+        path = sys.argv[1]
         s = socket.socket(socket.AF_UNIX); s.connect(path)
         s.sendall(b"GET /v1/agent HTTP/1.1\r\nHost: x\r\n\r\n")
         f = s.makefile("rb")
@@ -28,6 +29,12 @@ struct AgentTests {
                 data = f.read(size); f.readline()
                 for line in data.splitlines():
                     yield line
+
+        """#
+
+    /// A minimal agent speaking the wire protocol: answer (once or always), ignore, or disconnect.
+    static let script = attachPrelude + #"""
+        mode, password = sys.argv[2], sys.argv[3]
         agent = None
         for raw in lines():
             event = json.loads(raw)

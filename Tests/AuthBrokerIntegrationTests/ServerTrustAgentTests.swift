@@ -9,25 +9,8 @@ import TestSupport
 struct ServerTrustAgentTests {
     /// An agent speaking the wire protocol: answers server-trust challenges with `mode`
     /// (once, always, anchor, reject), after `delay` seconds; or ignores them, or disconnects.
-    static let script = #"""
-        import json, socket, sys, time
-        path, mode, delay = sys.argv[1], sys.argv[2], float(sys.argv[3])
-        s = socket.socket(socket.AF_UNIX); s.connect(path)
-        s.sendall(b"GET /v1/agent HTTP/1.1\r\nHost: x\r\n\r\n")
-        f = s.makefile("rb")
-        while f.readline() not in (b"\r\n", b""):
-            pass
-        def lines():
-            while True:
-                size_line = f.readline()
-                if not size_line:
-                    return
-                size = int(size_line.strip(), 16)
-                if size == 0:
-                    return
-                data = f.read(size); f.readline()
-                for line in data.splitlines():
-                    yield line
+    static let script = AgentTests.attachPrelude + #"""
+        mode, delay = sys.argv[2], float(sys.argv[3])
         answers = {"once": {"trust": "once"}, "always": {"trust": "always", "scope": "exception"},
                    "anchor": {"trust": "always", "scope": "anchor"}, "reject": {"trust": "reject"}}
         agent = None

@@ -37,9 +37,12 @@ public func fuzzControlAPI(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
         return 0
     }
     let vault = PasswordVault()
+    let evaluator = TrustEvaluator(
+        systemAnchorsPath: scratch.file("no-bundle.pem"), store: store, cacheSize: 8, cacheTTL: .seconds(60), logger: logger
+    )
     let api = ControlAPI(
         store: store, vault: vault,
-        authenticator: HTTPAuthenticator(vault: vault, logger: logger),
+        challenges: AgentChallenges(vault: vault, store: store, evaluator: evaluator, logger: logger),
         identities: ClientIdentities(store: store, keys: MemoryKeyStore()),
         status: {
             StatusReport(
