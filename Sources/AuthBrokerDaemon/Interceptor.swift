@@ -71,8 +71,10 @@ package struct Interceptor: Sendable {
         upstreamHead.uri = upstreamTarget
         // The client's own Proxy-Authorization is for the configured proxy only, never an origin.
         let clientProxyAuthorization = route.proxy == nil ? nil : head.headers.first(name: "proxy-authorization")
+        // How long this request may wait for an agent (`Authbroker-Interactive`), read once.
+        let agentWait = BrokerDirectives(headers: head.headers).interactiveWait
         let connectContext = UpstreamConnectContext.Value(
-            requester: peer?.requester, agentWait: BrokerDirectives(headers: head.headers).interactiveWait, clientProxyAuthorization: clientProxyAuthorization
+            requester: peer?.requester, agentWait: agentWait, clientProxyAuthorization: clientProxyAuthorization
         )
         if let identity = route.clientIdentity {
             self.audit?.record(.identityPresented(name: identity, origin: origin, requester: peer?.requester))
@@ -135,7 +137,7 @@ package struct Interceptor: Sendable {
                 let brokerError = self.mapLeaseError(error, origin: origin)
                 // An interactive request may ask an agent whether to trust the server, once; a
                 // "yes" adds an exception or anchor, and the request connects anew.
-                if !askedAboutTrust, let untrusted = brokerError.serverTrustFailure, let wait = BrokerDirectives(headers: head.headers).interactiveWait,
+                if !askedAboutTrust, let untrusted = brokerError.serverTrustFailure, let wait = agentWait,
                     let challenges = self.challenges
                 {
                     askedAboutTrust = true
@@ -174,7 +176,7 @@ package struct Interceptor: Sendable {
             let retryAllowed = mayRetry && attempt == 1
             let authContext = AuthContext(
                 head: head, origin: origin, uri: pathAndQuery, replay: replay, state: auth,
-                mayAnswer: attempt < Self.maxAttempts, agentWait: BrokerDirectives(headers: head.headers).interactiveWait, peer: peer,
+                mayAnswer: attempt < Self.maxAttempts, agentWait: agentWait, peer: peer,
                 clientGone: clientGone,
                 proxy: forwardProxy.map { (origin: $0, uri: upstreamTarget, state: proxyAuth) }
             )
@@ -434,7 +436,6 @@ package struct Interceptor: Sendable {
         /// was sent (which proxy Digest hashes), and the request's state with the proxy.
         var proxy: (origin: CanonicalOrigin, uri: String, state: NIOLockedValueBox<RequestAuthState>)?
     }
-
 
     /// How long a 401 waits for the rest of the request body before deciding without it.
     static let replayWait: Duration = .seconds(5)
