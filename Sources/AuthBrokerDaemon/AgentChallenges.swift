@@ -49,18 +49,8 @@ package final class AgentChallenges: Sendable {
             chain: untrusted.decision.chain, chainDER: untrusted.chainDER
         )
         let broker = self.broker
-        // A client that goes away cancels its wait, which withdraws the challenge when it was the last.
-        let resolution: Broker.Resolution? = await withTaskGroup(of: Broker.Resolution?.self) { group in
-            group.addTask {
-                await broker.resolve(.serverTrust(space), interactive: true, timeout: wait, requester: requester)
-            }
-            group.addTask {
-                await clientGone()
-                return nil
-            }
-            let first = await group.next() ?? nil
-            group.cancelAll()
-            return first
+        let resolution = await untilClientGone(clientGone) {
+            await broker.resolve(.serverTrust(space), interactive: true, timeout: wait, requester: requester)
         }
         if case .answered(.serverTrusted) = resolution { return true }
         return false

@@ -174,3 +174,21 @@ package struct Requester: Equatable, Sendable, Codable {
         self.executable = executable
     }
 }
+
+/// Runs `wait` (a challenge's wait) until it finishes or the client goes away, whichever comes
+/// first; nil when the client went first. The wait is then cancelled, which withdraws the
+/// challenge from agents when nobody else waits on it (nobody would read the answer).
+func untilClientGone<Result: Sendable>(
+    _ clientGone: @escaping @Sendable () async -> Void, _ wait: @escaping @Sendable () async -> Result
+) async -> Result? {
+    await withTaskGroup(of: Result?.self) { group in
+        group.addTask { await wait() }
+        group.addTask {
+            await clientGone()
+            return nil
+        }
+        let first = await group.next() ?? nil
+        group.cancelAll()
+        return first
+    }
+}

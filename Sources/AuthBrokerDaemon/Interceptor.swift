@@ -572,24 +572,13 @@ package struct Interceptor: Sendable {
         let authenticator = self.authenticator
         let (challenger, uri, stateBox) =
             if isProxy, let proxy = auth.proxy { (proxy.origin, proxy.uri, proxy.state) } else { (auth.origin, auth.uri, auth.state) }
-        // A client that goes away while its challenge waits cancels the wait, which withdraws
-        // the challenge from agents (nobody would read the answer).
-        let decided: (retry: Bool, state: RequestAuthState)? = await withTaskGroup(of: (retry: Bool, state: RequestAuthState)?.self) { group in
-            group.addTask {
-                var state = stateBox.withLockedValue { $0 }
-                let retry = await authenticator.answerChallenge(
-                    head, origin: challenger, method: auth.head.method, uri: uri, resendableBody: body, isProxy: isProxy,
-                    agentWait: auth.agentWait, requester: auth.peer?.requester, state: &state
-                )
-                return (retry, state)
-            }
-            group.addTask {
-                await auth.clientGone()
-                return nil
-            }
-            let first = await group.next() ?? nil
-            group.cancelAll()
-            return first
+        let decided = await untilClientGone(auth.clientGone) { () -> (retry: Bool, state: RequestAuthState) in
+            var state = stateBox.withLockedValue { $0 }
+            let retry = await authenticator.answerChallenge(
+                head, origin: challenger, method: auth.head.method, uri: uri, resendableBody: body, isProxy: isProxy,
+                agentWait: auth.agentWait, requester: auth.peer?.requester, state: &state
+            )
+            return (retry, state)
         }
         guard let decided else { return false }
         stateBox.withLockedValue { $0 = decided.state }
