@@ -180,7 +180,7 @@ package final class UpstreamConnector: Sendable {
             }
         } else {
             do {
-                channel = try await self.connectTCP(to: route.firstHop, on: eventLoop) { [self] channel in
+                channel = try await self.connectTCP(to: route.firstHop, for: origin, on: eventLoop) { [self] channel in
                     try self.configurePipeline(
                         channel: channel, origin: origin, tlsContext: tlsContext, decisionBox: decisionBox,
                         channelError: channelError, handshake: handshake, onClose: onClose
@@ -188,9 +188,7 @@ package final class UpstreamConnector: Sendable {
                 }
             } catch {
                 handshake.fail(error)
-                let mapped = BrokerError.fromConnectError(error, origin: route.firstHop, settings: settings)
-                if let proxy = route.proxy { throw BrokerError.proxyUnreachable(mapped, proxy: proxy, origin: origin) }
-                throw mapped
+                throw error
             }
         }
 
@@ -235,8 +233,12 @@ package final class UpstreamConnector: Sendable {
     }
 
     /// A TCP connection to `hop` (with the config's `resolve` overrides), set up by `initializer`.
+    ///
+    /// - Throws: `BrokerError` for a failed connect: `origin`'s own error (DNS, refused, timeout),
+    ///   or, when `hop` is the upstream proxy rather than `origin`, that error as the proxy's.
     private func connectTCP(
-        to hop: CanonicalOrigin, on eventLoop: (any EventLoop)? = nil, initializer: @escaping @Sendable (any Channel) throws -> Void
+        to hop: CanonicalOrigin, for origin: CanonicalOrigin, on eventLoop: (any EventLoop)? = nil,
+        initializer: @escaping @Sendable (any Channel) throws -> Void
     ) async throws -> any Channel {
         // On the requester's event loop when given, so the exchange never hops threads.
         let bootstrap = ClientBootstrap(group: eventLoop ?? self.group)
@@ -245,10 +247,16 @@ package final class UpstreamConnector: Sendable {
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture { try initializer(channel) }
             }
-        if let override = self.settings.upstream.resolveOverride(host: hop.host, port: hop.port) {
-            return try await bootstrap.connect(to: try SocketAddress(ipAddress: override.address, port: hop.port)).get()
+        do {
+            if let override = self.settings.upstream.resolveOverride(host: hop.host, port: hop.port) {
+                return try await bootstrap.connect(to: try SocketAddress(ipAddress: override.address, port: hop.port)).get()
+            }
+            return try await bootstrap.connect(host: hop.host, port: hop.port).get()
+        } catch {
+            let mapped = BrokerError.fromConnectError(error, origin: hop, settings: self.settings)
+            if hop != origin { throw BrokerError.proxyUnreachable(mapped, proxy: hop, origin: origin) }
+            throw mapped
         }
-        return try await bootstrap.connect(host: hop.host, port: hop.port).get()
     }
 
     /// Attempts at CONNECT per tunnel at most: a 407, its answer, a stale nonce, and one more.
@@ -274,7 +282,7 @@ package final class UpstreamConnector: Sendable {
             let responsePromise = self.group.next().makePromise(of: HTTPResponseHead.self)
             let channel: any Channel
             do {
-                channel = try await self.connectTCP(to: proxy, on: eventLoop) { channel in
+                channel = try await self.connectTCP(to: proxy, for: origin, on: eventLoop) { channel in
                     let sync = channel.pipeline.syncOperations
                     try sync.addHandler(HTTPRequestEncoder(), name: "proxy-encoder")
                     try sync.addHandler(
@@ -284,8 +292,7 @@ package final class UpstreamConnector: Sendable {
                 }
             } catch {
                 responsePromise.fail(error)
-                let mapped = BrokerError.fromConnectError(error, origin: proxy, settings: self.settings)
-                throw BrokerError.proxyUnreachable(mapped, proxy: proxy, origin: origin)
+                throw error
             }
             var headers = HTTPHeaders()
             headers.add(name: "Host", value: target)
