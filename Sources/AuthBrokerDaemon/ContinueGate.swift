@@ -30,6 +30,8 @@ final class ContinueGate: Sendable {
     /// Waits until the body may go (the origin's 100, or `timeout`) or must not (a final status
     /// or a failure first). Returns at once when the body was not held.
     func bodyDecision(timeout: Duration) async -> ContinueGateStateMachine.BodyDecision {
+        // Usually decided already (a body not held): no timer task, no continuation.
+        if let now = self.box.withLockedValue({ $0.decided ?? $0.machine.decision }) { return now }
         let timer = Task {
             try await Task.sleep(for: timeout)
             self.fire { $0.timedOut() }
