@@ -5,6 +5,7 @@ import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
+import Synchronization
 
 /// Every open client connection, so that a graceful shutdown can close the idle ones at once
 /// and the busy ones as soon as their response ends.
@@ -337,13 +338,32 @@ package struct ClientConnectionServer: Sendable {
     }
 }
 
-/// Request ids: 16 random hex digits, enough to find one request's log lines.
+/// Request ids: 16 hex digits, enough to find one request's log lines. A counter from a random
+/// start, scrambled by a bijection (splitmix64's finaliser), so ids never repeat within a run
+/// and do not look sequential, at no system call per request (they are not secrets).
 package enum RequestIDs {
+    private static let next = Atomic<UInt64>(UInt64.random(in: .min ... .max))
+
     package static func make() -> String {
-        var generator = SystemRandomNumberGenerator()
-        let value = generator.next() as UInt64
-        let hex = String(value, radix: 16)
-        return String(repeating: "0", count: 16 - hex.count) + hex
+        let count = Self.next.wrappingAdd(1, ordering: .relaxed).oldValue
+        return hex(scrambled(count))
+    }
+
+    static func scrambled(_ value: UInt64) -> UInt64 {
+        var z = value &+ 0x9E37_79B9_7F4A_7C15
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+
+    private static func hex(_ value: UInt64) -> String {
+        String(unsafeUninitializedCapacity: 16) { buffer in
+            for index in 0..<16 {
+                let nibble = UInt8(truncatingIfNeeded: value >> UInt64(60 - 4 * index)) & 0xF
+                buffer[index] = nibble < 10 ? UInt8(ascii: "0") + nibble : UInt8(ascii: "a") + nibble - 10
+            }
+            return 16
+        }
     }
 }
 
