@@ -114,6 +114,14 @@ package struct Interceptor: Sendable {
         var continueSentToClient = false
         var attempt = 0
         var requestEnded = false
+        if mayRetry {
+            // No body: the decoder's end follows the head at once. Taking it now lets the whole
+            // request go upstream in one write and the response be relayed by this task alone.
+            guard case .end? = try? await requests.next() else {
+                return RequestOutcome(status: 0, bytes: 0, brokerError: "client_closed", disposition: .close)
+            }
+            requestEnded = true
+        }
         var askedAboutTrust = false
         while true {
             attempt += 1
@@ -151,8 +159,10 @@ package struct Interceptor: Sendable {
                     clientWantsKeepAlive: clientWantsKeepAlive, requestEnded: requestEnded
                 )
             }
+            // A request without a body goes whole, head and end in one write.
+            let sendsWhole = requestEnded && replay.isEmpty
             do {
-                exchange = try await lease.connection.startExchange(head: attemptHead)
+                exchange = try await lease.connection.startExchange(head: attemptHead, requestEnds: sendsWhole)
             } catch {
                 self.pool.release(lease, reusable: false)
                 let closedBy = lease.connection.closingTLSError
@@ -180,16 +190,24 @@ package struct Interceptor: Sendable {
                 clientGone: clientGone,
                 proxy: forwardProxy.map { (origin: $0, uri: upstreamTarget, state: proxyAuth) }
             )
-            let result = await withTaskGroup(of: ResponsePumpResult.self) { group in
-                group.addTask {
-                    await self.pumpResponse(
-                        exchange.responseParts, route: route, connection: lease.connection, requestID: requestID, logger: logger,
-                        writer: writer,
-                        gate: gate, brokerAddedExpect: brokerAddedExpect, clientWantsKeepAlive: clientWantsKeepAlive,
-                        state: state, auth: authContext, closeClient: closeClient, draining: draining,
-                        retryAllowed: retryAllowed
-                    )
-                }
+            let pump: @Sendable () async -> ResponsePumpResult = {
+                await self.pumpResponse(
+                    exchange.responseParts, route: route, connection: lease.connection, requestID: requestID, logger: logger,
+                    writer: writer,
+                    gate: gate, brokerAddedExpect: brokerAddedExpect, clientWantsKeepAlive: clientWantsKeepAlive,
+                    state: state, auth: authContext, closeClient: closeClient, draining: draining,
+                    retryAllowed: retryAllowed
+                )
+            }
+            let result: ResponsePumpResult
+            if sendsWhole {
+                // Nothing is left to send alongside the response: this task relays it itself,
+                // with no child task per request.
+                state.markRequestComplete()
+                result = await pump()
+            } else {
+                result = await withTaskGroup(of: ResponsePumpResult.self) { group in
+                group.addTask { await pump() }
                 let requestComplete: Bool
                 if requestEnded {
                     // A later attempt: the request ended on the first one; send its kept body again.
@@ -225,6 +243,7 @@ package struct Interceptor: Sendable {
                     response = .completed(completed)
                 }
                 return response
+                }
             }
 
             continueSentToClient = gate.continueSentToClient
@@ -453,19 +472,25 @@ package struct Interceptor: Sendable {
         var upstreamKeepAlive = false
         var clientKeepAlive = clientWantsKeepAlive
         var bodyWithheld = false
-        var iterator = parts.makeAsyncIterator()
+        var iterator = ResponsePartReader(parts)
+        // What one read from the origin brought goes to the client with one flush.
+        var output = BatchedResponseWriter(writer)
         // However the pump ends, a body still held must not be sent into a finished exchange.
         defer { gate.exchangeFailed() }
         do {
-            while let part = try await iterator.next() {
+            while true {
+                if iterator.batchConsumed { try await output.flush() }
+                guard let part = try await iterator.next() else { break }
                 switch part {
                 case .head(let head) where head.status.code < 200:
                     // A 100 only to a client that asked for it, once, and only when the broker
                     // wants the body (RFC 9110 §10.1.1; the gate decides); 103 and others pass.
                     if head.status == .continue, !gate.originSentContinue() { continue }
                     if head.status == .switchingProtocols { continue }
-                    try await writer.write(.head(head))
+                    output.write(.head(head))
                 case .head(let head):
+                    // An interim response read with this head goes first (the wait below may be long).
+                    try await output.flush()
                     // Whether this attempt's body was held and never sent (a final status first).
                     bodyWithheld = await gate.finalHeadArrived(status: head.status)
                     // A 407 is the upstream proxy's only when the request went through one.
@@ -505,16 +530,15 @@ package struct Interceptor: Sendable {
                     // A withheld body stays unread, so the client connection ends after this.
                     if draining() || bodyWithheld { clientKeepAlive = false }
                     if !clientKeepAlive { headers.replaceOrAdd(name: "Connection", value: "close") }
-                    try await writer.write(
-                        .head(HTTPResponseHead(version: .http1_1, status: head.status, headers: headers))
-                    )
+                    output.write(.head(HTTPResponseHead(version: .http1_1, status: head.status, headers: headers)))
                     headSent = true
                 case .body(let buffer):
                     bytes += buffer.readableBytes
                     self.counters.bytesFromUpstream.add(buffer.readableBytes)
-                    try await writer.write(.body(.byteBuffer(buffer)))
+                    output.write(.body(.byteBuffer(buffer)))
                 case .end:
-                    try await writer.write(.end(nil))
+                    output.write(.end(nil))
+                    try await output.flush()
                     // A response that ends before its request body did: give the rest of the
                     // body a moment (the request pump is usually just behind), then end the
                     // client connection, because that rest may never come. (A withheld body is
@@ -534,6 +558,7 @@ package struct Interceptor: Sendable {
                 }
             }
             // The sequence ended without .end: the origin closed mid-response.
+            try await output.flush()
             gate.exchangeFailed()
             if headSent { return .abortedAfterHead(status: status, bytes: bytes) }
             return await self.failBeforeHead(
@@ -543,6 +568,8 @@ package struct Interceptor: Sendable {
             )
         } catch let error as UpstreamExchangeError {
             gate.exchangeFailed()
+            // What came before the failure still reaches the client (then the cut).
+            if (try? await output.flush()) == nil { return .abortedAfterHead(status: status, bytes: bytes) }
             if headSent { return .abortedAfterHead(status: status, bytes: bytes) }
             return await self.failBeforeHead(
                 error, route: route, connection: connection, requestID: requestID, writer: writer,
@@ -587,7 +614,7 @@ package struct Interceptor: Sendable {
 
     /// Reads the rest of a response the client will not see (an answered 401 or 407, a 417)
     /// away, so its connection can carry the next attempt. Returns whether it ended cleanly.
-    private static func readAway(_ iterator: inout UpstreamExchangeHandler.ResponseParts.AsyncIterator) async -> Bool {
+    private static func readAway(_ iterator: inout ResponsePartReader) async -> Bool {
         do {
             while let part = try await iterator.next() {
                 if case .end = part { return true }
@@ -818,4 +845,53 @@ final class ReplayBuffer: Sendable {
     }
 
     func chunks() -> [ByteBuffer] { self.box.withLockedValue { $0.chunks } }
+
+    /// Whether no body byte was kept (none came, or it was too large to keep).
+    var isEmpty: Bool { self.box.withLockedValue { $0.size == 0 && !$0.overflowed } }
+}
+
+/// The parts of a response one at a time, from the batches the upstream handler yields (one per
+/// read), telling when a batch is used up: the moment to flush what was written for it.
+struct ResponsePartReader {
+    private var batches: UpstreamExchangeHandler.ResponseParts.AsyncIterator
+    private var batch: [HTTPClientResponsePart] = []
+    private var index = 0
+
+    init(_ parts: UpstreamExchangeHandler.ResponseParts) {
+        self.batches = parts.makeAsyncIterator()
+    }
+
+    /// Whether every part read so far has been returned (the next call waits for the origin).
+    var batchConsumed: Bool { self.index == self.batch.count }
+
+    mutating func next() async throws -> HTTPClientResponsePart? {
+        while self.index == self.batch.count {
+            guard let batch = try await self.batches.next() else { return nil }
+            self.batch = batch
+            self.index = 0
+        }
+        defer { self.index += 1 }
+        return self.batch[self.index]
+    }
+}
+
+/// Response parts for the client, held until `flush` hands them to the channel in one write.
+struct BatchedResponseWriter {
+    private let writer: ClientResponseWriter
+    private var pending: [HTTPServerResponsePart] = []
+
+    init(_ writer: ClientResponseWriter) {
+        self.writer = writer
+    }
+
+    mutating func write(_ part: HTTPServerResponsePart) {
+        self.pending.append(part)
+    }
+
+    mutating func flush() async throws {
+        guard !self.pending.isEmpty else { return }
+        let parts = self.pending
+        self.pending.removeAll(keepingCapacity: true)
+        try await self.writer.write(contentsOf: parts)
+    }
 }

@@ -24,7 +24,8 @@ package enum UpstreamExchangeError: Error, Sendable {
 ///
 /// The channel pipeline ends in `UpstreamExchangeHandler`, which feeds response parts into a
 /// per-exchange async sequence with read backpressure: the origin is read only as fast as the
-/// client takes the bytes, so a 200 MiB download holds a few buffers, not the body.
+/// client takes the bytes, so a 200 MiB download holds a few buffers, not the body. The parts of
+/// one socket read travel as one batch, so the relay writes them to the client with one flush.
 package final class UpstreamConnection: Sendable {
     package let id: Int
     package let route: UpstreamRoute
@@ -60,8 +61,9 @@ package final class UpstreamConnection: Sendable {
     package var isActive: Bool { self.channel.isActive }
 
     /// Writes the request head and returns the exchange through which the body is sent and
-    /// the response read.
-    package func startExchange(head: HTTPRequestHead) async throws -> UpstreamExchange {
+    /// the response read. With `requestEnds` the request has no body: its end goes in the same
+    /// write and the response-head timer starts (no `finishRequest` follows).
+    package func startExchange(head: HTTPRequestHead, requestEnds: Bool = false) async throws -> UpstreamExchange {
         let handler = self.handler
         // A task on the connection's own loop (the usual case, see EventLoopTaskExecutor) needs no hop.
         let responses =
@@ -70,7 +72,13 @@ package final class UpstreamConnection: Sendable {
             } else {
                 try await self.channel.eventLoop.submit { try handler.value.beginExchange() }.get()
             }
-        try await self.channel.writeAndFlush(HTTPClientRequestPart.head(head)).get()
+        if requestEnds {
+            self.channel.write(HTTPClientRequestPart.head(head), promise: nil)
+            try await self.channel.writeAndFlush(HTTPClientRequestPart.end(nil)).get()
+            UpstreamExchange.requestFinished(handler)
+        } else {
+            try await self.channel.writeAndFlush(HTTPClientRequestPart.head(head)).get()
+        }
         return UpstreamExchange(channel: self.channel, handler: handler, responseParts: responses)
     }
 
@@ -92,11 +100,14 @@ package struct UpstreamExchange: Sendable {
     /// Sends the end of the request; starts the response-head timer if no head came yet.
     package func finishRequest() async throws {
         try await self.channel.writeAndFlush(HTTPClientRequestPart.end(nil)).get()
-        let handler = self.handler
-        if self.channel.eventLoop.inEventLoop {
+        Self.requestFinished(self.handler)
+    }
+
+    fileprivate static func requestFinished(_ handler: NIOLoopBound<UpstreamExchangeHandler>) {
+        if handler.eventLoop.inEventLoop {
             handler.value.requestFinished()
         } else {
-            self.channel.eventLoop.execute { handler.value.requestFinished() }
+            handler.eventLoop.execute { handler.value.requestFinished() }
         }
     }
 }
@@ -107,8 +118,9 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
     package typealias OutboundIn = HTTPClientRequestPart
     package typealias OutboundOut = HTTPClientRequestPart
 
+    /// Batches of response parts, one per read from the origin (never empty).
     package typealias ResponseParts = NIOThrowingAsyncSequenceProducer<
-        HTTPClientResponsePart, any Error, NIOAsyncSequenceProducerBackPressureStrategies.HighLowWatermark,
+        [HTTPClientResponsePart], any Error, NIOAsyncSequenceProducerBackPressureStrategies.HighLowWatermark,
         ReadDemand
     >
     typealias Source = ResponseParts.Source
@@ -125,6 +137,9 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
     private let onClose: @Sendable () -> Void
     private var context: ChannelHandlerContext?
     private var exchange: Exchange?
+    /// The current exchange's parts from the read in progress, yielded as one batch when the
+    /// read completes (or the response ends, or the exchange fails).
+    private var batch: [HTTPClientResponsePart] = []
     private var readPaused = false
     private var readPending = false
     private var isClosed = false
@@ -156,6 +171,7 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
             delegate: demand
         )
         self.exchange = Exchange(generation: self.generation, source: result.source)
+        self.batch = []
         self.readPaused = false
         context.read()
         return result.sequence
@@ -189,23 +205,33 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
             exchange.headTimer = nil
             self.exchange = exchange
         }
-        let isEnd: Bool
-        if case .end = part { isEnd = true } else { isEnd = false }
-        if isEnd {
-            self.exchange = nil
+        self.batch.append(part)
+        guard case .end = part else { return }
+        self.exchange = nil
+        self.yieldBatch(to: exchange.source)
+        exchange.source.finish()
+        // Keep reading while idle in the pool, so a close by the origin is noticed.
+        self.readPaused = false
+        if self.readPending {
+            self.readPending = false
+            context.read()
         }
-        switch exchange.source.yield(part) {
+    }
+
+    package func channelReadComplete(context: ChannelHandlerContext) {
+        if let exchange = self.exchange {
+            self.yieldBatch(to: exchange.source)
+        }
+        context.fireChannelReadComplete()
+    }
+
+    private func yieldBatch(to source: Source) {
+        guard !self.batch.isEmpty else { return }
+        let batch = self.batch
+        self.batch = []
+        switch source.yield(batch) {
         case .stopProducing: self.readPaused = true
         case .produceMore, .dropped: break
-        }
-        if isEnd {
-            exchange.source.finish()
-            // Keep reading while idle in the pool, so a close by the origin is noticed.
-            self.readPaused = false
-            if self.readPending {
-                self.readPending = false
-                context.read()
-            }
         }
     }
 
@@ -275,6 +301,8 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
         if let exchange = self.exchange {
             self.exchange = nil
             exchange.headTimer?.cancel()
+            // What was read before the failure is delivered first.
+            self.yieldBatch(to: exchange.source)
             exchange.source.finish(error)
         }
         if close, let context {
