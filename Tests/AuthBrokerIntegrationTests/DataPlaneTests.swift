@@ -45,6 +45,31 @@ struct DataPlaneTests {
         }
     }
 
+    @Test("pipelined requests, bodies among them, are answered in order on one connection")
+    func pipelined() async throws {
+        let origin = try await TestOrigin.start(name: "pipelined")
+        defer { Task { await origin.stop() } }
+        let base = "http://origin.internal.test:\(origin.port)"
+        try await withDaemon(config: configText(resolving: [("origin.internal.test", origin)])) { daemon in
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            // Five requests in one write: the daemon reads ahead and must still answer in order.
+            try connection.send(
+                "GET \(base)/hello HTTP/1.1\r\nHost: x\r\n\r\n"
+                    + "POST \(base)/echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nfirst"
+                    + "GET \(base)/status/404 HTTP/1.1\r\nHost: x\r\n\r\n"
+                    + "PUT \(base)/echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nsecond\r\n0\r\n\r\n"
+                    + "GET \(base)/hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            )
+            let responses = try (0..<5).map { _ in try connection.readResponse() }
+            #expect(responses.map(\.status) == [200, 200, 404, 200, 200])
+            #expect(responses[0].text == "hello from pipelined")
+            #expect(responses[1].text == "first")
+            #expect(responses[3].text == "second")
+            #expect(responses[4].header("Connection")?.lowercased() == "close")
+            #expect(try connection.readToEnd().isEmpty)
+        }
+    }
+
     @Test("hop-by-hop and Authbroker-* headers stay here; Host is the target's; Via is appended")
     func headers() async throws {
         let origin = try await TestOrigin.start(name: "headers")
