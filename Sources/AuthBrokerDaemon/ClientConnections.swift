@@ -125,11 +125,16 @@ package struct ClientConnectionServer: Sendable {
                 }
                 guard case .head(let head)? = part else { return }
                 self.registry.setBusy(id, true)
-                let outcome = await self.handle(
-                    head, peer: peer, requests: &requests, writer: outbound, clientGone: clientGone,
-                    closeClient: closeClient,
-                    abortClient: abortClient, draining: draining
+                // Each request runs in a child task that borrows the iterator: a task keeps the
+                // stack slabs its deepest await needed until it ends, so serving requests in the
+                // connection's own task left ~30 KiB on every idle connection.
+                let borrowed = BorrowedRequests(requests)
+                async let handled = self.handle(
+                    head, peer: peer, requests: borrowed, writer: outbound, clientGone: clientGone,
+                    closeClient: closeClient, abortClient: abortClient, draining: draining
                 )
+                let outcome = await handled
+                requests = borrowed.iterator
                 self.registry.setBusy(id, false)
                 if outcome.disposition == .close || self.registry.isDraining {
                     // Writes handed to the writer reach the channel in order before this
@@ -142,11 +147,13 @@ package struct ClientConnectionServer: Sendable {
     }
 
     private func handle(
-        _ head: HTTPRequestHead, peer: ConnectionPeer?, requests: inout ClientRequestIterator,
+        _ head: HTTPRequestHead, peer: ConnectionPeer?, requests borrowed: BorrowedRequests,
         writer: ClientResponseWriter, clientGone: @escaping @Sendable () async -> Void,
         closeClient: @escaping @Sendable () -> Void, abortClient: @escaping @Sendable () -> Void,
         draining: @escaping @Sendable () -> Bool
     ) async -> RequestOutcome {
+        var requests = borrowed.iterator
+        defer { borrowed.iterator = requests }
         let requestID = RequestIDs.make()
         let started = ContinuousClock.now
         var logger = self.logger
@@ -335,6 +342,16 @@ package struct ClientConnectionServer: Sendable {
             size += name.utf8.count + 2 + value.utf8.count + 2
         }
         return size + 2
+    }
+}
+
+/// A client connection's request iterator, lent to the child task that serves one request and
+/// taken back when it ends.
+final class BorrowedRequests: @unchecked Sendable {  // one task at a time: the lender awaits the borrower
+    var iterator: ClientRequestIterator
+
+    init(_ iterator: ClientRequestIterator) {
+        self.iterator = iterator
     }
 }
 
