@@ -164,6 +164,16 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
+        // BENCHMARK REFERENCE, not a product: the least a SwiftNIO forward proxy does per request.
+        .executableTarget(
+            name: "authbroker-floor",
+            dependencies: [
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ],
+            swiftSettings: strictSettings
+        ),
         // SOAK TOOL, not a product: `make soak` (scripts/soak) drives the daemon with the test fixtures.
         .executableTarget(
             name: "authbroker-soak",
