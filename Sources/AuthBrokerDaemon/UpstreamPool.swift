@@ -110,7 +110,11 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
         var create: [(UpstreamRoute, Int, (any EventLoop)?)] = []
         /// The event loop of the request being served, for a connection made for it.
         var preferredLoop: (any EventLoop)?
-        var schedule: [(UpstreamRoute, Int, token: Int)] = []
+        /// Idle timers to start, each on its connection's event loop when it has one.
+        var schedule: [(UpstreamRoute, Int, token: Int, loop: (any EventLoop)?)] = []
+        /// The request that takes an idle connection at once, without waiting (see `lease`).
+        var immediateRequest: Int?
+        var leasedNow: Result<PooledConnection<Connection>, any Error>?
         var shutdownDone: [CheckedContinuation<Void, Never>] = []
     }
 
@@ -125,7 +129,7 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
     /// - Parameters:
     ///   - limits: applied to each route separately.
     ///   - idleTimeout: how long an idle connection is kept before it is closed.
-    ///   - eventLoop: runs the idle timers only.
+    ///   - eventLoop: runs the idle timers of connections with no event loop of their own.
     ///   - connect: makes a connection; its error fails one waiting request (`connect_failed`).
     ///   - close: closes a connection the pool no longer wants; must not block.
     ///   - eventLoopOf: the event loop a connection lives on. A request made on an event loop
@@ -181,6 +185,15 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
             defer { state.nextRequestID += 1 }
             return state.nextRequestID
         }
+        // An idle connection is handed over at once, without suspending: while one is idle no
+        // request waits (the machine's invariant), so the machine answers with a lease.
+        let now = self.modify(route) { entry, effects in
+            guard !Task.isCancelled, entry.machine.idleConnectionCount > 0 else { return .none }
+            effects.immediateRequest = requestID
+            return entry.machine.leaseRequested(requestID, affinity: affinity)
+        }
+        self.run(now)
+        if let leased = now.leasedNow { return try leased.get() }
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: Waiter) in
                 // Task.isCancelled is read under the lock: the cancellation flag is set before the
@@ -310,6 +323,14 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
         switch action.request {
         case .none:
             break
+        case .lease(let id, let request) where request == effects.immediateRequest:
+            effects.leasedNow =
+                if let connection = entry.connections[id] {
+                    .success(PooledConnection(route: route, id: id, connection: connection))
+                } else {
+                    // Unreachable while shell and machine agree, as below.
+                    .failure(UpstreamPoolError(.connectFailed(LostConnectionError(id: id)), route: route))
+                }
         case .lease(let id, let request):
             if let waiter = entry.waiters.removeValue(forKey: request) {
                 if let connection = entry.connections[id] {
@@ -357,7 +378,9 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
             let token = state.nextTimerToken
             state.nextTimerToken += 1
             entry.idleTimers[id] = IdleTimer(token: token, scheduled: nil)
-            effects.schedule.append((route, id, token: token))
+            // On the connection's own loop: a release there (the usual case) then schedules and
+            // a lease there cancels without waking another thread.
+            effects.schedule.append((route, id, token: token, loop: entry.connections[id].flatMap(self.eventLoopOf)))
         case .cancelIdleTimeout(let id):
             if let timer = entry.idleTimers.removeValue(forKey: id), let scheduled = timer.scheduled {
                 effects.cancelTimers.append(scheduled)
@@ -394,8 +417,8 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
                 }
             }
         }
-        for (route, id, token) in effects.schedule {
-            let scheduled = eventLoop.scheduleTask(in: idleTimeout) {
+        for (route, id, token, loop) in effects.schedule {
+            let scheduled = (loop ?? self.eventLoop).scheduleTask(in: idleTimeout) {
                 self.idleTimerFired(route, id: id, token: token)
             }
             timerScheduled(route, id: id, token: token, scheduled: scheduled)
