@@ -1,5 +1,6 @@
 import AuthBrokerDaemon
 import Foundation
+import Logging
 import Testing
 
 #if canImport(Glibc)
@@ -48,5 +49,33 @@ struct BatchedLogOutputTests {
         output.writeBatched("access 4\n")
         output.flush()
         #expect(available(fds[0]) == "access 4\n")
+    }
+}
+
+@Suite("Log line format")
+struct LogLineFormatTests {
+    @Test func keysSortedAndValuesQuotedOnlyWhenNeeded() {
+        let line = BrokerLogHandler.line(
+            level: .info, message: "request",
+            metadata: ["status": "200", "target": "https://a.test:443", "error": "two words", "note": "a=b"],
+            prefix: "T "
+        )
+        #expect(line == "T INFO request error=\"two words\" note=\"a=b\" status=200 target=https://a.test:443\n")
+    }
+
+    @Test func hostileValuesStayOnOneLine() {
+        let line = BrokerLogHandler.line(
+            level: .warning, message: "x", metadata: ["v": "a\nb \"c\" \\d", "empty": ""], prefix: ""
+        )
+        #expect(line == "WARNING x empty=\"\" v=\"a\\nb \\\"c\\\" \\\\d\"\n")
+        #expect(line.utf8.filter { $0 == UInt8(ascii: "\n") }.count == 1)
+    }
+
+    @Test func plainAndNonASCIIValues() {
+        #expect(BrokerLogHandler.quoted("plain-value_1") == "plain-value_1")
+        #expect(BrokerLogHandler.quoted("") == "\"\"")
+        #expect(BrokerLogHandler.quoted("tab\there") == "\"tab\there\"")
+        // A line or paragraph separator is quoted; so may be other non-ASCII text (harmless).
+        #expect(BrokerLogHandler.quoted("a\u{2028}b").hasPrefix("\""))
     }
 }
