@@ -40,20 +40,23 @@ package enum ProxyHeaders {
     /// `origin.hostHeader` and goes first (RFC 9110 §7.2); `Via` gains the broker's entry. All other
     /// fields, `Content-Length` and `Expect` included, keep their order and values.
     package static func upstreamRequestHeaders(_ headers: HTTPHeaders, origin: CanonicalOrigin) -> HTTPHeaders {
-        let drop = hopByHopRequestFields.union(connectionOptions(headers))
+        // Per request: look in both sets rather than build their union.
+        let named = connectionOptions(headers)
+        let drop = { (lower: String) in hopByHopRequestFields.contains(lower) || named.contains(lower) }
         var result = HTTPHeaders()
+        result.reserveCapacity(headers.count + 1)
         result.add(name: "Host", value: origin.hostHeader)
         var via: [String] = []
         for (name, value) in headers {
             let lower = name.lowercased()
-            if lower == "host" || lower.hasPrefix(directivePrefix) || drop.contains(lower) { continue }
+            if lower == "host" || lower.hasPrefix(directivePrefix) || drop(lower) { continue }
             if lower == "via" {
                 via.append(value)
                 continue
             }
             result.add(name: name, value: value)
         }
-        result.add(name: "Via", value: (via + [Self.via]).joined(separator: ", "))
+        result.add(name: "Via", value: Self.viaValue(appendingTo: via))
         return result
     }
 
@@ -64,20 +67,26 @@ package enum ProxyHeaders {
     /// `Trailer`, `Transfer-Encoding` (the broker re-frames) and `Upgrade`; `Via` gains the broker's
     /// entry. Everything else keeps its order.
     package static func clientResponseHeaders(_ headers: HTTPHeaders) -> HTTPHeaders {
-        let drop = hopByHopResponseFields.union(connectionOptions(headers))
+        let named = connectionOptions(headers)
+        let drop = { (lower: String) in hopByHopResponseFields.contains(lower) || named.contains(lower) }
         var result = HTTPHeaders()
+        result.reserveCapacity(headers.count + 1)
         var via: [String] = []
         for (name, value) in headers {
             let lower = name.lowercased()
-            if drop.contains(lower) { continue }
+            if drop(lower) { continue }
             if lower == "via" {
                 via.append(value)
                 continue
             }
             result.add(name: name, value: value)
         }
-        result.add(name: "Via", value: (via + [Self.via]).joined(separator: ", "))
+        result.add(name: "Via", value: Self.viaValue(appendingTo: via))
         return result
+    }
+
+    private static func viaValue(appendingTo earlier: [String]) -> String {
+        earlier.isEmpty ? Self.via : (earlier + [Self.via]).joined(separator: ", ")
     }
 
     /// The `Authbroker-*` fields the client sent, in order, names lower-cased.
@@ -92,6 +101,7 @@ package enum ProxyHeaders {
     /// the protected ones.
     static func connectionOptions(_ headers: HTTPHeaders) -> Set<String> {
         var names = Set<String>()
+        guard headers.contains(name: "connection") else { return names }
         for value in headers[canonicalForm: "connection"] {
             let token = trimOWS(value).lowercased()
             if !token.isEmpty, !protectedFields.contains(token) { names.insert(token) }
