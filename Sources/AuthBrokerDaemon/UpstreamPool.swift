@@ -311,7 +311,9 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
         _ event: (inout RouteState, inout Effects) -> Machine.Action
     ) {
         var entry: RouteState
-        if let existing = state.routes[route] {
+        // Taken out of the dictionary, not copied: the copy would share the machine's storage
+        // with the dictionary, and every mutation below would copy it whole (per lease and release).
+        if let existing = state.routes.removeValue(forKey: route) {
             entry = existing
         } else {
             entry = RouteState(machine: Machine(limits: limits, firstConnectionID: state.firstFreeConnectionID))
