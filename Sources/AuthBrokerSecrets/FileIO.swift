@@ -1,3 +1,4 @@
+import AuthBrokerCore
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -14,9 +15,7 @@ enum FileIO {
     }
 
     static func parent(of path: String) -> String {
-        guard let slash = path.lastIndex(of: "/") else { return "." }
-        let parent = String(path[..<slash])
-        return parent.isEmpty ? "/" : parent
+        AtomicFile.directory(of: path)
     }
 
     /// Creates `directory` (and missing parents) with mode 0700.
@@ -99,63 +98,18 @@ enum FileIO {
         return bytes
     }
 
-    /// Writes `bytes` to `path` atomically: a 0600 temporary file in the same directory,
-    /// `fsync`, `rename` over `path`, then `fsync` of the directory, so that a crash leaves either
-    /// the old or the new file. With `exclusive`, an existing `path` is kept (hard link instead of
-    /// rename) and false is returned.
+    /// Writes `bytes` to `path` atomically (`AtomicFile.write`). With `exclusive`, an existing
+    /// `path` is kept and false is returned.
     @discardableResult
     static func writeAtomically(_ bytes: [UInt8], to path: String, what: String, exclusive: Bool = false) throws(SecretStoreError) -> Bool {
-        let directory = parent(of: path)
-        let temporary = "\(path).tmp-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
-        func failure(_ step: String, _ code: Int32) -> SecretStoreError {
-            SecretStoreError(
+        do {
+            return try AtomicFile.write(bytes, to: path, exclusive: exclusive)
+        } catch {
+            throw SecretStoreError(
                 .io,
-                "Cannot save the \(what) \(path) (\(step): \(errorText(code))). Check the permissions and free space of \(directory); the old file was not changed."
+                "Cannot save the \(what) \(path) (\(error.description)). Check the permissions and free space of \(parent(of: path)); the old file was not changed."
             )
         }
-        let fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600)
-        guard fd >= 0 else { throw failure("create \(temporary)", errno) }
-        var written = 0
-        while written < bytes.count {
-            let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + written, $0.count - written) }  // baseAddress: count > 0 here
-            if n < 0 {
-                if errno == EINTR { continue }
-                let code = errno
-                close(fd)
-                unlink(temporary)
-                throw failure("write", code)
-            }
-            written += n
-        }
-        if fsync(fd) != 0 {
-            let code = errno
-            close(fd)
-            unlink(temporary)
-            throw failure("fsync", code)
-        }
-        close(fd)
-        var replaced = true
-        if exclusive {
-            if link(temporary, path) != 0 {
-                let code = errno
-                unlink(temporary)
-                if code == EEXIST { return false }
-                throw failure("link", code)
-            }
-            unlink(temporary)
-            replaced = true
-        } else if rename(temporary, path) != 0 {
-            let code = errno
-            unlink(temporary)
-            throw failure("rename", code)
-        }
-        // Make the rename (or link) itself durable.
-        let dirFD = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        if dirFD >= 0 {
-            _ = fsync(dirFD)
-            close(dirFD)
-        }
-        return replaced
     }
 
     /// Runs `body` under an exclusive `flock` on `path` (created 0600). The kernel releases the

@@ -415,45 +415,13 @@ package final class TrustStore: Sendable {
                 )
             }
         }
-        let temporary = "\(path).tmp-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
-        func failure(_ step: String, _ code: Int32) -> TrustStoreError {
-            TrustStoreError(
+        do {
+            try AtomicFile.write([UInt8](data), to: path)
+        } catch {
+            throw TrustStoreError(
                 .ioError,
-                "Cannot save the trust store \(path) (\(step): \(String(cString: strerror(code)))). Check the permissions and free space of \(dirPath); the store was not changed."
+                "Cannot save the trust store \(path) (\(error.description)). Check the permissions and free space of \(dirPath); the store was not changed."
             )
-        }
-        let fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw failure("create \(temporary)", errno) }
-        var written = 0
-        let bytes = [UInt8](data)
-        while written < bytes.count {
-            let n = bytes[written...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-            if n < 0 {
-                if errno == EINTR { continue }
-                let code = errno
-                close(fd)
-                unlink(temporary)
-                throw failure("write", code)
-            }
-            written += n
-        }
-        if fsync(fd) != 0 {
-            let code = errno
-            close(fd)
-            unlink(temporary)
-            throw failure("fsync", code)
-        }
-        close(fd)
-        if rename(temporary, path) != 0 {
-            let code = errno
-            unlink(temporary)
-            throw failure("rename", code)
-        }
-        // Make the rename itself durable.
-        let dirFD = open(dirPath, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        if dirFD >= 0 {
-            _ = fsync(dirFD)
-            close(dirFD)
         }
     }
 
