@@ -363,7 +363,8 @@ package enum RequestIDs {
 
     package static func make() -> String {
         let count = Self.next.wrappingAdd(1, ordering: .relaxed).oldValue
-        return hex(scrambled(count))
+        let hex = String(scrambled(count), radix: 16)
+        return String(repeating: "0", count: 16 - hex.count) + hex
     }
 
     static func scrambled(_ value: UInt64) -> UInt64 {
@@ -371,16 +372,6 @@ package enum RequestIDs {
         z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
         z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
         return z ^ (z >> 31)
-    }
-
-    private static func hex(_ value: UInt64) -> String {
-        String(unsafeUninitializedCapacity: 16) { buffer in
-            for index in 0..<16 {
-                let nibble = UInt8(truncatingIfNeeded: value >> UInt64(60 - 4 * index)) & 0xF
-                buffer[index] = nibble < 10 ? UInt8(ascii: "0") + nibble : UInt8(ascii: "a") + nibble - 10
-            }
-            return 16
-        }
     }
 }
 

@@ -12,6 +12,9 @@ final class ContinueGate: Sendable {
         var decided: ContinueGateStateMachine.BodyDecision?
         var decisionWaiter: CheckedContinuation<ContinueGateStateMachine.BodyDecision, Never>?
         var continueWriteWaiters: [CheckedContinuation<Void, Never>] = []
+
+        /// The body's fate once known: an event's decision, or the machine's own (body not held).
+        var decision: ContinueGateStateMachine.BodyDecision? { self.decided ?? self.machine.decision }
     }
     private let box: NIOLockedValueBox<State>
 
@@ -31,7 +34,7 @@ final class ContinueGate: Sendable {
     /// or a failure first). Returns at once when the body was not held.
     func bodyDecision(timeout: Duration) async -> ContinueGateStateMachine.BodyDecision {
         // Usually decided already (a body not held): no timer task, no continuation.
-        if let now = self.box.withLockedValue({ $0.decided ?? $0.machine.decision }) { return now }
+        if let now = self.box.withLockedValue({ $0.decision }) { return now }
         let timer = Task {
             try await Task.sleep(for: timeout)
             self.fire { $0.timedOut() }
@@ -39,7 +42,7 @@ final class ContinueGate: Sendable {
         defer { timer.cancel() }
         return await withCheckedContinuation { continuation in
             let now = self.box.withLockedValue { state -> ContinueGateStateMachine.BodyDecision? in
-                if let decided = state.decided ?? state.machine.decision { return decided }
+                if let decided = state.decision { return decided }
                 state.decisionWaiter = continuation
                 return nil
             }

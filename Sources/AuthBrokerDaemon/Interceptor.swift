@@ -54,9 +54,12 @@ package struct Interceptor: Sendable {
         closeClient: @escaping @Sendable () -> Void, abortClient: @escaping @Sendable () -> Void,
         draining: @escaping @Sendable () -> Bool, clientGone: @escaping @Sendable () async -> Void = {}
     ) async -> RequestOutcome {
+        // The `Authbroker-*` directives, read once: the identity it asks for, how long it may wait
+        // for an agent (`Authbroker-Interactive`).
+        let directives = BrokerDirectives(headers: head.headers)
         let route: UpstreamRoute
         do {
-            route = try self.route(to: origin, head: head)
+            route = try self.route(to: origin, identity: directives.identity)
         } catch {
             return await self.respondWithError(
                 error, requestID: requestID, logger: logger, requests: &requests, writer: writer,
@@ -71,8 +74,7 @@ package struct Interceptor: Sendable {
         upstreamHead.uri = upstreamTarget
         // The client's own Proxy-Authorization is for the configured proxy only, never an origin.
         let clientProxyAuthorization = route.proxy == nil ? nil : head.headers.first(name: "proxy-authorization")
-        // How long this request may wait for an agent (`Authbroker-Interactive`), read once.
-        let agentWait = BrokerDirectives(headers: head.headers).interactiveWait
+        let agentWait = directives.interactiveWait
         let connectContext = UpstreamConnectContext.Value(
             requester: peer?.requester, agentWait: agentWait, clientProxyAuthorization: clientProxyAuthorization
         )
@@ -86,7 +88,7 @@ package struct Interceptor: Sendable {
 
         // A request without a body may be retried once on a fresh connection when a pooled
         // one turns out to have been closed by the origin before it answered.
-        let mayRetry = Self.hasNoBody(head)
+        let hasNoBody = Self.hasNoBody(head)
         // The body is kept (up to a bound) so the request can be sent again after a 401.
         let replay = ReplayBuffer(limit: self.settings.limits.requestBodyBufferBytes, head: head)
         let auth = NIOLockedValueBox(RequestAuthState(headers: head.headers))
@@ -114,7 +116,7 @@ package struct Interceptor: Sendable {
         var continueSentToClient = false
         var attempt = 0
         var requestEnded = false
-        if mayRetry {
+        if hasNoBody {
             // No body: the decoder's end follows the head at once. Taking it now lets the whole
             // request go upstream in one write and the response be relayed by this task alone.
             guard case .end? = try? await requests.next() else {
@@ -166,7 +168,7 @@ package struct Interceptor: Sendable {
             } catch {
                 self.pool.release(lease, reusable: false)
                 let closedBy = lease.connection.closingTLSError
-                if mayRetry && attempt == 1 && closedBy == nil { continue }
+                if hasNoBody && attempt == 1 && closedBy == nil { continue }
                 return await self.respondWithError(
                     closedBy.map { .tlsHandshakeFailed(origin: origin, underlying: $0, identity: route.clientIdentity) }
                         ?? .connectionClosedEarly(origin: origin), requestID: requestID, logger: logger,
@@ -183,7 +185,7 @@ package struct Interceptor: Sendable {
                 )
             )
             let brokerAddedExpect = uploadPlan.addsExpect
-            let retryAllowed = mayRetry && attempt == 1
+            let retryAllowed = hasNoBody && attempt == 1
             let authContext = AuthContext(
                 head: head, origin: origin, uri: pathAndQuery, replay: replay, state: auth,
                 mayAnswer: attempt < Self.maxAttempts, agentWait: agentWait, peer: peer,
@@ -207,42 +209,42 @@ package struct Interceptor: Sendable {
                 result = await pump()
             } else {
                 result = await withTaskGroup(of: ResponsePumpResult.self) { group in
-                group.addTask { await pump() }
-                let requestComplete: Bool
-                if requestEnded {
-                    // A later attempt: the request ended on the first one; send its kept body again.
-                    for chunk in replay.chunks() {
-                        try? await exchange.writeBody(chunk)
-                    }
-                    try? await exchange.finishRequest()
-                    state.markRequestComplete()
-                    requestComplete = true
-                } else {
-                    switch await gate.bodyDecision(timeout: ExpectContinue.timeout) {
-                    case .withhold:
-                        // A final status came before the origin wanted the body: it stays unread.
-                        requestComplete = false
-                    case .send(let writeContinueToClient):
-                        if writeContinueToClient {
-                            try? await writer.write(.head(HTTPResponseHead(version: .http1_1, status: .continue)))
-                            gate.continueWritten()
+                    group.addTask { await pump() }
+                    let requestComplete: Bool
+                    if requestEnded {
+                        // A later attempt: the request ended on the first one; send its kept body again.
+                        for chunk in replay.chunks() {
+                            try? await exchange.writeBody(chunk)
                         }
-                        requestComplete = await self.pumpRequestBody(
-                            requests: &requests, exchange: exchange, state: state, replay: replay
-                        )
-                        // The client left (or broke its framing) mid-body: the origin would wait
-                        // for the rest until a timeout, holding the connection. Closing it ends the
-                        // response pump too.
-                        if !requestComplete { lease.connection.close() }
+                        try? await exchange.finishRequest()
+                        state.markRequestComplete()
+                        requestComplete = true
+                    } else {
+                        switch await gate.bodyDecision(timeout: ExpectContinue.timeout) {
+                        case .withhold:
+                            // A final status came before the origin wanted the body: it stays unread.
+                            requestComplete = false
+                        case .send(let writeContinueToClient):
+                            if writeContinueToClient {
+                                try? await writer.write(.head(HTTPResponseHead(version: .http1_1, status: .continue)))
+                                gate.continueWritten()
+                            }
+                            requestComplete = await self.pumpRequestBody(
+                                requests: &requests, exchange: exchange, state: state, replay: replay
+                            )
+                            // The client left (or broke its framing) mid-body: the origin would wait
+                            // for the rest until a timeout, holding the connection. Closing it ends the
+                            // response pump too.
+                            if !requestComplete { lease.connection.close() }
+                        }
                     }
-                }
-                requestEnded = requestComplete
-                var response = await group.next() ?? .failedBeforeHead(nil)
-                if case .completed(var completed) = response {
-                    completed.requestComplete = requestComplete
-                    response = .completed(completed)
-                }
-                return response
+                    requestEnded = requestComplete
+                    var response = await group.next() ?? .failedBeforeHead(nil)
+                    if case .completed(var completed) = response {
+                        completed.requestComplete = requestComplete
+                        response = .completed(completed)
+                    }
+                    return response
                 }
             }
 
@@ -267,7 +269,7 @@ package struct Interceptor: Sendable {
                 )
             case .failedBeforeHead(let error):
                 self.pool.release(lease, reusable: false)
-                if case .connectionClosed? = error, mayRetry, attempt == 1, lease.connection.closingTLSError == nil {
+                if case .connectionClosed? = error, hasNoBody, attempt == 1, lease.connection.closingTLSError == nil {
                     logger.debug("pooled connection was closed by the origin; retrying once on a new one")
                     continue
                 }
@@ -321,10 +323,9 @@ package struct Interceptor: Sendable {
 
     /// The route for a request: its origin, and the client identity it presents there (the one
     /// it names in `Authbroker-Identity`, or the user's rules for the host).
-    private func route(to origin: CanonicalOrigin, head: HTTPRequestHead) throws(BrokerError) -> UpstreamRoute {
+    private func route(to origin: CanonicalOrigin, identity requested: String?) throws(BrokerError) -> UpstreamRoute {
         let proxy = self.settings.upstream.proxy(for: origin)
         guard origin.scheme == .https else { return UpstreamRoute(origin, proxy: proxy) }
-        let requested = BrokerDirectives(headers: head.headers).identity
         do {
             let identity = try self.store.clientIdentity(for: origin.host, requested: requested)
             return UpstreamRoute(origin, clientIdentity: identity?.name, proxy: proxy)

@@ -325,21 +325,21 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
         switch action.request {
         case .none:
             break
-        case .lease(let id, let request) where request == effects.immediateRequest:
-            effects.leasedNow =
+        case .lease(let id, let request):
+            // Unreachable failure while shell and machine agree; it fails the request rather than
+            // leave it hanging.
+            let leased: Result<PooledConnection<Connection>, any Error> =
                 if let connection = entry.connections[id] {
                     .success(PooledConnection(route: route, id: id, connection: connection))
                 } else {
-                    // Unreachable while shell and machine agree, as below.
                     .failure(UpstreamPoolError(.connectFailed(LostConnectionError(id: id)), route: route))
                 }
-        case .lease(let id, let request):
-            if let waiter = entry.waiters.removeValue(forKey: request) {
-                if let connection = entry.connections[id] {
-                    effects.lease.append((waiter, PooledConnection(route: route, id: id, connection: connection)))
-                } else {
-                    // Unreachable while shell and machine agree; fail rather than leave a waiter hanging.
-                    effects.fail.append((waiter, UpstreamPoolError(.connectFailed(LostConnectionError(id: id)), route: route)))
+            if request == effects.immediateRequest {
+                effects.leasedNow = leased
+            } else if let waiter = entry.waiters.removeValue(forKey: request) {
+                switch leased {
+                case .success(let lease): effects.lease.append((waiter, lease))
+                case .failure(let error): effects.fail.append((waiter, error))
                 }
             }
         case .fail(let request, let failure):

@@ -1,3 +1,4 @@
+import AuthBrokerCore
 import Crypto
 import Foundation
 import Synchronization
@@ -134,7 +135,7 @@ package final class EncryptedFileSecretStore: SecretStore {
     /// Runs `change` on the items under the lock and saves the result.
     @discardableResult
     private func modify<Result>(_ change: (inout [Item]) -> Result) throws(SecretStoreError) -> Result {
-        try FileIO.makeDirectory(FileIO.parent(of: self.path))
+        try FileIO.makeDirectory(AtomicFile.directory(of: self.path))
         return try FileIO.withExclusiveLock(path: self.lockPath, timeout: self.lockTimeout) { () throws(SecretStoreError) -> Result in
             let existing = try FileIO.readPrivateFile(self.path, what: "secrets file", maxBytes: Self.maxFileBytes)
             let key = try self.key(mayCreate: existing == nil)
@@ -335,7 +336,7 @@ package final class EncryptedFileSecretStore: SecretStore {
                 "The secrets key file \(self.keyFilePath) is missing, so the secrets file \(self.path) cannot be read. Restore the key file from a backup, or move the secrets file aside (mv '\(self.path)' '\(self.path).bad') to start with no stored secrets."
             )
         }
-        try FileIO.makeDirectory(FileIO.parent(of: self.keyFilePath))
+        try FileIO.makeDirectory(AtomicFile.directory(of: self.keyFilePath))
         let key = SymmetricKey(size: .bits256)
         var keyBytes = key.withUnsafeBytes { [UInt8]($0) }
         defer { SecretValue.wipe(&keyBytes) }

@@ -14,10 +14,6 @@ enum FileIO {
         String(cString: strerror(code))
     }
 
-    static func parent(of path: String) -> String {
-        AtomicFile.directory(of: path)
-    }
-
     /// Creates `directory` (and missing parents) with mode 0700.
     static func makeDirectory(_ directory: String) throws(SecretStoreError) {
         var info = stat()
@@ -27,7 +23,7 @@ enum FileIO {
             }
             return
         }
-        let parent = parent(of: directory)
+        let parent = AtomicFile.directory(of: directory)
         if parent != directory && parent != "." && parent != "/" {
             try makeDirectory(parent)
         }
@@ -107,7 +103,7 @@ enum FileIO {
         } catch {
             throw SecretStoreError(
                 .io,
-                "Cannot save the \(what) \(path) (\(error.description)). Check the permissions and free space of \(parent(of: path)); the old file was not changed."
+                "Cannot save the \(what) \(path) (\(error.description)). Check the permissions and free space of \(AtomicFile.directory(of: path)); the old file was not changed."
             )
         }
     }

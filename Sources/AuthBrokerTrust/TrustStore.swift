@@ -399,8 +399,7 @@ package final class TrustStore: Sendable {
         } catch {
             throw TrustStoreError(.ioError, "Cannot encode the trust store: \(error).")
         }
-        let directory = (path as NSString).deletingLastPathComponent
-        let dirPath = directory.isEmpty ? "." : directory
+        let dirPath = AtomicFile.directory(of: path)
         if !FileManager.default.fileExists(atPath: dirPath) {
             do {
                 try FileManager.default.createDirectory(
