@@ -181,6 +181,15 @@ package struct UpstreamPoolStateMachine: Sendable {
         return .none
     }
 
+    /// A request that takes only an idle connection living at `affinity`, or nothing (`.none`):
+    /// it never waits, and starts no connection.
+    package mutating func idleLeaseRequested(_ request: RequestID, affinity: Affinity) -> Action {
+        guard !isShuttingDown, let index = idle.lastIndex(where: { affinities[$0] == affinity }) else { return .none }
+        let connection = idle.remove(at: index)
+        connections[connection] = .leased
+        return Action(request: .lease(connection, to: request), connection: .cancelIdleTimeout(connection))
+    }
+
     /// A connection is ready: it goes to the oldest waiter, or is parked idle. `affinity`: where
     /// it lives, for `leaseRequested(_:affinity:)`.
     package mutating func connectionCreated(_ connection: ConnectionID, affinity: Affinity? = nil) -> Action {

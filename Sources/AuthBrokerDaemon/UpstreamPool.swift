@@ -215,6 +215,20 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
         }
     }
 
+    /// An idle connection to `route` living on `loop`, leased at once, or nil: never waits and
+    /// never connects (the client connection's fast relay, which runs on `loop`, takes only these).
+    package func leaseIdle(_ route: UpstreamRoute, on loop: any EventLoop) -> PooledConnection<Connection>? {
+        let affinity = Int(bitPattern: ObjectIdentifier(loop))
+        let effects = self.modify(route) { entry, effects in
+            guard entry.machine.idleConnectionCount > 0 else { return .none }
+            let request = -1  // never a waiter's id (those count up from 0)
+            effects.immediateRequest = request
+            return entry.machine.idleLeaseRequested(request, affinity: affinity)
+        }
+        self.run(effects)
+        return try? effects.leasedNow?.get()
+    }
+
     /// Gives a leased connection back. `reusable` false (the exchange left the connection in an
     /// unknown state, or the server said `Connection: close`) closes it.
     package func release(_ lease: PooledConnection<Connection>, reusable: Bool) {

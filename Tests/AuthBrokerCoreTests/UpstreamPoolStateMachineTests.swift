@@ -50,6 +50,25 @@ struct UpstreamPoolStateMachineTests {
         #expect(pool.leaseRequested(6, affinity: 20) == action(.lease(0, to: 6), .cancelIdleTimeout(0)))
     }
 
+    @Test func idleLeaseTakesOnlyAnIdleConnectionWithThatAffinity() {
+        var pool = Machine(limits: .init(maxConnections: 2, maxIdleConnections: 2, maxPendingRequests: 4))
+        // Nothing idle: no lease, no connection started, no waiter left behind.
+        #expect(pool.idleLeaseRequested(1, affinity: 10) == action())
+        #expect(pool.isEmpty)
+        #expect(pool.leaseRequested(2, affinity: 10) == action(.none, .create(0)))
+        #expect(pool.connectionCreated(0, affinity: 10) == action(.lease(0, to: 2)))
+        #expect(pool.connectionReleased(0, reusable: true) == action(.none, .scheduleIdleTimeout(0)))
+        // Idle, but elsewhere: refused (the ordinary lease would have taken it).
+        #expect(pool.idleLeaseRequested(3, affinity: 20) == action())
+        #expect(pool.idleConnectionCount == 1)
+        #expect(pool.idleLeaseRequested(4, affinity: 10) == action(.lease(0, to: 4), .cancelIdleTimeout(0)))
+        #expect(pool.idleConnectionCount == 0)
+        #expect(pool.connectionReleased(0, reusable: true) == action(.none, .scheduleIdleTimeout(0)))
+        // After shutdown: nothing.
+        #expect(pool.shutdown() == action(.none, .closeMany([0])))
+        #expect(pool.idleLeaseRequested(5, affinity: 10) == action())
+    }
+
     @Test func queueAndPendingLimit() {
         var pool = Machine(limits: .init(maxConnections: 1, maxIdleConnections: 1, maxPendingRequests: 1))
         #expect(pool.leaseRequested(1) == action(.none, .create(0)))
