@@ -82,9 +82,45 @@ package final class UpstreamConnection: Sendable {
         return UpstreamExchange(channel: self.channel, handler: handler, responseParts: responses)
     }
 
+    /// Sends a request without a body and hands the response's parts to `sink` as they are read,
+    /// with no task and no async sequence (the client connection's fast relay). Only on the
+    /// connection's own event loop.
+    func startRelay(head: HTTPRequestHead, to sink: any UpstreamRelaySink) throws {
+        let handler = self.handler.value
+        try handler.beginRelay(to: sink)
+        self.channel.write(HTTPClientRequestPart.head(head), promise: nil)
+        self.channel.writeAndFlush(HTTPClientRequestPart.end(nil), promise: nil)
+        handler.requestFinished()
+    }
+
+    /// Turns the relayed exchange into an ordinary one whose response starts with `firstPart` (a
+    /// head the relay read but will not answer itself), for the full path to take over.
+    func adoptRelay(startingWith firstPart: HTTPClientResponsePart) -> UpstreamExchange? {
+        guard let responses = self.handler.value.adoptRelay(startingWith: firstPart) else { return nil }
+        return UpstreamExchange(channel: self.channel, handler: self.handler, responseParts: responses)
+    }
+
+    /// Stops reading the relayed response until `resumeRelay` (the client is not taking it).
+    func pauseRelay() {
+        self.handler.value.pauseReading()
+    }
+
+    func resumeRelay() {
+        self.handler.value.resumeReading()
+    }
+
     package func close() {
         self.channel.close(promise: nil)
     }
+}
+
+/// Takes a relayed response's parts straight from `UpstreamExchangeHandler`, on the connection's
+/// event loop. After `.end` or a failure nothing more comes.
+protocol UpstreamRelaySink: AnyObject {
+    func upstreamReceived(_ part: HTTPClientResponsePart)
+    /// One read from the origin has been handed over: the moment to flush.
+    func upstreamReadComplete()
+    func upstreamFailed(_ error: UpstreamExchangeError)
 }
 
 /// The request and response of one exchange on an `UpstreamConnection`.
@@ -125,9 +161,17 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
     >
     typealias Source = ResponseParts.Source
 
+    /// Who takes the current exchange's response.
+    private enum Consumer {
+        /// A task, through an async sequence, in batches.
+        case sequence(Source)
+        /// A channel handler on the same event loop, part by part.
+        case relay(any UpstreamRelaySink)
+    }
+
     private struct Exchange {
         var generation: Int
-        var source: Source
+        var consumer: Consumer
         var headReceived = false
         var headTimer: Scheduled<Void>?
     }
@@ -164,17 +208,58 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
         guard !self.isClosed, let context else { throw UpstreamExchangeError.connectionClosed }
         guard self.exchange == nil else { throw UpstreamExchangeError.busy }
         self.generation += 1
+        let (sequence, source) = self.makeResponseParts(context: context)
+        self.exchange = Exchange(generation: self.generation, consumer: .sequence(source))
+        self.batch = []
+        self.readPaused = false
+        context.read()
+        return sequence
+    }
+
+    private func makeResponseParts(context: ChannelHandlerContext) -> (ResponseParts, Source) {
         let demand = ReadDemand(handler: NIOLoopBound(self, eventLoop: context.eventLoop), generation: self.generation)
         let result = ResponseParts.makeSequence(
             backPressureStrategy: .init(lowWatermark: 2, highWatermark: 8),
             finishOnDeinit: false,
             delegate: demand
         )
-        self.exchange = Exchange(generation: self.generation, source: result.source)
+        return (result.sequence, result.source)
+    }
+
+    /// The relay hands its exchange over: the parts it read and did not use come first in the
+    /// sequence, then the rest as usual. Called from the relay sink, inside `channelRead`.
+    /// Nil when there is no relayed exchange in progress.
+    func adoptRelay(startingWith firstPart: HTTPClientResponsePart) -> ResponseParts? {
+        guard let context, var exchange = self.exchange, case .relay = exchange.consumer else { return nil }
+        let (sequence, source) = self.makeResponseParts(context: context)
+        exchange.consumer = .sequence(source)
+        self.exchange = exchange
+        self.batch = [firstPart]
+        self.readPaused = false
+        return sequence
+    }
+
+    func beginRelay(to sink: any UpstreamRelaySink) throws {
+        guard !self.isClosed, let context else { throw UpstreamExchangeError.connectionClosed }
+        guard self.exchange == nil else { throw UpstreamExchangeError.busy }
+        self.generation += 1
+        self.exchange = Exchange(generation: self.generation, consumer: .relay(sink))
         self.batch = []
         self.readPaused = false
         context.read()
-        return result.sequence
+    }
+
+    func pauseReading() {
+        if self.exchange != nil { self.readPaused = true }
+    }
+
+    func resumeReading() {
+        guard self.readPaused else { return }
+        self.readPaused = false
+        if self.readPending, let context {
+            self.readPending = false
+            context.read()
+        }
     }
 
     func requestFinished() {
@@ -205,22 +290,34 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
             exchange.headTimer = nil
             self.exchange = exchange
         }
-        self.batch.append(part)
-        guard case .end = part else { return }
-        self.exchange = nil
-        self.yieldBatch(to: exchange.source)
-        exchange.source.finish()
-        // Keep reading while idle in the pool, so a close by the origin is noticed.
-        self.readPaused = false
-        if self.readPending {
-            self.readPending = false
-            context.read()
+        let ends = if case .end = part { true } else { false }
+        if ends {
+            self.exchange = nil
+            // Keep reading while idle in the pool, so a close by the origin is noticed.
+            self.readPaused = false
+            if self.readPending {
+                self.readPending = false
+                context.read()
+            }
+        }
+        switch exchange.consumer {
+        case .relay(let sink):
+            // Last: on `.end` the sink may release this connection and start the next exchange.
+            sink.upstreamReceived(part)
+        case .sequence(let source):
+            self.batch.append(part)
+            if ends {
+                self.yieldBatch(to: source)
+                source.finish()
+            }
         }
     }
 
     package func channelReadComplete(context: ChannelHandlerContext) {
-        if let exchange = self.exchange {
-            self.yieldBatch(to: exchange.source)
+        switch self.exchange?.consumer {
+        case .sequence(let source)?: self.yieldBatch(to: source)
+        case .relay(let sink)?: sink.upstreamReadComplete()
+        case nil: break
         }
         context.fireChannelReadComplete()
     }
@@ -281,12 +378,8 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
     }
 
     fileprivate func resumeReading(generation: Int) {
-        guard self.readPaused, self.exchange?.generation == generation else { return }
-        self.readPaused = false
-        if self.readPending, let context {
-            self.readPending = false
-            context.read()
-        }
+        guard self.exchange?.generation == generation else { return }
+        self.resumeReading()
     }
 
     /// The consumer went away before the response ended (client disconnected): the rest of
@@ -298,16 +391,22 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
     }
 
     private func fail(_ error: UpstreamExchangeError, close: Bool) {
-        if let exchange = self.exchange {
-            self.exchange = nil
-            exchange.headTimer?.cancel()
-            // What was read before the failure is delivered first.
-            self.yieldBatch(to: exchange.source)
-            exchange.source.finish(error)
-        }
+        let failed = self.exchange
+        self.exchange = nil
+        failed?.headTimer?.cancel()
         if close, let context {
             self.isClosed = true
             context.close(promise: nil)
+        }
+        switch failed?.consumer {
+        case .sequence(let source)?:
+            // What was read before the failure is delivered first.
+            self.yieldBatch(to: source)
+            source.finish(error)
+        case .relay(let sink)?:
+            sink.upstreamFailed(error)
+        case nil:
+            break
         }
     }
 
