@@ -16,6 +16,8 @@ package final class BrokerCounters: Sendable {
     package let clientConnectionsOpen = BrokerCounter()
     package let requestsTotal = BrokerCounter()
     package let requestsInFlight = BrokerCounter()
+    /// Of `requestsTotal`, those the client connection's direct relay answered by itself.
+    package let requestsRelayedDirectly = BrokerCounter()
     package let brokerErrors = BrokerCounter()
     package let upstreamConnectionsOpen = BrokerCounter()
     package let bytesFromUpstream = BrokerCounter()
@@ -30,6 +32,7 @@ package final class BrokerCounters: Sendable {
             "client_connections_open": self.clientConnectionsOpen.current,
             "requests_total": self.requestsTotal.current,
             "requests_in_flight": self.requestsInFlight.current,
+            "requests_relayed_directly": self.requestsRelayedDirectly.current,
             "broker_errors_total": self.brokerErrors.current,
             "upstream_connections_open": self.upstreamConnectionsOpen.current,
             "bytes_from_upstream": self.bytesFromUpstream.current,

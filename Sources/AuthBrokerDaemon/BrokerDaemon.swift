@@ -235,7 +235,9 @@ struct BrokerService: Service, CustomStringConvertible {
         let maxConnections = self.settings.limits.maxClientConnections
         let bootstrap = ServerBootstrap(group: self.group)
             .serverChannelOption(.backlog, value: 256)
-        let initializer: @Sendable (any Channel) -> EventLoopFuture<NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>> = { channel in
+        // Shared by every connection's direct relay (the one place that knows challenged origins).
+        let relay = DirectRelay(interceptor: self.server.interceptor, registry: self.registry, logger: self.logger)
+        let initializer: @Sendable (any Channel) -> EventLoopFuture<AcceptedClientConnection> = { channel in
             // The peer's uid is checked before a single byte is read (SO_PEERCRED).
             channel.peerCredentials().flatMapThrowing { credentials in
                 guard credentials.uid == ownUID else {
@@ -255,20 +257,11 @@ struct BrokerService: Service, CustomStringConvertible {
                     throw PeerRejected(credentials: credentials)
                 }
                 counters.clientConnectionsAccepted.add(1)
-                // No pipelining assistance: the connection's task takes one request at a time
-                // from the inbound stream (whose watermarks bound what is read ahead) and answers
-                // in order, so the handler's pausing of reads per request (two epoll_ctl calls
-                // each) buys nothing.
-                try channel.pipeline.syncOperations.configureHTTPServerPipeline(
-                    withPipeliningAssistance: false, withErrorHandling: false
-                )
-                return try NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>(
-                    wrappingChannelSynchronously: channel
-                )
+                return try AcceptedClientConnection.configure(channel, relay: relay)
             }
         }
 
-        let serverChannel: NIOAsyncChannel<NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>, Never>
+        let serverChannel: NIOAsyncChannel<AcceptedClientConnection, Never>
         switch self.listening {
         case .systemd(let fd):
             serverChannel = try await bootstrap.bind(fd, childChannelInitializer: initializer)
@@ -298,7 +291,7 @@ struct BrokerService: Service, CustomStringConvertible {
                 try await serverChannel.executeThenClose { connections in
                     for try await connection in connections {
                         // The connection's task runs on its channel's event loop (no thread hops).
-                        if let executor = executors.executor(for: connection.channel.eventLoop) {
+                        if let executor = executors.executor(for: connection.connection.channel.eventLoop) {
                             group.addTask(executorPreference: executor) { await self.server.serve(connection) }
                         } else {
                             group.addTask { await self.server.serve(connection) }

@@ -12,7 +12,8 @@ import Synchronization
 package final class ClientConnectionRegistry: Sendable {
     private struct Entry {
         var channel: any Channel
-        var busy: Bool
+        /// Requests in hand (the full path's and the direct relay's).
+        var requests: Int
     }
     private struct State {
         var nextID = 0
@@ -31,7 +32,7 @@ package final class ClientConnectionRegistry: Sendable {
         self.state.withLockedValue { state in
             guard !state.draining else { return nil }
             state.nextID += 1
-            state.entries[state.nextID] = Entry(channel: channel, busy: false)
+            state.entries[state.nextID] = Entry(channel: channel, requests: 0)
             return state.nextID
         }
     }
@@ -40,15 +41,28 @@ package final class ClientConnectionRegistry: Sendable {
         self.state.withLockedValue { _ = $0.entries.removeValue(forKey: id) }
     }
 
-    package func setBusy(_ id: Int, _ busy: Bool) {
-        self.state.withLockedValue { $0.entries[id]?.busy = busy }
+    package func requestStarted(_ id: Int) {
+        self.state.withLockedValue { $0.entries[id]?.requests += 1 }
+    }
+
+    /// A request the direct relay would take; refused while draining (the full path answers it).
+    package func startRequestUnlessDraining(_ id: Int) -> Bool {
+        self.state.withLockedValue { state in
+            guard !state.draining else { return false }
+            state.entries[id]?.requests += 1
+            return true
+        }
+    }
+
+    package func requestEnded(_ id: Int) {
+        self.state.withLockedValue { $0.entries[id]?.requests -= 1 }
     }
 
     /// Stops taking requests: idle connections close now, busy ones after their response.
     package func beginDraining() {
         let idle = self.state.withLockedValue { state -> [any Channel] in
             state.draining = true
-            return state.entries.values.filter { !$0.busy }.map(\.channel)
+            return state.entries.values.filter { $0.requests == 0 }.map(\.channel)
         }
         for channel in idle { channel.close(promise: nil) }
     }
@@ -59,8 +73,43 @@ package final class ClientConnectionRegistry: Sendable {
     }
 }
 
+/// A client connection as the listener accepted it: registered, with its direct relay in place.
+package struct AcceptedClientConnection: Sendable {
+    package var connection: NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>
+    package var id: Int
+    package var relay: DirectRelayLink
+
+    /// Sets up an accepted channel's pipeline and registers it; on the channel's event loop.
+    /// - Throws: `ClientConnectionRefused` while the daemon drains (the channel is then closed).
+    package static func configure(_ channel: any Channel, relay: DirectRelay) throws -> AcceptedClientConnection {
+        guard let id = relay.registry.register(channel) else { throw ClientConnectionRefused() }
+        let registry = relay.registry
+        channel.closeFuture.whenComplete { _ in registry.unregister(id) }
+        // No pipelining assistance: the connection's task takes one request at a time from the
+        // inbound stream (whose watermarks bound what is read ahead) and answers in order, and
+        // the direct relay holds what comes during its responses, so the handler's pausing of
+        // reads per request (two epoll_ctl calls each) buys nothing.
+        try channel.pipeline.syncOperations.configureHTTPServerPipeline(
+            withPipeliningAssistance: false, withErrorHandling: false
+        )
+        let adopted = AdoptedExchangeSlot()
+        let handler = DirectRelayHandler(relay: relay, connectionID: id, adopted: adopted)
+        try channel.pipeline.syncOperations.addHandler(handler)
+        let connection = try NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>(
+            wrappingChannelSynchronously: channel
+        )
+        return AcceptedClientConnection(
+            connection: connection, id: id, relay: DirectRelayLink(handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), adopted: adopted)
+        )
+    }
+}
+
+/// The daemon is draining and takes no new connection.
+package struct ClientConnectionRefused: Error {}
+
 /// Serves one client connection: reads requests one at a time and answers each exactly once,
-/// from the control API (`/v1/...`) or the interceptor (absolute-form targets).
+/// from the control API (`/v1/...`) or the interceptor (absolute-form targets). Plain requests
+/// the connection's `DirectRelayHandler` relays itself never reach it.
 package struct ClientConnectionServer: Sendable {
     package let interceptor: Interceptor
     package let control: ControlAPI
@@ -69,17 +118,12 @@ package struct ClientConnectionServer: Sendable {
     package let settings: BrokerSettings
     package let logger: Logger
 
-    package func serve(_ connection: NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>) async {
+    package func serve(_ accepted: AcceptedClientConnection) async {
+        let connection = accepted.connection
         let channel = connection.channel
-        guard let id = self.registry.register(channel) else {
-            channel.close(promise: nil)
-            return
-        }
+        let id = accepted.id
         self.counters.clientConnectionsOpen.add(1)
-        defer {
-            self.registry.unregister(id)
-            self.counters.clientConnectionsOpen.subtract(1)
-        }
+        defer { self.counters.clientConnectionsOpen.subtract(1) }
         // Ending a connection after a complete response must not drop bytes still queued for
         // the socket: shut the output down once they are written, then close.
         let closeClient: @Sendable () -> Void = {
@@ -124,30 +168,38 @@ package struct ClientConnectionServer: Sendable {
                     return
                 }
                 guard case .head(let head)? = part else { return }
-                self.registry.setBusy(id, true)
+                self.registry.requestStarted(id)
                 // Each request runs in a child task that borrows the iterator: a task keeps the
                 // stack slabs its deepest await needed until it ends, so serving requests in the
                 // connection's own task left ~30 KiB on every idle connection.
                 let borrowed = BorrowedRequests(requests)
+                let adopted = accepted.relay.adopted.take(for: head)
                 async let handled = self.handle(
-                    head, peer: peer, requests: borrowed, writer: outbound, clientGone: clientGone,
+                    head, adopted: adopted, peer: peer, requests: borrowed, writer: outbound, clientGone: clientGone,
                     closeClient: closeClient, abortClient: abortClient, draining: draining
                 )
                 let outcome = await handled
                 requests = borrowed.iterator
-                self.registry.setBusy(id, false)
+                self.registry.requestEnded(id)
                 if outcome.disposition == .close || self.registry.isDraining {
                     // Writes handed to the writer reach the channel in order before this
                     // half-close, which completes once they are on the socket.
                     try? await channel.close(mode: .output).get()
                     return
                 }
+                // Only now may the direct relay answer the next request: this one's response is
+                // written, and the connection stays open.
+                accepted.relay.fullPathRequestDone()
             }
+        }
+        // A challenge the relay handed over just as the connection ended: its connection goes.
+        if let leftover = accepted.relay.adopted.takeAny() {
+            self.interceptor.pool.release(leftover.lease, reusable: false)
         }
     }
 
     private func handle(
-        _ head: HTTPRequestHead, peer: ConnectionPeer?, requests borrowed: BorrowedRequests,
+        _ head: HTTPRequestHead, adopted: AdoptedExchange?, peer: ConnectionPeer?, requests borrowed: BorrowedRequests,
         writer: ClientResponseWriter, clientGone: @escaping @Sendable () async -> Void,
         closeClient: @escaping @Sendable () -> Void, abortClient: @escaping @Sendable () -> Void,
         draining: @escaping @Sendable () -> Bool
@@ -165,6 +217,10 @@ package struct ClientConnectionServer: Sendable {
 
         var target = "-"
         let outcome: RequestOutcome
+        // The direct relay hands over only requests the proxy branch below takes; anywhere else
+        // its connection is not needed.
+        var adopted = adopted
+        defer { if let adopted { self.interceptor.pool.release(adopted.lease, reusable: false) } }
         if Self.approximateSize(of: head) > self.settings.limits.maxRequestHeadBytes {
             outcome = await self.interceptor.respondWithError(
                 .requestHeadTooLarge(limit: self.settings.limits.maxRequestHeadBytes), requestID: requestID,
@@ -207,23 +263,33 @@ package struct ClientConnectionServer: Sendable {
                         writer: writer, clientWantsKeepAlive: false
                     )
                 } else {
+                    let exchange = adopted
+                    adopted = nil
                     outcome = await self.interceptor.proxy(
-                        head: head, origin: origin, pathAndQuery: pathAndQuery, requestID: requestID, peer: peer,
+                        head: head, origin: origin, pathAndQuery: pathAndQuery, adopted: exchange, requestID: requestID, peer: peer,
                         logger: logger, requests: &requests, writer: writer, closeClient: closeClient,
                         abortClient: abortClient, draining: draining, clientGone: clientGone
                     )
                 }
             }
         }
+        Self.logAccess(logger, method: head.method, target: target, outcome: outcome, since: started)
+        return outcome
+    }
+
+    /// The access line of one request (both paths). `target`: the origin only, as paths and
+    /// queries can carry tokens.
+    static func logAccess(
+        _ logger: Logger, method: HTTPMethod, target: String, outcome: RequestOutcome, since started: ContinuousClock.Instant
+    ) {
         let elapsed = ContinuousClock.now - started
         var metadata: Logger.Metadata = [
-            "method": "\(head.method.rawValue)", "target": "\(target)", "status": "\(outcome.status)",
+            "method": "\(method.rawValue)", "target": "\(target)", "status": "\(outcome.status)",
             "bytes": "\(outcome.bytes)",
             "duration_ms": "\(elapsed.components.seconds * 1000 + elapsed.components.attoseconds / 1_000_000_000_000_000)",
         ]
         if let code = outcome.brokerError { metadata["error"] = "\(code)" }
         logger.info(BrokerLogHandler.accessLineMessage, metadata: metadata)
-        return outcome
     }
 
     private func serveControl(

@@ -145,6 +145,12 @@ package final class HTTPAuthenticator: Sendable {
         }
     }
 
+    /// Whether any request to `origin` may get a credential up front (a space there answered
+    /// before): such requests need the full path, which adds it.
+    package func knowsSpaces(at origin: CanonicalOrigin) -> Bool {
+        self.knownSpaces.withLockedValue { known in known[Authority(origin: origin, isProxy: false)]?.isEmpty == false }
+    }
+
     // MARK: - After a 401
 
     /// Decides what to do with a 401 (or, with `isProxy`, the proxy's 407): true when the request

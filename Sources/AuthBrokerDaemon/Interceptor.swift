@@ -48,8 +48,11 @@ package struct Interceptor: Sendable {
     /// through a proxy its challenge and stale nonce too.
     static let maxAttempts = 6
 
+    /// - Parameter adopted: an exchange the client connection's direct relay started for this
+    ///   request and hands over with its response head read (a challenge): the first attempt.
     package func proxy(
-        head: HTTPRequestHead, origin: CanonicalOrigin, pathAndQuery: String, requestID: String, peer: ConnectionPeer? = nil,
+        head: HTTPRequestHead, origin: CanonicalOrigin, pathAndQuery: String, adopted: AdoptedExchange? = nil,
+        requestID: String, peer: ConnectionPeer? = nil,
         logger: Logger, requests: inout ClientRequestIterator, writer: ClientResponseWriter,
         closeClient: @escaping @Sendable () -> Void, abortClient: @escaping @Sendable () -> Void,
         draining: @escaping @Sendable () -> Bool, clientGone: @escaping @Sendable () async -> Void = {}
@@ -92,10 +95,14 @@ package struct Interceptor: Sendable {
         // The body is kept (up to a bound) so the request can be sent again after a 401.
         let replay = ReplayBuffer(limit: self.settings.limits.requestBodyBufferBytes, head: head)
         let auth = NIOLockedValueBox(RequestAuthState(headers: head.headers))
-        auth.withLockedValue { state in
-            self.authenticator.authorizePreemptively(
-                origin: origin, method: head.method, uri: pathAndQuery, requester: { peer?.requester }, state: &state
-            )
+        // An adopted exchange went without a credential (the relay takes no origin with a known
+        // space); one that became known meanwhile must not be taken as sent.
+        if adopted == nil {
+            auth.withLockedValue { state in
+                self.authenticator.authorizePreemptively(
+                    origin: origin, method: head.method, uri: pathAndQuery, requester: { peer?.requester }, state: &state
+                )
+            }
         }
         let proxyAuth = NIOLockedValueBox(RequestAuthState(proxyAuthorization: forwardProxy == nil ? nil : clientProxyAuthorization))
         if let forwardProxy {
@@ -139,42 +146,48 @@ package struct Interceptor: Sendable {
             }
             let lease: PooledConnection<UpstreamConnection>
             let exchange: UpstreamExchange
-            do {
-                lease = try await UpstreamConnectContext.$current.withValue(connectContext) {
-                    try await self.leaseTrustCurrent(route)
-                }
-            } catch {
-                let brokerError = self.mapLeaseError(error, origin: origin)
-                // An interactive request may ask an agent whether to trust the server, once; a
-                // "yes" adds an exception or anchor, and the request connects anew.
-                if !askedAboutTrust, let untrusted = brokerError.serverTrustFailure, let wait = agentWait,
-                    let challenges = self.challenges
-                {
-                    askedAboutTrust = true
-                    if await challenges.serverTrusted(untrusted, wait: wait, requester: peer?.requester, clientGone: clientGone) {
-                        logger.debug("an agent trusted the server; connecting again")
-                        continue
-                    }
-                }
-                return await self.respondWithError(
-                    brokerError, requestID: requestID, logger: logger, requests: &requests, writer: writer,
-                    clientWantsKeepAlive: clientWantsKeepAlive, requestEnded: requestEnded
-                )
-            }
             // A request without a body goes whole, head and end in one write.
             let sendsWhole = requestEnded && replay.isEmpty
-            do {
-                exchange = try await lease.connection.startExchange(head: attemptHead, requestEnds: sendsWhole)
-            } catch {
-                self.pool.release(lease, reusable: false)
-                let closedBy = lease.connection.closingTLSError
-                if hasNoBody && attempt == 1 && closedBy == nil { continue }
-                return await self.respondWithError(
-                    closedBy.map { .tlsHandshakeFailed(origin: origin, underlying: $0, identity: route.clientIdentity) }
-                        ?? .connectionClosedEarly(origin: origin), requestID: requestID, logger: logger,
-                    requests: &requests, writer: writer, clientWantsKeepAlive: clientWantsKeepAlive,
-                    requestEnded: requestEnded
-                )
+            if attempt == 1, let adopted {
+                // Sent already, by the direct relay, as this attempt would have sent it: a
+                // relayed request has no body, directive, credential or proxy.
+                (lease, exchange) = (adopted.lease, adopted.exchange)
+            } else {
+                do {
+                    lease = try await UpstreamConnectContext.$current.withValue(connectContext) {
+                        try await self.leaseTrustCurrent(route)
+                    }
+                } catch {
+                    let brokerError = self.mapLeaseError(error, origin: origin)
+                    // An interactive request may ask an agent whether to trust the server, once; a
+                    // "yes" adds an exception or anchor, and the request connects anew.
+                    if !askedAboutTrust, let untrusted = brokerError.serverTrustFailure, let wait = agentWait,
+                        let challenges = self.challenges
+                    {
+                        askedAboutTrust = true
+                        if await challenges.serverTrusted(untrusted, wait: wait, requester: peer?.requester, clientGone: clientGone) {
+                            logger.debug("an agent trusted the server; connecting again")
+                            continue
+                        }
+                    }
+                    return await self.respondWithError(
+                        brokerError, requestID: requestID, logger: logger, requests: &requests, writer: writer,
+                        clientWantsKeepAlive: clientWantsKeepAlive, requestEnded: requestEnded
+                    )
+                }
+                do {
+                    exchange = try await lease.connection.startExchange(head: attemptHead, requestEnds: sendsWhole)
+                } catch {
+                    self.pool.release(lease, reusable: false)
+                    let closedBy = lease.connection.closingTLSError
+                    if hasNoBody && attempt == 1 && closedBy == nil { continue }
+                    return await self.respondWithError(
+                        closedBy.map { .tlsHandshakeFailed(origin: origin, underlying: $0, identity: route.clientIdentity) }
+                            ?? .connectionClosedEarly(origin: origin), requestID: requestID, logger: logger,
+                        requests: &requests, writer: writer, clientWantsKeepAlive: clientWantsKeepAlive,
+                        requestEnded: requestEnded
+                    )
+                }
             }
 
             let state = ExchangeState()
@@ -677,7 +690,7 @@ package struct Interceptor: Sendable {
         return BrokerError.fromConnectError(error, origin: origin, settings: self.settings)
     }
 
-    private func mapExchangeError(_ error: UpstreamExchangeError?, route: UpstreamRoute, connection: UpstreamConnection) -> BrokerError {
+    func mapExchangeError(_ error: UpstreamExchangeError?, route: UpstreamRoute, connection: UpstreamConnection) -> BrokerError {
         let origin = route.origin
         // A TLS alert that closed the connection says more than "closed" (TLS 1.3 reports a
         // refused client certificate this way).

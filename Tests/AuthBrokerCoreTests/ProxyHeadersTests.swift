@@ -132,3 +132,46 @@ struct ProxyHeadersTests {
         #expect(ProxyHeaders.via == "1.1 authbrokerd")
     }
 }
+
+@Suite("DirectRelayPolicy")
+struct DirectRelayPolicyTests {
+    private func head(
+        _ fields: [(String, String)] = [], method: HTTPMethod = .GET, version: HTTPVersion = .http1_1
+    ) -> HTTPRequestHead {
+        HTTPRequestHead(version: version, method: method, uri: "http://example.test/a", headers: HTTPHeaders(fields))
+    }
+
+    @Test func plainKeepAliveGetAndHeadAreAllowed() {
+        #expect(DirectRelayPolicy.headAllows(self.head()))
+        #expect(DirectRelayPolicy.headAllows(self.head([("Accept", "*/*"), ("Connection", "keep-alive")], method: .HEAD)))
+    }
+
+    @Test func otherMethodsVersionsAndClosingRequestsTakeTheFullPath() {
+        for method: HTTPMethod in [.POST, .PUT, .DELETE, .OPTIONS, .PATCH, .CONNECT, .RAW(value: "BREW")] {
+            #expect(!DirectRelayPolicy.headAllows(self.head(method: method)))
+        }
+        #expect(!DirectRelayPolicy.headAllows(self.head(version: .http1_0)))
+        #expect(!DirectRelayPolicy.headAllows(self.head(version: HTTPVersion(major: 2, minor: 0))))
+        #expect(!DirectRelayPolicy.headAllows(self.head([("Connection", "close")])))
+    }
+
+    @Test func fieldsThatNeedTheBrokerTakeTheFullPath() {
+        let fields = [
+            ("Authorization", "Basic dTpw"), ("proxy-authorization", "Basic dTpw"), ("EXPECT", "100-continue"),
+            ("Upgrade", "websocket"), ("Content-Length", "0"), ("Transfer-Encoding", "chunked"),
+            ("Authbroker-Identity", "work"), ("authbroker-interactive", "5"), ("AuthBroker-Anything", ""),
+        ]
+        for field in fields {
+            #expect(!DirectRelayPolicy.headAllows(self.head([("Accept", "*/*"), field])), "\(field.0)")
+        }
+    }
+
+    @Test func hostileFieldNamesAreJudgedWithoutCrashing() {
+        let odd = [("", ""), ("\u{0}", "x"), ("Authorization ", "x"), (String(repeating: "a", count: 70_000), "v"), ("é", "ü")]
+        for field in odd {
+            _ = DirectRelayPolicy.headAllows(self.head([field]))
+        }
+        // A near-miss of a listed name is an ordinary field.
+        #expect(DirectRelayPolicy.headAllows(self.head([("Authorizations", "x"), ("X-Authbroker-Identity", "y")])))
+    }
+}

@@ -1,0 +1,25 @@
+import NIOHTTP1
+
+/// Which requests the client connection's direct relay may take, judged by the request head
+/// alone (the daemon then checks the origin, the route and the pool).
+///
+/// The direct relay forwards a request and its response with channel handlers only, so it takes
+/// only what needs none of the broker's decisions: a body-less HTTP/1.1 keep-alive `GET` or
+/// `HEAD` with no credential of its own, no `Authbroker-*` directive, no `Expect` and no
+/// `Upgrade`. Everything else takes the full path, which handles all of these.
+package enum DirectRelayPolicy {
+    /// Fields that need the full path: credentials (kept, persisted or answered there),
+    /// `Expect` (100-continue), `Upgrade`, and any body framing.
+    private static let fieldsNeedingFullPath: Set<String> = [
+        "authorization", "proxy-authorization", "expect", "upgrade", "content-length", "transfer-encoding",
+    ]
+
+    package static func headAllows(_ head: HTTPRequestHead) -> Bool {
+        guard head.version == .http1_1, head.method == .GET || head.method == .HEAD, head.isKeepAlive else { return false }
+        for (name, _) in head.headers {
+            let lower = name.lowercased()
+            if Self.fieldsNeedingFullPath.contains(lower) || lower.hasPrefix(ProxyHeaders.directivePrefix) { return false }
+        }
+        return true
+    }
+}

@@ -1,0 +1,484 @@
+import AuthBrokerCore
+import AuthBrokerTrust
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOHTTP1
+
+/// What every client connection's `DirectRelayHandler` shares.
+package struct DirectRelay: Sendable {
+    let interceptor: Interceptor
+    let registry: ClientConnectionRegistry
+    let logger: Logger
+
+    package init(interceptor: Interceptor, registry: ClientConnectionRegistry, logger: Logger) {
+        self.interceptor = interceptor
+        self.registry = registry
+        self.logger = logger
+    }
+}
+
+/// A relayed exchange the full path takes over: the relay read a response head it will not
+/// answer itself (a 401 or 407, which the broker may answer from its store), and the full path
+/// carries on from that head on the same connection, so the request is not sent twice.
+package struct AdoptedExchange: Sendable {
+    let lease: PooledConnection<UpstreamConnection>
+    let exchange: UpstreamExchange
+    /// The request it belongs to, to check it is handed to the right one.
+    let method: HTTPMethod
+    let uri: String
+}
+
+/// Where the direct relay leaves an `AdoptedExchange` for the connection's task, which takes it
+/// with the request head the relay passes on right after.
+final class AdoptedExchangeSlot: Sendable {
+    private let slot = NIOLockedValueBox<AdoptedExchange?>(nil)
+
+    func put(_ adopted: AdoptedExchange) {
+        self.slot.withLockedValue { $0 = adopted }
+    }
+
+    /// Whatever is left (the connection ended before its task took it).
+    func takeAny() -> AdoptedExchange? {
+        self.slot.withLockedValue { slot in
+            defer { slot = nil }
+            return slot
+        }
+    }
+
+    /// The exchange left for `head`, if any.
+    func take(for head: HTTPRequestHead) -> AdoptedExchange? {
+        self.slot.withLockedValue { slot in
+            guard let adopted = slot, adopted.method == head.method, adopted.uri == head.uri else { return nil }
+            slot = nil
+            return adopted
+        }
+    }
+}
+
+/// The full path's side of a client connection's `DirectRelayHandler`: the connection's task
+/// reports each request it has finished and will read past.
+package struct DirectRelayLink: Sendable {
+    let handler: NIOLoopBound<DirectRelayHandler>
+    let adopted: AdoptedExchangeSlot
+
+    func fullPathRequestDone() {
+        let handler = self.handler
+        if handler.eventLoop.inEventLoop {
+            handler.value.fullPathRequestDone()
+        } else {
+            handler.eventLoop.execute { handler.value.fullPathRequestDone() }
+        }
+    }
+}
+
+/// Relays the plain requests of one client connection itself, with channel handlers only.
+///
+/// It sits in front of the connection's `NIOAsyncChannel`, whose task (the full path, in
+/// `ClientConnectionServer` and `Interceptor`) serves everything else. A request is relayed here
+/// when `DirectRelayPolicy` allows its head, the full path has no request in hand (so responses
+/// stay in order), its origin goes through no proxy, presents no client identity, has no known
+/// authentication space and never challenged a relayed request, and an idle pooled connection to
+/// it lives on this event loop. The response goes to the client part by part as the origin's
+/// reads bring it, with the same header rules, error answers, access line and counters as the
+/// full path, and with back-pressure from the client's writability.
+///
+/// The full path takes over when the origin answers 401 or 407 (the broker may hold a
+/// credential): it adopts the exchange, 401 head and all (`AdoptedExchange`). When the origin
+/// closed a pooled connection before the response head, the full path sends the request again
+/// on a fresh one, as it does for its own requests. Parts that arrive while a relayed response is in flight are held,
+/// and delivered in order when it ends.
+package final class DirectRelayHandler: ChannelDuplexHandler {
+    package typealias InboundIn = HTTPServerRequestPart
+    package typealias InboundOut = HTTPServerRequestPart
+    package typealias OutboundIn = HTTPServerResponsePart
+    package typealias OutboundOut = HTTPServerResponsePart
+
+    private enum Held {
+        case part(HTTPServerRequestPart)
+        case error(any Error)
+    }
+
+    /// Parts held beyond this stop reads from the client until the relayed response ends.
+    static let maxHeldParts = 64
+
+    private let relay: DirectRelay
+    private let connectionID: Int
+    private let adopted: AdoptedExchangeSlot
+    private var context: ChannelHandlerContext?
+    /// Request heads given to the full path that it has not reported done.
+    private var fullPathPending = 0
+    private var current: RelayedRequest?
+    private var held: [Held] = []
+    private var readWithheld = false
+
+    init(relay: DirectRelay, connectionID: Int, adopted: AdoptedExchangeSlot) {
+        self.relay = relay
+        self.connectionID = connectionID
+        self.adopted = adopted
+    }
+
+    /// A request has gone upstream and its response has not ended.
+    private var relayInFlight: Bool {
+        guard let current else { return false }
+        if case .awaitingRequestEnd = current.phase { return false }
+        return true
+    }
+
+    package func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+    }
+
+    package func handlerRemoved(context: ChannelHandlerContext) {
+        self.context = nil
+    }
+
+    func fullPathRequestDone() {
+        self.fullPathPending -= 1
+    }
+
+    // MARK: Client side
+
+    package func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        self.receive(self.unwrapInboundIn(data), context: context)
+    }
+
+    private func receive(_ part: HTTPServerRequestPart, context: ChannelHandlerContext) {
+        if let current = self.current {
+            guard case .awaitingRequestEnd = current.phase else {
+                self.held.append(.part(part))
+                return
+            }
+            if case .end = part {
+                self.send(current, context: context)
+            } else {
+                // A body after all (the policy rules out framing for one): the full path takes it.
+                self.handToFullPath(current, context: context)
+                context.fireChannelRead(self.wrapInboundOut(part))
+            }
+            return
+        }
+        if case .head(let head) = part {
+            if self.fullPathPending == 0, let relayed = self.relayable(head, context: context) {
+                self.current = relayed
+                return
+            }
+            self.fullPathPending += 1
+        }
+        context.fireChannelRead(self.wrapInboundOut(part))
+    }
+
+    package func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        if self.relayInFlight || !self.held.isEmpty {
+            self.held.append(.error(error))
+        } else {
+            self.deliver(error, context: context)
+        }
+    }
+
+    private func deliver(_ error: any Error, context: ChannelHandlerContext) {
+        if let current = self.current { self.handToFullPath(current, context: context) }
+        context.fireErrorCaught(error)
+    }
+
+    package func read(context: ChannelHandlerContext) {
+        if self.relayInFlight && self.held.count >= Self.maxHeldParts {
+            self.readWithheld = true
+        } else {
+            context.read()
+        }
+    }
+
+    package func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable, let current = self.current, current.paused, let lease = current.lease {
+            current.paused = false
+            lease.connection.resumeRelay()
+        }
+        context.fireChannelWritabilityChanged()
+    }
+
+    package func channelInactive(context: ChannelHandlerContext) {
+        if let current = self.current {
+            // The response can no longer be delivered: its upstream connection cannot be reused.
+            current.status = 0
+            self.finish(current, reusable: false, brokerError: "client_closed", context: context)
+        }
+        self.held.removeAll()
+        context.fireChannelInactive()
+    }
+
+    // MARK: Deciding and sending
+
+    /// A request this handler may relay, by its head and what the broker knows of its origin.
+    private func relayable(_ head: HTTPRequestHead, context: ChannelHandlerContext) -> RelayedRequest? {
+        let interceptor = self.relay.interceptor
+        guard DirectRelayPolicy.headAllows(head),
+            ClientConnectionServer.approximateSize(of: head) <= interceptor.settings.limits.maxRequestHeadBytes,
+            case .success(.absolute(let origin, let pathAndQuery)) = RequestTarget.parse(method: head.method.rawValue, uri: head.uri),
+            interceptor.settings.upstream.proxy(for: origin) == nil,
+            !interceptor.authenticator.knowsSpaces(at: origin),
+            origin.scheme == .http || !self.presentsIdentity(to: origin),
+            self.relay.registry.startRequestUnlessDraining(self.connectionID)
+        else { return nil }
+        interceptor.counters.requestsInFlight.add(1)
+        return RelayedRequest(
+            handler: self, head: head, route: UpstreamRoute(origin),
+            upstreamHead: Interceptor.upstreamHead(for: head, origin: origin, pathAndQuery: pathAndQuery)
+        )
+    }
+
+    /// Whether requests to `origin` present a client identity, or the user's rules for it
+    /// cannot be read (the full path reports that).
+    private func presentsIdentity(to origin: CanonicalOrigin) -> Bool {
+        do {
+            return try self.relay.interceptor.store.clientIdentity(for: origin.host, requested: nil) != nil
+        } catch {
+            return true
+        }
+    }
+
+    /// The request has ended: it goes upstream on an idle pooled connection of this event loop,
+    /// or to the full path when there is none.
+    private func send(_ relayed: RelayedRequest, context: ChannelHandlerContext) {
+        relayed.phase = .awaitingResponse
+        let interceptor = self.relay.interceptor
+        guard let lease = interceptor.pool.leaseIdle(relayed.route, on: context.eventLoop) else {
+            self.handToFullPath(relayed, context: context)
+            return
+        }
+        guard lease.connection.isTrustCurrent(interceptor.trustGeneration()) else {
+            interceptor.pool.release(lease, reusable: false)
+            self.handToFullPath(relayed, context: context)
+            return
+        }
+        relayed.lease = lease
+        do {
+            try lease.connection.startRelay(head: relayed.upstreamHead, to: relayed)
+        } catch {
+            relayed.lease = nil
+            interceptor.pool.release(lease, reusable: false)
+            self.handToFullPath(relayed, context: context)
+        }
+    }
+
+    /// Gives the request to the full path, which carries on with `adopted` when given, or else
+    /// sends it (again) itself.
+    private func handToFullPath(_ relayed: RelayedRequest, context: ChannelHandlerContext, adopted: AdoptedExchange? = nil) {
+        guard relayed === self.current else { return }
+        self.current = nil
+        let interceptor = self.relay.interceptor
+        if let lease = relayed.lease {
+            relayed.lease = nil
+            interceptor.pool.release(lease, reusable: false)
+        }
+        interceptor.counters.requestsInFlight.subtract(1)
+        self.relay.registry.requestEnded(self.connectionID)
+        self.fullPathPending += 1
+        if let adopted { self.adopted.put(adopted) }
+        context.fireChannelRead(self.wrapInboundOut(.head(relayed.head)))
+        if case .awaitingRequestEnd = relayed.phase {
+            // Its end, when it comes, follows it there.
+        } else {
+            context.fireChannelRead(self.wrapInboundOut(.end(nil)))
+        }
+        context.fireChannelReadComplete()
+    }
+
+    // MARK: Upstream side (called by RelayedRequest on this event loop)
+
+    fileprivate func relayReceived(_ part: HTTPClientResponsePart, for relayed: RelayedRequest) {
+        guard relayed === self.current, let context = self.context, let lease = relayed.lease else { return }
+        let interceptor = self.relay.interceptor
+        switch (relayed.phase, part) {
+        case (.awaitingResponse, .head(let head)) where head.status.code < 200:
+            // As the full path: no 100 (the client sent no Expect), no 101; 103 and others pass.
+            if head.status == .continue || head.status == .switchingProtocols { return }
+            context.write(self.wrapOutboundOut(.head(head)), promise: nil)
+        case (.awaitingResponse, .head(let head)):
+            if head.status == .unauthorized || head.status == .proxyAuthenticationRequired {
+                // The broker may answer it from its store: the full path takes the exchange over.
+                relayed.lease = nil
+                if let exchange = lease.connection.adoptRelay(startingWith: part) {
+                    let adopted = AdoptedExchange(lease: lease, exchange: exchange, method: relayed.head.method, uri: relayed.head.uri)
+                    self.handToFullPath(relayed, context: context, adopted: adopted)
+                } else {
+                    interceptor.pool.release(lease, reusable: false)
+                    self.handToFullPath(relayed, context: context)
+                }
+                self.deliverHeld(context: context)
+                return
+            }
+            relayed.status = Int(head.status.code)
+            relayed.upstreamKeepAlive = head.isKeepAlive
+            var headers = ProxyHeaders.clientResponseHeaders(head.headers)
+            headers.replaceOrAdd(name: BrokerHeaders.requestID, value: relayed.requestID)
+            if self.relay.registry.isDraining {
+                relayed.clientKeepAlive = false
+                headers.replaceOrAdd(name: "Connection", value: "close")
+            }
+            context.write(self.wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: head.status, headers: headers))), promise: nil)
+            relayed.phase = .relaying
+        case (.relaying, .body(let buffer)):
+            relayed.bytes += buffer.readableBytes
+            interceptor.counters.bytesFromUpstream.add(buffer.readableBytes)
+            context.write(self.wrapOutboundOut(.body(.byteBuffer(buffer))), promise: nil)
+        case (.relaying, .end):
+            context.writeAndFlush(self.wrapOutboundOut(.end(nil)), promise: nil)
+            let reusable =
+                relayed.upstreamKeepAlive && lease.connection.isActive
+                && lease.connection.isTrustCurrent(interceptor.trustGeneration())
+            self.finish(relayed, reusable: reusable, brokerError: nil, context: context)
+        case (.awaitingRequestEnd, _), (.awaitingResponse, .body), (.awaitingResponse, .end), (.relaying, .head):
+            // Not what a response decoder yields; never reuse a connection that did it.
+            lease.connection.close()
+        }
+    }
+
+    fileprivate func relayReadComplete(for relayed: RelayedRequest) {
+        guard relayed === self.current, let context = self.context, let lease = relayed.lease else { return }
+        switch relayed.phase {
+        case .awaitingResponse, .relaying:
+            context.flush()
+            if !context.channel.isWritable {
+                // The client is not taking the bytes as fast as the origin sends them.
+                relayed.paused = true
+                lease.connection.pauseRelay()
+            }
+        case .awaitingRequestEnd:
+            break
+        }
+    }
+
+    fileprivate func relayFailed(_ error: UpstreamExchangeError, for relayed: RelayedRequest) {
+        guard relayed === self.current, let context = self.context, let lease = relayed.lease else { return }
+        let interceptor = self.relay.interceptor
+        switch relayed.phase {
+        case .awaitingResponse:
+            if case .connectionClosed = error, lease.connection.closingTLSError == nil {
+                // A pooled connection the origin had closed: the full path sends it on a fresh one.
+                self.handToFullPath(relayed, context: context)
+                self.deliverHeld(context: context)
+                return
+            }
+            let brokerError = interceptor.mapExchangeError(error, route: relayed.route, connection: lease.connection)
+            var (head, body) = brokerError.response(requestID: relayed.requestID)
+            if self.relay.registry.isDraining {
+                relayed.clientKeepAlive = false
+                head.headers.replaceOrAdd(name: "Connection", value: "close")
+            }
+            context.write(self.wrapOutboundOut(.head(head)), promise: nil)
+            context.write(self.wrapOutboundOut(.body(.byteBuffer(body))), promise: nil)
+            context.writeAndFlush(self.wrapOutboundOut(.end(nil)), promise: nil)
+            interceptor.counters.brokerErrors.add(1)
+            relayed.status = Int(brokerError.status.code)
+            relayed.bytes = body.readableBytes
+            self.finish(relayed, reusable: false, brokerError: brokerError.code, context: context)
+        case .relaying:
+            // After the head the client cannot be told: what came before the failure goes out,
+            // then its connection is cut, as on the full path.
+            relayed.clientKeepAlive = false
+            context.flush()
+            self.finish(relayed, reusable: false, brokerError: "aborted", context: context)
+            context.close(promise: nil)
+        case .awaitingRequestEnd:
+            break
+        }
+    }
+
+    /// The relayed request is over: its connection goes back, the access line is written, and
+    /// what arrived meanwhile is delivered.
+    private func finish(_ relayed: RelayedRequest, reusable: Bool, brokerError: String?, context: ChannelHandlerContext) {
+        guard relayed === self.current else { return }
+        self.current = nil
+        let interceptor = self.relay.interceptor
+        if let lease = relayed.lease {
+            relayed.lease = nil
+            interceptor.pool.release(lease, reusable: reusable)
+        }
+        interceptor.counters.requestsTotal.add(1)
+        interceptor.counters.requestsRelayedDirectly.add(1)
+        interceptor.counters.requestsInFlight.subtract(1)
+        self.relay.registry.requestEnded(self.connectionID)
+        var logger = self.relay.logger
+        logger[metadataKey: "request_id"] = "\(relayed.requestID)"
+        ClientConnectionServer.logAccess(
+            logger, method: relayed.head.method, target: relayed.route.origin.description,
+            outcome: RequestOutcome(
+                status: relayed.status, bytes: relayed.bytes, brokerError: brokerError,
+                disposition: relayed.clientKeepAlive ? .keepAlive : .close
+            ),
+            since: relayed.started
+        )
+        guard context.channel.isActive else { return }
+        if !relayed.clientKeepAlive {
+            let channel = context.channel
+            channel.close(mode: .output).whenComplete { _ in channel.close(promise: nil) }
+            return
+        }
+        self.deliverHeld(context: context)
+    }
+
+    /// Delivers what arrived while a relayed response was in flight, in order, until another
+    /// relay starts.
+    private func deliverHeld(context: ChannelHandlerContext) {
+        if !self.held.isEmpty {
+            while !self.relayInFlight, !self.held.isEmpty {
+                switch self.held.removeFirst() {
+                case .part(let part): self.receive(part, context: context)
+                case .error(let error): self.deliver(error, context: context)
+                }
+            }
+            context.fireChannelReadComplete()
+        }
+        // Reads stopped while too much was held resume once there is room again.
+        if self.readWithheld, !self.relayInFlight || self.held.count < Self.maxHeldParts {
+            self.readWithheld = false
+            context.read()
+        }
+    }
+}
+
+/// One request the direct relay has in hand.
+final class RelayedRequest: UpstreamRelaySink {
+    enum Phase {
+        /// The head is in; its end (which follows at once for a body-less request) is not.
+        case awaitingRequestEnd
+        case awaitingResponse
+        /// The response head went to the client.
+        case relaying
+    }
+
+    private weak var handler: DirectRelayHandler?
+    let head: HTTPRequestHead
+    let route: UpstreamRoute
+    let upstreamHead: HTTPRequestHead
+    let requestID = RequestIDs.make()
+    let started = ContinuousClock.now
+    var phase = Phase.awaitingRequestEnd
+    var lease: PooledConnection<UpstreamConnection>?
+    var status = 0
+    var bytes = 0
+    var upstreamKeepAlive = false
+    var clientKeepAlive = true
+    /// Reading from the origin is paused until the client is writable again.
+    var paused = false
+
+    init(handler: DirectRelayHandler, head: HTTPRequestHead, route: UpstreamRoute, upstreamHead: HTTPRequestHead) {
+        self.handler = handler
+        self.head = head
+        self.route = route
+        self.upstreamHead = upstreamHead
+    }
+
+    func upstreamReceived(_ part: HTTPClientResponsePart) {
+        self.handler?.relayReceived(part, for: self)
+    }
+
+    func upstreamReadComplete() {
+        self.handler?.relayReadComplete(for: self)
+    }
+
+    func upstreamFailed(_ error: UpstreamExchangeError) {
+        self.handler?.relayFailed(error, for: self)
+    }
+}

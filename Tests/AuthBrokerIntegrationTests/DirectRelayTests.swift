@@ -1,0 +1,298 @@
+import Foundation
+import Testing
+import TestSupport
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The client connection's direct relay: plain requests answered by channel handlers, with
+/// everything else, and every challenge, on the full path. Each test uses one client connection:
+/// its first request goes the full path and leaves a pooled connection on that connection's event
+/// loop, which the following requests are relayed on.
+@Suite("Direct relay")
+struct DirectRelayTests {
+    static func relayedCount(_ daemon: DaemonProcess) throws -> Int {
+        let status = try UnixSocketConnection(path: daemon.socketPath).request("GET", "/v1/status")
+        return (status.json["counters"] as? [String: Any])?["requests_relayed_directly"] as? Int ?? -1
+    }
+
+    /// The daemon's log once it holds `count` lines that pass `filter` (access lines are batched,
+    /// up to 100 ms late), or after 5 s.
+    static func logLines(_ daemon: DaemonProcess, atLeast count: Int, _ filter: (Substring) -> Bool) async -> [Substring] {
+        var lines: [Substring] = []
+        for _ in 0..<50 {
+            lines = daemon.log.split(separator: "\n").filter(filter)
+            if lines.count >= count { break }
+            try? await Task.sleep(for: .milliseconds(100))
+        }
+        return lines
+    }
+
+    @Test("plain keep-alive GETs and HEADs are relayed, with the full path's headers, bodies and log lines")
+    func plainRequestsAreRelayed() async throws {
+        let origin = try await TestOrigin.start(name: "relay")
+        defer { Task { await origin.stop() } }
+        let base = "http://origin.internal.test:\(origin.port)"
+        try await withDaemon(config: configText(resolving: [("origin.internal.test", origin)])) { daemon in
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            var ids: Set<String> = []
+            for index in 0..<20 {
+                let response = try connection.request("GET", "\(base)/hello")
+                #expect(response.status == 200, "request \(index)")
+                #expect(response.text == "hello from relay")
+                #expect(response.header("Via")?.contains("authbrokerd") == true)
+                ids.insert(response.header("Authbroker-Request-Id") ?? "")
+            }
+            #expect(ids.count == 20 && !ids.contains(""), "every response has its own request id")
+            let head = try connection.request("HEAD", "\(base)/hello")
+            #expect(head.status == 200 && head.body.isEmpty)
+            let big = try connection.request("GET", "\(base)/chunked/300000")
+            #expect(big.status == 200 && big.body.count == 300_000 && BytePattern.matches(big.body[...], offset: 0))
+            let notFound = try connection.request("GET", "\(base)/status/404")
+            #expect(notFound.status == 404 && notFound.header("Proxy-Status") == nil)
+            let headers = try connection.request("GET", "\(base)/headers?q=1", headers: [("X-Kept", "yes"), ("Keep-Alive", "timeout=5")])
+            let fields = (headers.json["headers"] as? [[String]] ?? []).map { ($0[0].lowercased(), $0[1]) }
+            #expect(fields.contains { $0 == ("x-kept", "yes") })
+            #expect(!fields.contains { $0.0 == "keep-alive" })
+            #expect(fields.first { $0.0 == "host" }?.1 == "origin.internal.test:\(origin.port)")
+
+            let relayed = try Self.relayedCount(daemon)
+            #expect(relayed >= 23, "relayed directly: \(relayed) of 24")
+            // The relay's requests are logged like the full path's (origin only, never the path).
+            let lines = await Self.logLines(daemon, atLeast: 24) { $0.contains(" request ") && $0.contains("target=\(base)") }
+            #expect(lines.count == 24, "access lines: \(lines.count)")
+            #expect(!daemon.log.contains("/headers?q=1"))
+        }
+    }
+
+    @Test("requests the relay must not take go the full path: bodies, directives, credentials, Expect, Connection: close")
+    func otherRequestsTakeTheFullPath() async throws {
+        let origin = try await TestOrigin.start(name: "full")
+        defer { Task { await origin.stop() } }
+        let base = "http://origin.internal.test:\(origin.port)"
+        try await withDaemon(config: configText(resolving: [("origin.internal.test", origin)])) { daemon in
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            #expect(try connection.request("GET", "\(base)/hello").status == 200)
+            #expect(try connection.request("GET", "\(base)/hello").status == 200)
+            let before = try Self.relayedCount(daemon)
+            #expect(before >= 1)
+            #expect(try connection.request("POST", "\(base)/echo", body: Array("abc".utf8)).text == "abc")
+            #expect(try connection.request("GET", "\(base)/hello", headers: [("Authbroker-Interactive", "1")]).status == 200)
+            #expect(try connection.request("GET", "\(base)/hello", headers: [("Authorization", "Basic dTpw")]).status == 200)
+            #expect(try connection.request("DELETE", "\(base)/status/204").status == 204)
+            #expect(try connection.request("GET", "\(base)/hello", headers: [("Connection", "close")]).status == 200)
+            #expect(try Self.relayedCount(daemon) == before + 0, "none of these was relayed")
+        }
+    }
+
+    @Test("pipelined requests, relayed and not, are answered in order")
+    func pipelinedMixture() async throws {
+        let origin = try await TestOrigin.start(name: "pipelined")
+        defer { Task { await origin.stop() } }
+        let base = "http://origin.internal.test:\(origin.port)"
+        try await withDaemon(config: configText(resolving: [("origin.internal.test", origin)])) { daemon in
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            #expect(try connection.request("GET", "\(base)/hello").status == 200)
+            let get = "GET \(base)/hello HTTP/1.1\r\nHost: x\r\n\r\n"
+            var text = ""
+            for index in 0..<30 {
+                switch index % 5 {
+                case 1: text += "POST \(base)/echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nn\(String(format: "%03d", index))"
+                case 3: text += "GET \(base)/bytes/\(70_000 + index) HTTP/1.1\r\nHost: x\r\n\r\n"
+                default: text += get
+                }
+            }
+            try connection.send(text)
+            for index in 0..<30 {
+                let response = try connection.readResponse()
+                #expect(response.status == 200, "response \(index)")
+                switch index % 5 {
+                case 1: #expect(response.text == "n\(String(format: "%03d", index))", "response \(index)")
+                case 3: #expect(response.body.count == 70_000 + index, "response \(index)")
+                default: #expect(response.text == "hello from pipelined", "response \(index)")
+                }
+            }
+            #expect(try Self.relayedCount(daemon) > 0)
+            // The connection is still in step.
+            #expect(try connection.request("GET", "\(base)/hello").text == "hello from pipelined")
+        }
+    }
+
+    @Test("a hundred requests pipelined behind a slow relayed one are held, then answered in order")
+    func manyHeldBehindASlowRelay() async throws {
+        let origin = try await TestOrigin.start(name: "held")
+        defer { Task { await origin.stop() } }
+        let base = "http://origin.internal.test:\(origin.port)"
+        try await withDaemon(config: configText(resolving: [("origin.internal.test", origin)])) { daemon in
+            let connection = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 30)
+            #expect(try connection.request("GET", "\(base)/hello").status == 200)
+            var text = "GET \(base)/slow-head/400 HTTP/1.1\r\nHost: x\r\n\r\n"
+            for index in 0..<100 {
+                text += "GET \(base)/bytes/\(1000 + index) HTTP/1.1\r\nHost: x\r\n\r\n"
+            }
+            try connection.send(text)
+            #expect(try connection.readResponse().status == 200)
+            for index in 0..<100 {
+                let response = try connection.readResponse()
+                guard response.status == 200, response.body.count == 1000 + index else {
+                    Issue.record("response \(index): \(response.status) with \(response.body.count) bytes")
+                    return
+                }
+            }
+            #expect(try Self.relayedCount(daemon) >= 50)
+            #expect(try connection.request("GET", "\(base)/hello").text == "hello from held")
+        }
+    }
+
+    @Test("a 401 on the relay is taken over by the full path: a stored password answers it, the origin sees one 401")
+    func challengeIsAdopted() async throws {
+        let origin = try await TestAuthOrigin.start(name: "adopt", user: "alice", password: "Wonderland-Secret-42")
+        defer { Task { await origin.stop() } }
+        let base = "http://auth.internal.test:\(origin.port)"
+        try await withDaemon(config: "[upstream]\nresolve = [\"auth.internal.test:\(origin.port):127.0.0.1\"]\n") { daemon in
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            #expect(try connection.request("GET", "\(base)/open/a").status == 200)
+            #expect(try connection.request("GET", "\(base)/open/b").status == 200)
+            let relayed = try Self.relayedCount(daemon)
+            #expect(relayed >= 1)
+
+            // No password stored: the 401 reaches the app, sent once to the origin per request.
+            let refused = try connection.request("GET", "\(base)/basic/x")
+            #expect(refused.status == 401)
+            #expect(refused.header("WWW-Authenticate")?.contains("basic@test") == true)
+            #expect(origin.stats.unauthorized == 1)
+
+            let stored = try UnixSocketConnection(path: daemon.socketPath).request(
+                "POST", "/v1/passwords", headers: [("Content-Type", "application/json")],
+                body: jsonBody(["url": base, "user": "alice", "password": "Wonderland-Secret-42", "persistence": "session"])
+            )
+            #expect(stored.status == 201)
+            #expect(try connection.request("GET", "\(base)/open/c").status == 200)
+            let answered = try connection.request("GET", "\(base)/basic/y")
+            #expect(answered.status == 200 && answered.text == "hello alice")
+            #expect(origin.stats.unauthorized == 2, "one 401 for this request, not one per send")
+            #expect(origin.stats.successes == 1)
+            // The space is known now: its requests carry the password up front, on the full path.
+            #expect(try connection.request("GET", "\(base)/basic/z").status == 200)
+            #expect(origin.stats.unauthorized == 2)
+            #expect(!daemon.log.contains("Wonderland-Secret-42"))
+        }
+    }
+
+    @Test("on the relay: a stalled head is 504, a pooled connection the origin closed is retried, a cut body cuts the client")
+    func upstreamFaults() async throws {
+        let origin = try await FaultyOrigin.start()
+        defer { Task { await origin.stop() } }
+        let config = """
+            [upstream]
+            resolve = ["faulty.internal.test:\(origin.port):127.0.0.1"]
+            response_head_timeout_ms = 500
+            """
+        let base = "http://faulty.internal.test:\(origin.port)"
+        try await withDaemon(config: config) { daemon in
+            let connection = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
+            #expect(try connection.request("GET", "\(base)/hello").status == 200)
+            let stalled = try connection.request("GET", "\(base)/stall-head")
+            #expect(stalled.status == 504)
+            #expect(stalled.header("Proxy-Status")?.contains("http_response_timeout") == true)
+            // The same client connection carries on.
+            #expect(try connection.request("GET", "\(base)/hello").status == 200)
+            let reset = try connection.request("GET", "\(base)/reset-before-head")
+            #expect(reset.status == 502)
+            #expect(reset.header("Proxy-Status")?.contains("connection_terminated") == true)
+            #expect(try connection.request("GET", "\(base)/hello").status == 200)
+            // Each fault costs its pooled connection, so the /hello after it goes the full path.
+            #expect(try Self.relayedCount(daemon) >= 1)
+            try connection.send("GET \(base)/short-body HTTP/1.1\r\nHost: x\r\n\r\n")
+            #expect(throws: (any Error).self) { _ = try connection.readResponse() }
+            #expect(try fetch(daemon, "\(base)/hello").status == 200)
+            #expect(await !Self.logLines(daemon, atLeast: 1) { $0.contains("error=aborted") }.isEmpty)
+        }
+    }
+
+    @Test("a client leaving mid-download on the relay closes the upstream connection; descriptors return")
+    func clientLeavesMidRelay() async throws {
+        let origin = try await TestOrigin.start(name: "leave")
+        defer { Task { await origin.stop() } }
+        let base = "http://origin.internal.test:\(origin.port)"
+        try await withDaemon(config: configText(resolving: [("origin.internal.test", origin)])) { daemon in
+            let warm = try UnixSocketConnection(path: daemon.socketPath)
+            #expect(try warm.request("GET", "\(base)/hello").status == 200)
+            warm.close()
+            let before = await daemon.settledFileDescriptorCount()
+            for _ in 0..<5 {
+                let connection = try UnixSocketConnection(path: daemon.socketPath)
+                #expect(try connection.request("GET", "\(base)/hello").status == 200)
+                try connection.send("GET \(base)/bytes/\(500 * 1024 * 1024) HTTP/1.1\r\nHost: x\r\n\r\n")
+                _ = try connection.discard(atLeast: 1024 * 1024)
+                connection.close()
+            }
+            var released = false
+            for _ in 0..<100 where !released {
+                let status = try? UnixSocketConnection(path: daemon.socketPath).request("GET", "/v1/status")
+                let counters = status?.json["counters"] as? [String: Any]
+                released = counters?["requests_in_flight"] as? Int == 1 && counters?["upstream_connections_open"] as? Int ?? 9 <= 1
+                if !released { try await Task.sleep(for: .milliseconds(100)) }
+            }
+            #expect(released, "no request is left in flight")
+            let cut = await Self.logLines(daemon, atLeast: 5) { $0.contains("error=client_closed") || $0.contains("error=aborted") }
+            #expect(cut.count == 5, "the five abandoned downloads are logged: \(cut.count)")
+            let fds = await daemon.waitForFileDescriptors(atMost: before + 1)
+            #expect(fds <= before + 1, "descriptors: \(before) before, \(fds) after")
+            #expect(try fetch(daemon, "\(base)/hello").status == 200)
+        }
+    }
+
+    @Test("a 200 MiB download on the relay streams with bounded memory")
+    func largeDownloadIsBounded() async throws {
+        let origin = try await TestOrigin.start(name: "big")
+        defer { Task { await origin.stop() } }
+        let size = 200 * 1024 * 1024
+        let base = "http://origin.internal.test:\(origin.port)"
+        try await withDaemon(config: configText(resolving: [("origin.internal.test", origin)])) { daemon in
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            #expect(try connection.request("GET", "\(base)/hello").status == 200)
+            let relayedBefore = try Self.relayedCount(daemon)
+            let baseline = daemon.residentKiB ?? 0
+            try connection.send("GET \(base)/bytes/\(size) HTTP/1.1\r\nHost: x\r\n\r\n")
+            var received = 0
+            var mismatches = 0
+            var peakKiB = baseline
+            let response = try connection.readResponse { slice in
+                if !BytePattern.matches(slice, offset: received) { mismatches += 1 }
+                received += slice.count
+                if received % (16 * 1024 * 1024) < slice.count {
+                    // A slow reader: the relay must stop reading from the origin meanwhile.
+                    usleep(20_000)
+                    peakKiB = max(peakKiB, daemon.residentKiB ?? 0)
+                }
+            }
+            #expect(response.status == 200 && received == size && mismatches == 0)
+            #expect(try Self.relayedCount(daemon) == relayedBefore + 1, "the download was relayed directly")
+            print("200 MiB relayed download: daemon RSS \(baseline) KiB before, peak \(peakKiB) KiB during")
+            #expect(peakKiB - baseline < 64 * 1024)
+        }
+    }
+
+    @Test("SIGTERM during a relayed request: it finishes with Connection: close, and the daemon exits 0")
+    func drainingFinishesRelayedRequest() async throws {
+        let origin = try await TestOrigin.start(name: "drain")
+        defer { Task { await origin.stop() } }
+        let base = "http://origin.internal.test:\(origin.port)"
+        try await withDaemon(config: configText(resolving: [("origin.internal.test", origin)])) { daemon in
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            #expect(try connection.request("GET", "\(base)/hello").status == 200)
+            #expect(try connection.request("GET", "\(base)/hello").status == 200)
+            #expect(try Self.relayedCount(daemon) >= 1, "this connection's requests are relayed")
+            try connection.send("GET \(base)/slow-head/1500 HTTP/1.1\r\nHost: x\r\n\r\n")
+            try await Task.sleep(for: .milliseconds(300))
+            kill(daemon.pid, SIGTERM)
+            let response = try connection.readResponse()
+            #expect(response.status == 200)
+            #expect(response.header("Connection")?.lowercased() == "close")
+            #expect(try connection.readToEnd().isEmpty)
+            #expect(await daemon.waitForExit() == 0)
+        }
+    }
+}
