@@ -92,6 +92,10 @@ package struct AcceptedClientConnection: Sendable {
         try channel.pipeline.syncOperations.configureHTTPServerPipeline(
             withPipeliningAssistance: false, withErrorHandling: false
         )
+        // Room for a few upstream reads on their way to the client before reading from the origin
+        // pauses: with NIO's default 64 KiB the direct relay paused a fast download after nearly
+        // every read (a relayed 1 GiB download: about 1090 MiB/s with it, 1360 with this).
+        try channel.syncOptions?.setOption(.writeBufferWaterMark, value: .init(low: 128 * 1024, high: 512 * 1024))
         let adopted = AdoptedExchangeSlot()
         let handler = DirectRelayHandler(relay: relay, connectionID: id, adopted: adopted)
         try channel.pipeline.syncOperations.addHandler(handler)
