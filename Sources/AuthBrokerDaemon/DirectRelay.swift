@@ -264,15 +264,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
     /// Gives the request to the full path, which carries on with `adopted` when given, or else
     /// sends it (again) itself.
     private func handToFullPath(_ relayed: RelayedRequest, context: ChannelHandlerContext, adopted: AdoptedExchange? = nil) {
-        guard relayed === self.current else { return }
-        self.current = nil
-        let interceptor = self.relay.interceptor
-        if let lease = relayed.lease {
-            relayed.lease = nil
-            interceptor.pool.release(lease, reusable: false)
-        }
-        interceptor.counters.requestsInFlight.subtract(1)
-        self.relay.registry.requestEnded(self.connectionID)
+        guard self.end(relayed, reusable: false) else { return }
         self.fullPathPending += 1
         if let adopted { self.adopted.put(adopted) }
         context.fireChannelRead(self.wrapInboundOut(.head(relayed.head)))
@@ -388,17 +380,10 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
     /// The relayed request is over: its connection goes back, the access line is written, and
     /// what arrived meanwhile is delivered.
     private func finish(_ relayed: RelayedRequest, reusable: Bool, brokerError: String?, context: ChannelHandlerContext) {
-        guard relayed === self.current else { return }
-        self.current = nil
+        guard self.end(relayed, reusable: reusable) else { return }
         let interceptor = self.relay.interceptor
-        if let lease = relayed.lease {
-            relayed.lease = nil
-            interceptor.pool.release(lease, reusable: reusable)
-        }
         interceptor.counters.requestsTotal.add(1)
         interceptor.counters.requestsRelayedDirectly.add(1)
-        interceptor.counters.requestsInFlight.subtract(1)
-        self.relay.registry.requestEnded(self.connectionID)
         var logger = self.relay.logger
         logger[metadataKey: "request_id"] = "\(relayed.requestID)"
         ClientConnectionServer.logAccess(
@@ -416,6 +401,21 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             return
         }
         self.deliverHeld(context: context)
+    }
+
+    /// Ends the relay's hold on `relayed` (its connection back to the pool, its counts undone);
+    /// false when it is not the current request (a late callback).
+    private func end(_ relayed: RelayedRequest, reusable: Bool) -> Bool {
+        guard relayed === self.current else { return false }
+        self.current = nil
+        let interceptor = self.relay.interceptor
+        if let lease = relayed.lease {
+            relayed.lease = nil
+            interceptor.pool.release(lease, reusable: reusable)
+        }
+        interceptor.counters.requestsInFlight.subtract(1)
+        self.relay.registry.requestEnded(self.connectionID)
+        return true
     }
 
     /// Delivers what arrived while a relayed response was in flight, in order, until another
