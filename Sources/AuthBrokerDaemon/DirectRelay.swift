@@ -215,26 +215,16 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
         guard DirectRelayPolicy.headAllows(head),
             ClientConnectionServer.approximateSize(of: head) <= interceptor.settings.limits.maxRequestHeadBytes,
             case .success(.absolute(let origin, let pathAndQuery)) = RequestTarget.parse(method: head.method.rawValue, uri: head.uri),
-            interceptor.settings.upstream.proxy(for: origin) == nil,
+            // The full path's route; a rule that cannot be read is its to report.
+            let route = try? interceptor.route(to: origin, identity: nil), route.proxy == nil, route.clientIdentity == nil,
             !interceptor.authenticator.knowsSpaces(at: origin),
-            origin.scheme == .http || !self.presentsIdentity(to: origin),
             self.relay.registry.startRequestUnlessDraining(self.connectionID)
         else { return nil }
         interceptor.counters.requestsInFlight.add(1)
         return RelayedRequest(
-            handler: self, head: head, route: UpstreamRoute(origin),
+            handler: self, head: head, route: route,
             upstreamHead: Interceptor.upstreamHead(for: head, origin: origin, pathAndQuery: pathAndQuery)
         )
-    }
-
-    /// Whether requests to `origin` present a client identity, or the user's rules for it
-    /// cannot be read (the full path reports that).
-    private func presentsIdentity(to origin: CanonicalOrigin) -> Bool {
-        do {
-            return try self.relay.interceptor.store.clientIdentity(for: origin.host, requested: nil) != nil
-        } catch {
-            return true
-        }
     }
 
     /// The request has ended: it goes upstream on an idle pooled connection of this event loop,
@@ -246,17 +236,15 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             self.handToFullPath(relayed, context: context)
             return
         }
+        // From here a hand-over closes the connection (`end` releases it, not reusable).
+        relayed.lease = lease
         guard lease.connection.isTrustCurrent(interceptor.trustGeneration()) else {
-            interceptor.pool.release(lease, reusable: false)
             self.handToFullPath(relayed, context: context)
             return
         }
-        relayed.lease = lease
         do {
             try lease.connection.startRelay(head: relayed.upstreamHead, to: relayed)
         } catch {
-            relayed.lease = nil
-            interceptor.pool.release(lease, reusable: false)
             self.handToFullPath(relayed, context: context)
         }
     }
@@ -288,13 +276,13 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             context.write(self.wrapOutboundOut(.head(head)), promise: nil)
         case (.awaitingResponse, .head(let head)):
             if head.status == .unauthorized || head.status == .proxyAuthenticationRequired {
-                // The broker may answer it from its store: the full path takes the exchange over.
-                relayed.lease = nil
+                // The broker may answer it from its store: the full path takes the exchange over,
+                // connection and all.
                 if let exchange = lease.connection.adoptRelay(startingWith: part) {
+                    relayed.lease = nil
                     let adopted = AdoptedExchange(lease: lease, exchange: exchange, method: relayed.head.method, uri: relayed.head.uri)
                     self.handToFullPath(relayed, context: context, adopted: adopted)
                 } else {
-                    interceptor.pool.release(lease, reusable: false)
                     self.handToFullPath(relayed, context: context)
                 }
                 self.deliverHeld(context: context)

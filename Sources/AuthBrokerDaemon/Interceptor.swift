@@ -336,7 +336,7 @@ package struct Interceptor: Sendable {
 
     /// The route for a request: its origin, and the client identity it presents there (the one
     /// it names in `Authbroker-Identity`, or the user's rules for the host).
-    private func route(to origin: CanonicalOrigin, identity requested: String?) throws(BrokerError) -> UpstreamRoute {
+    func route(to origin: CanonicalOrigin, identity requested: String?) throws(BrokerError) -> UpstreamRoute {
         let proxy = self.settings.upstream.proxy(for: origin)
         guard origin.scheme == .https else { return UpstreamRoute(origin, proxy: proxy) }
         do {

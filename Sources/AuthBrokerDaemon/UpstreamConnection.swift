@@ -205,15 +205,28 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
     }
 
     func beginExchange() throws -> ResponseParts {
+        try self.begin { context in
+            let (parts, source) = self.makeResponseParts(context: context)
+            return (.sequence(source), parts)
+        }
+    }
+
+    func beginRelay(to sink: any UpstreamRelaySink) throws {
+        try self.begin { _ in (.relay(sink), ()) }
+    }
+
+    /// Starts the next exchange, its response going to the consumer `make` returns (with what
+    /// the caller gets back).
+    private func begin<Result>(_ make: (ChannelHandlerContext) -> (Consumer, Result)) throws -> Result {
         guard !self.isClosed, let context else { throw UpstreamExchangeError.connectionClosed }
         guard self.exchange == nil else { throw UpstreamExchangeError.busy }
         self.generation += 1
-        let (sequence, source) = self.makeResponseParts(context: context)
-        self.exchange = Exchange(generation: self.generation, consumer: .sequence(source))
+        let (consumer, result) = make(context)
+        self.exchange = Exchange(generation: self.generation, consumer: consumer)
         self.batch = []
         self.readPaused = false
         context.read()
-        return sequence
+        return result
     }
 
     private func makeResponseParts(context: ChannelHandlerContext) -> (ResponseParts, Source) {
@@ -237,16 +250,6 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
         self.batch = [firstPart]
         self.readPaused = false
         return sequence
-    }
-
-    func beginRelay(to sink: any UpstreamRelaySink) throws {
-        guard !self.isClosed, let context else { throw UpstreamExchangeError.connectionClosed }
-        guard self.exchange == nil else { throw UpstreamExchangeError.busy }
-        self.generation += 1
-        self.exchange = Exchange(generation: self.generation, consumer: .relay(sink))
-        self.batch = []
-        self.readPaused = false
-        context.read()
     }
 
     func pauseReading() {
