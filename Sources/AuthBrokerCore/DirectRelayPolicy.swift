@@ -10,15 +10,16 @@ import NIOHTTP1
 package enum DirectRelayPolicy {
     /// Fields that need the full path: credentials (kept, persisted or answered there),
     /// `Expect` (100-continue), `Upgrade`, and any body framing.
-    private static let fieldsNeedingFullPath: Set<String> = [
+    private static let fieldsNeedingFullPath = [
         "authorization", "proxy-authorization", "expect", "upgrade", "content-length", "transfer-encoding",
     ]
 
     package static func headAllows(_ head: HTTPRequestHead) -> Bool {
         guard head.version == .http1_1, head.method == .GET || head.method == .HEAD, head.isKeepAlive else { return false }
         for (name, _) in head.headers {
-            let lower = name.lowercased()
-            if Self.fieldsNeedingFullPath.contains(lower) || lower.hasPrefix(ProxyHeaders.directivePrefix) { return false }
+            if ProxyHeaders.isDirective(name) || Self.fieldsNeedingFullPath.contains(where: { ProxyHeaders.fieldName(name, is: $0) }) {
+                return false
+            }
         }
         return true
     }

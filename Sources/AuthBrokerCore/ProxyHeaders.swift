@@ -15,13 +15,13 @@ package enum ProxyHeaders {
 
     /// Fields a request never carries past this hop. `Transfer-Encoding` is here because the
     /// broker frames the upstream body itself; `TE` and `Trailer` because it forwards no trailers.
-    static let hopByHopRequestFields: Set<String> = [
+    static let hopByHopRequestFields = [
         "connection", "keep-alive", "proxy-connection", "proxy-authorization", "te", "trailer",
         "transfer-encoding", "upgrade",
     ]
 
     /// Fields a response never carries past this hop.
-    static let hopByHopResponseFields: Set<String> = [
+    static let hopByHopResponseFields = [
         "connection", "keep-alive", "proxy-connection", "proxy-authenticate", "trailer",
         "transfer-encoding", "upgrade",
     ]
@@ -30,7 +30,32 @@ package enum ProxyHeaders {
     ///
     /// - Warning: `Connection: content-length` would otherwise strip the length the body is framed
     ///   by, a known request-smuggling lever; `Host` is always set by the broker anyway.
-    static let protectedFields: Set<String> = ["content-length", "host"]
+    static let protectedFields = ["content-length", "host"]
+
+    /// Whether the field name `name` is `lowercased` up to ASCII case (RFC 9110 §5.1). Compared
+    /// byte by byte: a lower-cased copy of every name of every message was a measurable part of
+    /// the broker's work per request.
+    package static func fieldName(_ name: some StringProtocol, is lowercased: String) -> Bool {
+        guard name.utf8.count == lowercased.utf8.count else { return false }
+        return zip(name.utf8, lowercased.utf8).allSatisfy { byte, lower in asciiLowercased(byte) == lower }
+    }
+
+    private static func fieldName(_ name: some StringProtocol, isIn lowercasedNames: [String]) -> Bool {
+        lowercasedNames.contains { fieldName(name, is: $0) }
+    }
+
+    private static func asciiLowercased(_ byte: UInt8) -> UInt8 {
+        byte >= UInt8(ascii: "A") && byte <= UInt8(ascii: "Z") ? byte | 0x20 : byte
+    }
+
+    /// Whether `name` starts with `Authbroker-`, in any case.
+    package static func isDirective(_ name: String) -> Bool {
+        var bytes = name.utf8.makeIterator()
+        for lower in directivePrefix.utf8 {
+            guard let byte = bytes.next(), asciiLowercased(byte) == lower else { return false }
+        }
+        return true
+    }
 
     /// Headers to send upstream.
     ///
@@ -40,17 +65,18 @@ package enum ProxyHeaders {
     /// `origin.hostHeader` and goes first (RFC 9110 §7.2); `Via` gains the broker's entry. All other
     /// fields, `Content-Length` and `Expect` included, keep their order and values.
     package static func upstreamRequestHeaders(_ headers: HTTPHeaders, origin: CanonicalOrigin) -> HTTPHeaders {
-        // Per request: look in both sets rather than build their union.
         let named = connectionOptions(headers)
-        let drop = { (lower: String) in hopByHopRequestFields.contains(lower) || named.contains(lower) }
         var result = HTTPHeaders()
         result.reserveCapacity(headers.count + 1)
         result.add(name: "Host", value: origin.hostHeader)
         var via: [String] = []
         for (name, value) in headers {
-            let lower = name.lowercased()
-            if lower == "host" || lower.hasPrefix(directivePrefix) || drop(lower) { continue }
-            if lower == "via" {
+            if fieldName(name, is: "host") || isDirective(name) || fieldName(name, isIn: hopByHopRequestFields)
+                || fieldName(name, isIn: named)
+            {
+                continue
+            }
+            if fieldName(name, is: "via") {
                 via.append(value)
                 continue
             }
@@ -68,14 +94,12 @@ package enum ProxyHeaders {
     /// entry. Everything else keeps its order.
     package static func clientResponseHeaders(_ headers: HTTPHeaders) -> HTTPHeaders {
         let named = connectionOptions(headers)
-        let drop = { (lower: String) in hopByHopResponseFields.contains(lower) || named.contains(lower) }
         var result = HTTPHeaders()
         result.reserveCapacity(headers.count + 1)
         var via: [String] = []
         for (name, value) in headers {
-            let lower = name.lowercased()
-            if drop(lower) { continue }
-            if lower == "via" {
+            if fieldName(name, isIn: hopByHopResponseFields) || fieldName(name, isIn: named) { continue }
+            if fieldName(name, is: "via") {
                 via.append(value)
                 continue
             }
@@ -91,29 +115,37 @@ package enum ProxyHeaders {
 
     /// The `Authbroker-*` fields the client sent, in order, names lower-cased.
     package static func brokerDirectives(_ headers: HTTPHeaders) -> [(name: String, value: String)] {
-        headers.compactMap { name, value in
-            let lower = name.lowercased()
-            return lower.hasPrefix(directivePrefix) ? (name: lower, value: value) : nil
-        }
+        headers.compactMap { name, value in isDirective(name) ? (name: name.lowercased(), value: value) : nil }
     }
 
     /// The field names listed in every `Connection` field (RFC 9110 §7.6.1), lower-cased, minus
-    /// the protected ones.
-    static func connectionOptions(_ headers: HTTPHeaders) -> Set<String> {
-        var names = Set<String>()
-        guard headers.contains(name: "connection") else { return names }
-        for value in headers[canonicalForm: "connection"] {
-            let token = trimOWS(value).lowercased()
-            if !token.isEmpty, !protectedFields.contains(token) { names.insert(token) }
+    /// the protected ones and `keep-alive` (the usual one, dropped anyway).
+    static func connectionOptions(_ headers: HTTPHeaders) -> [String] {
+        var names: [String] = []
+        // By hand rather than `headers[canonicalForm:]`, which builds an array of every token of
+        // every field: this runs for every response, nearly all of them `Connection: keep-alive`.
+        for (name, value) in headers where fieldName(name, is: "connection") {
+            var start = value.utf8.startIndex
+            while true {
+                let end = value.utf8[start...].firstIndex(of: UInt8(ascii: ",")) ?? value.utf8.endIndex
+                let token = trimOWS(value[start..<end])
+                if !token.isEmpty, !fieldName(token, is: "keep-alive"), !fieldName(token, isIn: protectedFields) {
+                    names.append(token.lowercased())
+                }
+                guard end < value.utf8.endIndex else { break }
+                start = value.utf8.index(after: end)
+            }
         }
         return names
     }
 
     /// Strips OWS (space and horizontal tab, RFC 9110 §5.6.3) from both ends.
     private static func trimOWS(_ value: Substring) -> Substring {
-        var slice = value
-        while let first = slice.first, first == " " || first == "\t" { slice = slice.dropFirst() }
-        while let last = slice.last, last == " " || last == "\t" { slice = slice.dropLast() }
-        return slice
+        let isOWS = { (byte: UInt8) in byte == UInt8(ascii: " ") || byte == UInt8(ascii: "\t") }
+        guard let first = value.utf8.firstIndex(where: { !isOWS($0) }),
+            let last = value.utf8.lastIndex(where: { !isOWS($0) })
+        else { return value[value.endIndex...] }
+        // After the last byte that is not OWS comes OWS or the end: a character boundary.
+        return value[first..<value.utf8.index(after: last)]
     }
 }

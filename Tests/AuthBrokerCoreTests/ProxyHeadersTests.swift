@@ -83,6 +83,42 @@ struct ProxyHeadersTests {
         )
     }
 
+    /// Field names compare up to ASCII case only: no other byte folds (`[` is not `{`, `K` with a
+    /// combining mark is not `k`), and lengths must match.
+    @Test func fieldNamesCompareByASCIICaseOnly() {
+        #expect(ProxyHeaders.fieldName("CoNNecTion", is: "connection"))
+        #expect(ProxyHeaders.fieldName("te", is: "te"))
+        #expect(!ProxyHeaders.fieldName("connection ", is: "connection"))
+        #expect(!ProxyHeaders.fieldName("connectio", is: "connection"))
+        #expect(!ProxyHeaders.fieldName("[", is: "{"))
+        #expect(!ProxyHeaders.fieldName("@", is: "`"))
+        #expect(!ProxyHeaders.fieldName("Kéep-Alive", is: "keep-alive"))
+        #expect(!ProxyHeaders.fieldName("\u{212A}eep-alive", is: "keep-alive"), "KELVIN SIGN is not K")
+        #expect(!ProxyHeaders.fieldName("", is: "te"))
+        #expect(ProxyHeaders.isDirective("AUTHBROKER-x") && ProxyHeaders.isDirective("authbroker-"))
+        #expect(!ProxyHeaders.isDirective("authbroker") && !ProxyHeaders.isDirective("authbrokér-x"))
+    }
+
+    /// `Connection` tokens are split by hand: OWS, empty members, several fields, non-ASCII bytes.
+    @Test func connectionTokensInAnyShape() {
+        let input = HTTPHeaders([
+            ("Connection", " ,\tX-One ,, x-two\t"),
+            ("X-One", "1"),
+            ("X-Two", "2"),
+            ("CONNECTION", "x-thréé,"),
+            ("X-Thréé", "3"),
+            ("x-thrEE", "kept: a different name"),
+            ("Connection", ""),
+            ("Close", "named by no token, kept"),
+            ("X-Keep", "k"),
+        ])
+        #expect(
+            Self.pairs(ProxyHeaders.clientResponseHeaders(input)) == [
+                "x-thrEE: kept: a different name", "Close: named by no token, kept", "X-Keep: k", "Via: 1.1 authbrokerd",
+            ]
+        )
+    }
+
     @Test func clientResponseDropsHopByHop() {
         let input = HTTPHeaders([
             ("Content-Type", "text/plain"),
