@@ -64,6 +64,51 @@ package enum RequestTarget: Sendable, Equatable {
         return .success(.control(path: path, query: query))
     }
 
+    /// The scheme and authority of an absolute-form target parsed before, exactly as the client
+    /// wrote them (`http://Example.com:8080`), with the origin they name.
+    package struct AbsolutePrefix: Sendable {
+        let bytes: [UInt8]
+        package let origin: CanonicalOrigin
+        /// `origin.description`, kept: it is logged once per request.
+        package let originDescription: String
+    }
+
+    /// `parse(method:uri:)` for an absolute-form target, remembering its scheme and authority:
+    /// a client sends its requests to one origin over and over, and with `known` from its
+    /// previous request only the path and query of a target that starts the same are parsed.
+    /// Any other target (or a `CONNECT`) is parsed in full. The target is the same either way.
+    package static func parse(
+        method: String, uri: String, reusing known: AbsolutePrefix?
+    ) -> (Result<RequestTarget, RequestTargetError>, AbsolutePrefix?) {
+        let utf8 = uri.utf8
+        if let known, method != "CONNECT", utf8.count <= maximumLength, utf8.count > known.bytes.count,
+            utf8.starts(with: known.bytes)
+        {
+            let rest = Array(utf8.dropFirst(known.bytes.count))[...]
+            if rest.first == UInt8(ascii: "/") || rest.first == UInt8(ascii: "?"),
+                !rest.contains(where: { $0 <= 0x20 || $0 == 0x7F || $0 >= 0x80 || $0 == UInt8(ascii: "#") })
+            {
+                return (.success(.absolute(origin: known.origin, pathAndQuery: pathAndQuery(rest))), known)
+            }
+        }
+        let result = parse(method: method, uri: uri)
+        guard case .success(.absolute(let origin, _)) = result, method != "CONNECT" else { return (result, nil) }
+        // Scheme, "://" and authority end at the first "/" or "?" after the "//".
+        let bytes = Array(utf8)
+        guard let doubleSlash = bytes.firstIndex(of: UInt8(ascii: ":")).map({ $0 + 3 }), doubleSlash <= bytes.count else {
+            return (result, nil)
+        }
+        let end = bytes[doubleSlash...].firstIndex(where: { $0 == UInt8(ascii: "/") || $0 == UInt8(ascii: "?") }) ?? bytes.count
+        return (result, AbsolutePrefix(bytes: Array(bytes[..<end]), origin: origin, originDescription: origin.description))
+    }
+
+    /// An absolute-form target's path and query from what follows its authority (checked).
+    private static func pathAndQuery(_ rest: ArraySlice<UInt8>) -> String {
+        if rest.isEmpty { return "/" }
+        if rest.first == UInt8(ascii: "?") { return "/" + String(decoding: rest, as: UTF8.self) }
+        return String(decoding: rest, as: UTF8.self)
+    }
+
     private static func parseAbsoluteForm(_ bytes: ArraySlice<UInt8>) -> Result<RequestTarget, RequestTargetError> {
         // scheme = ALPHA *( ALPHA / DIGIT / "+" / "-" / "." ) (RFC 3986 §3.1)
         guard let colon = bytes.firstIndex(of: UInt8(ascii: ":")),
@@ -97,17 +142,9 @@ package enum RequestTarget: Sendable, Equatable {
         if let index = rest.firstIndex(where: { $0 >= 0x80 }) {
             return .failure(.invalidCharacter(bytes[index], at: index, in: bytes))
         }
-        let pathAndQuery: String
-        if rest.isEmpty {
-            pathAndQuery = "/"
-        } else if rest.first == UInt8(ascii: "?") {
-            pathAndQuery = "/" + String(decoding: rest, as: UTF8.self)
-        } else {
-            pathAndQuery = String(decoding: rest, as: UTF8.self)
-        }
         let origin = CanonicalOrigin(
             validatedScheme: scheme, host: hostAndPort.host, port: hostAndPort.port ?? scheme.defaultPort)
-        return .success(.absolute(origin: origin, pathAndQuery: pathAndQuery))
+        return .success(.absolute(origin: origin, pathAndQuery: pathAndQuery(rest)))
     }
 }
 

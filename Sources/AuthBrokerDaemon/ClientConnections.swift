@@ -277,23 +277,29 @@ package struct ClientConnectionServer: Sendable {
                 }
             }
         }
-        Self.logAccess(logger, method: head.method, target: target, outcome: outcome, since: started)
+        Self.logAccess(logger, requestID: requestID, method: head.method, target: target, outcome: outcome, since: started)
         return outcome
     }
 
     /// The access line of one request (both paths). `target`: the origin only, as paths and
     /// queries can carry tokens.
     static func logAccess(
-        _ logger: Logger, method: HTTPMethod, target: String, outcome: RequestOutcome, since started: ContinuousClock.Instant
+        _ logger: Logger, requestID: String, method: HTTPMethod, target: String, outcome: RequestOutcome,
+        since started: ContinuousClock.Instant
     ) {
+        guard logger.logLevel <= .info else { return }
         let elapsed = ContinuousClock.now - started
-        var metadata: Logger.Metadata = [
-            "method": "\(method.rawValue)", "target": "\(target)", "status": "\(outcome.status)",
-            "bytes": "\(outcome.bytes)",
-            "duration_ms": "\(elapsed.components.seconds * 1000 + elapsed.components.attoseconds / 1_000_000_000_000_000)",
-        ]
-        if let code = outcome.brokerError { metadata["error"] = "\(code)" }
-        logger.info(BrokerLogHandler.accessLineMessage, metadata: metadata)
+        let access = AccessLine(
+            bytes: outcome.bytes,
+            durationMilliseconds: elapsed.components.seconds * 1000 + elapsed.components.attoseconds / 1_000_000_000_000_000,
+            error: outcome.brokerError, method: method.rawValue, requestID: requestID, status: outcome.status,
+            target: target
+        )
+        if let handler = logger.handler as? BrokerLogHandler {
+            handler.logAccess(access)
+        } else {
+            logger.info(BrokerLogHandler.accessLineMessage, metadata: access.metadata)
+        }
     }
 
     private func serveControl(
@@ -432,9 +438,15 @@ package enum RequestIDs {
     private static let next = Atomic<UInt64>(UInt64.random(in: .min ... .max))
 
     package static func make() -> String {
-        let count = Self.next.wrappingAdd(1, ordering: .relaxed).oldValue
-        let hex = String(scrambled(count), radix: 16)
-        return String(repeating: "0", count: 16 - hex.count) + hex
+        let value = scrambled(Self.next.wrappingAdd(1, ordering: .relaxed).oldValue)
+        // 16 lower-case hex digits, written in place: one per request, so it is on the hot path.
+        return String(unsafeUninitializedCapacity: 16) { digits in
+            for index in 0..<16 {
+                let nibble = UInt8(truncatingIfNeeded: value >> UInt64(60 - 4 * index)) & 0xF
+                digits[index] = nibble < 10 ? UInt8(ascii: "0") + nibble : UInt8(ascii: "a") + nibble - 10
+            }
+            return 16
+        }
     }
 
     static func scrambled(_ value: UInt64) -> UInt64 {

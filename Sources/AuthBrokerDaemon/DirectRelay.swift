@@ -111,6 +111,8 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
     private var current: RelayedRequest?
     private var held: [Held] = []
     private var readWithheld = false
+    /// The scheme and authority of this connection's last relayed target, parsed once.
+    private var knownTarget: RequestTarget.AbsolutePrefix?
 
     init(relay: DirectRelay, connectionID: Int, adopted: AdoptedExchangeSlot) {
         self.relay = relay
@@ -213,8 +215,12 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
     private func relayable(_ head: HTTPRequestHead, context: ChannelHandlerContext) -> RelayedRequest? {
         let interceptor = self.relay.interceptor
         guard DirectRelayPolicy.headAllows(head),
-            ClientConnectionServer.approximateSize(of: head) <= interceptor.settings.limits.maxRequestHeadBytes,
-            case .success(.absolute(let origin, let pathAndQuery)) = RequestTarget.parse(method: head.method.rawValue, uri: head.uri),
+            ClientConnectionServer.approximateSize(of: head) <= interceptor.settings.limits.maxRequestHeadBytes
+        else { return nil }
+        let (target, known) = RequestTarget.parse(method: head.method.rawValue, uri: head.uri, reusing: self.knownTarget)
+        guard case .success(.absolute(let origin, let pathAndQuery)) = target, let known else { return nil }
+        self.knownTarget = known
+        guard
             // The full path's route; a rule that cannot be read is its to report.
             let route = try? interceptor.route(to: origin, identity: nil), route.proxy == nil, route.clientIdentity == nil,
             !interceptor.authenticator.knowsSpaces(at: origin),
@@ -222,7 +228,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
         else { return nil }
         interceptor.counters.requestsInFlight.add(1)
         return RelayedRequest(
-            handler: self, head: head, route: route,
+            handler: self, head: head, route: route, originDescription: known.originDescription,
             upstreamHead: Interceptor.upstreamHead(for: head, origin: origin, pathAndQuery: pathAndQuery)
         )
     }
@@ -372,10 +378,8 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
         let interceptor = self.relay.interceptor
         interceptor.counters.requestsTotal.add(1)
         interceptor.counters.requestsRelayedDirectly.add(1)
-        var logger = self.relay.logger
-        logger[metadataKey: "request_id"] = "\(relayed.requestID)"
         ClientConnectionServer.logAccess(
-            logger, method: relayed.head.method, target: relayed.route.origin.description,
+            self.relay.logger, requestID: relayed.requestID, method: relayed.head.method, target: relayed.originDescription,
             outcome: RequestOutcome(
                 status: relayed.status, bytes: relayed.bytes, brokerError: brokerError,
                 disposition: relayed.clientKeepAlive ? .keepAlive : .close
@@ -439,6 +443,8 @@ final class RelayedRequest: UpstreamRelaySink {
     private weak var handler: DirectRelayHandler?
     let head: HTTPRequestHead
     let route: UpstreamRoute
+    /// `route.origin.description`, for the access line.
+    let originDescription: String
     let upstreamHead: HTTPRequestHead
     let requestID = RequestIDs.make()
     let started = ContinuousClock.now
@@ -451,10 +457,14 @@ final class RelayedRequest: UpstreamRelaySink {
     /// Reading from the origin is paused until the client is writable again.
     var paused = false
 
-    init(handler: DirectRelayHandler, head: HTTPRequestHead, route: UpstreamRoute, upstreamHead: HTTPRequestHead) {
+    init(
+        handler: DirectRelayHandler, head: HTTPRequestHead, route: UpstreamRoute, originDescription: String,
+        upstreamHead: HTTPRequestHead
+    ) {
         self.handler = handler
         self.head = head
         self.route = route
+        self.originDescription = originDescription
         self.upstreamHead = upstreamHead
     }
 

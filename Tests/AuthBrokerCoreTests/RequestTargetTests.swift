@@ -315,6 +315,45 @@ struct RequestTargetTests {
     }
 }
 
+extension RequestTargetTests {
+    /// The direct relay parses a connection's targets reusing the last one's scheme and
+    /// authority: for any target, hostile tails and look-alike prefixes included, the result must
+    /// be what a full parse gives.
+    @Test("a remembered scheme and authority parse the same", arguments: [5, 6, 7] as [UInt64])
+    func reusedPrefixParsesTheSame(seed: UInt64) throws {
+        var random = TargetFuzzRandom(seed: seed)
+        let earlier = ["http://Host:8080/a", "https://[::1]:8443/", "http://host", "HTTP://host?q", "http://192.0.2.1/"]
+        let heads = [
+            "http://Host:8080", "http://host:8080", "http://Host:80800", "https://[::1]:8443", "https://[::1]:844",
+            "http://host", "http://hostx", "HTTP://host", "http://192.0.2.1", "http://192.0.2.10", "/v1",
+        ]
+        let tails = [
+            "", "/", "?", "/a", "?q=1", "#f", "/\u{0}", " ", "/ü", "/%20", ":80", "@x", "//", "/a?b#c", "\t", "\u{7F}", "x",
+        ]
+        let methods = ["GET", "HEAD", "CONNECT", "OPTIONS"]
+        for earlierURI in earlier {
+            let (first, known) = RequestTarget.parse(method: "GET", uri: earlierURI, reusing: nil)
+            #expect(first == RequestTarget.parse(method: "GET", uri: earlierURI))
+            let prefix = try #require(known, "an absolute target is remembered: \(earlierURI)")
+            #expect(prefix.originDescription == prefix.origin.description)
+            for _ in 0..<400 {
+                let count = Int(random.next() % 3)
+                let uri = heads[Int(random.next() % UInt64(heads.count))]
+                    + (0..<count).map { _ in tails[Int(random.next() % UInt64(tails.count))] }.joined()
+                let method = methods[Int(random.next() % UInt64(methods.count))]
+                let full = RequestTarget.parse(method: method, uri: uri)
+                let (reused, remembered) = RequestTarget.parse(method: method, uri: uri, reusing: prefix)
+                #expect(reused == full, "\(method) \(uri) after \(earlierURI)")
+                if case .success(.absolute(let origin, _)) = full, method != "CONNECT" {
+                    #expect(remembered?.origin == origin)
+                } else {
+                    #expect(remembered == nil)
+                }
+            }
+        }
+    }
+}
+
 /// A small deterministic generator, so a failing seed reproduces.
 private struct TargetFuzzRandom: RandomNumberGenerator {
     private var state: UInt64

@@ -63,6 +63,22 @@ struct LogLineFormatTests {
         #expect(line == "T INFO request error=\"two words\" note=\"a=b\" status=200 target=https://a.test:443\n")
     }
 
+    /// The access line is formatted straight from its fields; it must read exactly as the
+    /// general path would write the same fields as metadata.
+    @Test(
+        "an access line reads as the general path writes it",
+        arguments: [
+            AccessLine(bytes: 100, durationMilliseconds: 0, error: nil, method: "GET", requestID: "00ab", status: 200, target: "http://a.test:80"),
+            AccessLine(bytes: 0, durationMilliseconds: 30_001, error: "http_response_timeout", method: "HEAD", requestID: "ff", status: 504, target: "https://[::1]:8443"),
+            AccessLine(bytes: -1, durationMilliseconds: -5, error: "two words", method: "M=\"x\"\n", requestID: "", status: 0, target: "a\u{2028}b\\"),
+        ]
+    )
+    func accessLineMatchesTheGeneralFormat(_ access: AccessLine) {
+        var line = "T "
+        access.append(to: &line)
+        #expect(line == BrokerLogHandler.line(level: .info, message: BrokerLogHandler.accessLineMessage, metadata: access.metadata, prefix: "T "))
+    }
+
     @Test func hostileValuesStayOnOneLine() {
         let line = BrokerLogHandler.line(
             level: .warning, message: "x", metadata: ["v": "a\nb \"c\" \\d", "empty": ""], prefix: ""
