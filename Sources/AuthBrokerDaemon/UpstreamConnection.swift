@@ -173,7 +173,8 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
         var generation: Int
         var consumer: Consumer
         var headReceived = false
-        var headTimer: Scheduled<Void>?
+        /// When the response head is due, from the end of the request on.
+        var headDeadline: NIODeadline?
     }
 
     private let responseHeadTimeout: TimeAmount
@@ -181,6 +182,10 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
     private let onClose: @Sendable () -> Void
     private var context: ChannelHandlerContext?
     private var exchange: Exchange?
+    /// Checks the current exchange's `headDeadline`. Armed lazily, like the pool's idle timers:
+    /// it stays pending across exchanges and, when it fires early, is armed again for the
+    /// deadline then current, instead of one timer scheduled and cancelled per request.
+    private var headTimer: Scheduled<Void>?
     /// The current exchange's parts from the read in progress, yielded as one batch when the
     /// read completes (or the response ends, or the exchange fails).
     private var batch: [HTTPClientResponsePart] = []
@@ -202,6 +207,8 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
 
     package func handlerRemoved(context: ChannelHandlerContext) {
         self.context = nil
+        self.headTimer?.cancel()
+        self.headTimer = nil
     }
 
     func beginExchange() throws -> ResponseParts {
@@ -266,14 +273,32 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
     }
 
     func requestFinished() {
-        guard let context, var exchange = self.exchange, !exchange.headReceived, exchange.headTimer == nil else {
+        guard let context, var exchange = self.exchange, !exchange.headReceived, exchange.headDeadline == nil else {
             return
         }
-        let loopBoundSelf = NIOLoopBound(self, eventLoop: context.eventLoop)
-        exchange.headTimer = context.eventLoop.scheduleTask(in: self.responseHeadTimeout) {
-            loopBoundSelf.value.fail(.responseHeadTimeout, close: true)
-        }
+        let deadline = NIODeadline.now() + self.responseHeadTimeout
+        exchange.headDeadline = deadline
         self.exchange = exchange
+        if self.headTimer == nil { self.armHeadTimer(at: deadline, context: context) }
+    }
+
+    private func armHeadTimer(at deadline: NIODeadline, context: ChannelHandlerContext) {
+        let loopBoundSelf = NIOLoopBound(self, eventLoop: context.eventLoop)
+        self.headTimer = context.eventLoop.scheduleTask(deadline: deadline) {
+            loopBoundSelf.value.headTimerFired()
+        }
+    }
+
+    private func headTimerFired() {
+        self.headTimer = nil
+        guard let context, let exchange = self.exchange, !exchange.headReceived, let deadline = exchange.headDeadline else {
+            return
+        }
+        if deadline <= NIODeadline.now() {
+            self.fail(.responseHeadTimeout, close: true)
+        } else {
+            self.armHeadTimer(at: deadline, context: context)
+        }
     }
 
     package func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -289,8 +314,7 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
                 return
             }
             exchange.headReceived = true
-            exchange.headTimer?.cancel()
-            exchange.headTimer = nil
+            exchange.headDeadline = nil
             self.exchange = exchange
         }
         let ends = if case .end = part { true } else { false }
@@ -375,6 +399,8 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
 
     package func channelInactive(context: ChannelHandlerContext) {
         self.isClosed = true
+        self.headTimer?.cancel()
+        self.headTimer = nil
         self.fail(.connectionClosed, close: false)
         self.onClose()
         context.fireChannelInactive()
@@ -396,7 +422,6 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
     private func fail(_ error: UpstreamExchangeError, close: Bool) {
         let failed = self.exchange
         self.exchange = nil
-        failed?.headTimer?.cancel()
         if close, let context {
             self.isClosed = true
             context.close(promise: nil)

@@ -75,9 +75,15 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
     private typealias Machine = UpstreamPoolStateMachine
     private typealias Waiter = CheckedContinuation<PooledConnection<Connection>, any Error>
 
+    /// An idle connection's timer, armed lazily: a lease does not cancel it and a release does not
+    /// schedule another while it is pending (both happened per request on a busy connection);
+    /// when it fires it closes the connection if idle for the whole timeout, and otherwise is
+    /// scheduled again for when that will be.
     private struct IdleTimer {
         var token: Int
         var scheduled: Scheduled<Void>?
+        /// When the connection last went idle; nil while it is leased.
+        var idleSince: NIODeadline?
     }
 
     private struct RouteState {
@@ -85,8 +91,8 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
         var waiters: [Machine.RequestID: Waiter] = [:]
         /// Established connections (idle or leased); ones being made are not here yet.
         var connections: [Machine.ConnectionID: Connection] = [:]
-        /// The live idle timer of each idle connection. A timer that fires with another token is
-        /// stale (its connection was leased and parked again meanwhile) and is ignored.
+        /// The pending idle timer of each connection that has one. A timer that fires with
+        /// another token is stale (its connection closed meanwhile) and is ignored.
         var idleTimers: [Machine.ConnectionID: IdleTimer] = [:]
     }
 
@@ -111,7 +117,7 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
         /// The event loop of the request being served, for a connection made for it.
         var preferredLoop: (any EventLoop)?
         /// Idle timers to start, each on its connection's event loop when it has one.
-        var schedule: [(UpstreamRoute, Int, token: Int, loop: (any EventLoop)?)] = []
+        var schedule: [(UpstreamRoute, Int, token: Int, loop: (any EventLoop)?, deadline: NIODeadline)] = []
         /// The request that takes an idle connection at once, without waiting (see `lease`).
         var immediateRequest: Int?
         var leasedNow: Result<PooledConnection<Connection>, any Error>?
@@ -286,9 +292,23 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
     }
 
     private func idleTimerFired(_ route: UpstreamRoute, id: Int, token: Int) {
+        let now = NIODeadline.now()
         run(
-            modify(route) { entry, _ in
-                guard entry.idleTimers[id]?.token == token else { return .none }
+            modify(route) { entry, effects in
+                guard let timer = entry.idleTimers[id], timer.token == token else { return .none }
+                guard let idleSince = timer.idleSince else {
+                    // Leased: its next release arms a new timer.
+                    entry.idleTimers[id] = nil
+                    return .none
+                }
+                let deadline = idleSince + self.idleTimeout
+                guard deadline <= now else {
+                    // Leased and released since it was armed: due later.
+                    effects.schedule.append(
+                        (route, id, token: token, loop: entry.connections[id].flatMap(self.eventLoopOf), deadline: deadline)
+                    )
+                    return .none
+                }
                 entry.idleTimers[id] = nil
                 return entry.machine.idleTimeoutFired(id)
             }
@@ -324,16 +344,34 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
         _ route: UpstreamRoute, in state: inout State, effects: inout Effects,
         _ event: (inout RouteState, inout Effects) -> Machine.Action
     ) {
-        var entry: RouteState
-        // Taken out of the dictionary, not copied: the copy would share the machine's storage
-        // with the dictionary, and every mutation below would copy it whole (per lease and release).
-        if let existing = state.routes.removeValue(forKey: route) {
-            entry = existing
-        } else {
-            entry = RouteState(machine: Machine(limits: limits, firstConnectionID: state.firstFreeConnectionID))
+        let isShutdown = state.isShutdown
+        let firstFreeConnectionID = state.firstFreeConnectionID
+        var nextTimerToken = state.nextTimerToken
+        func newEntry() -> RouteState {
+            var entry = RouteState(machine: Machine(limits: limits, firstConnectionID: firstFreeConnectionID))
             // A machine made after shutdown refuses at once.
-            if state.isShutdown { _ = entry.machine.shutdown() }
+            if isShutdown { _ = entry.machine.shutdown() }
+            return entry
         }
+        // Changed in place in the dictionary (one look-up), not copied out: a copy would share
+        // the machine's storage with the dictionary, and every mutation would copy it whole.
+        let after = self.apply(
+            route, to: &state.routes[route, default: newEntry()], effects: &effects, nextTimerToken: &nextTimerToken, event
+        )
+        state.nextTimerToken = nextTimerToken
+        if after.unused {
+            // Forget idle routes so the state stays bounded by the routes in use.
+            state.routes[route] = nil
+        }
+        state.firstFreeConnectionID = max(state.firstFreeConnectionID, after.nextConnectionID)
+    }
+
+    /// `apply` on the route's entry: whether the route is unused after it, and its machine's
+    /// next connection id.
+    private func apply(
+        _ route: UpstreamRoute, to entry: inout RouteState, effects: inout Effects, nextTimerToken: inout Int,
+        _ event: (inout RouteState, inout Effects) -> Machine.Action
+    ) -> (unused: Bool, nextConnectionID: Int) {
         let action = event(&entry, &effects)
 
         switch action.request {
@@ -391,25 +429,25 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
             close(closing)
             effects.create.append((route, creating, effects.preferredLoop))
         case .scheduleIdleTimeout(let id):
-            let token = state.nextTimerToken
-            state.nextTimerToken += 1
-            entry.idleTimers[id] = IdleTimer(token: token, scheduled: nil)
-            // On the connection's own loop: a release there (the usual case) then schedules and
-            // a lease there cancels without waking another thread.
-            effects.schedule.append((route, id, token: token, loop: entry.connections[id].flatMap(self.eventLoopOf)))
-        case .cancelIdleTimeout(let id):
-            if let timer = entry.idleTimers.removeValue(forKey: id), let scheduled = timer.scheduled {
-                effects.cancelTimers.append(scheduled)
+            let now = NIODeadline.now()
+            if entry.idleTimers[id] != nil {
+                entry.idleTimers[id]?.idleSince = now
+            } else {
+                let token = nextTimerToken
+                nextTimerToken += 1
+                entry.idleTimers[id] = IdleTimer(token: token, scheduled: nil, idleSince: now)
+                // On the connection's own loop: a release there (the usual case) schedules
+                // without waking another thread.
+                effects.schedule.append(
+                    (route, id, token: token, loop: entry.connections[id].flatMap(self.eventLoopOf), deadline: now + self.idleTimeout)
+                )
             }
+        case .cancelIdleTimeout(let id):
+            entry.idleTimers[id]?.idleSince = nil
         }
 
-        state.firstFreeConnectionID = max(state.firstFreeConnectionID, entry.machine.nextConnectionID)
-        if entry.machine.isEmpty && entry.waiters.isEmpty && entry.connections.isEmpty {
-            // Forget idle routes so the state stays bounded by the routes in use.
-            state.routes[route] = nil
-        } else {
-            state.routes[route] = entry
-        }
+        let unused = entry.machine.isEmpty && entry.waiters.isEmpty && entry.connections.isEmpty
+        return (unused: unused, nextConnectionID: entry.machine.nextConnectionID)
     }
 
     private static func finishShutdownIfDone(_ state: inout State, effects: inout Effects) {
@@ -433,8 +471,8 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
                 }
             }
         }
-        for (route, id, token, loop) in effects.schedule {
-            let scheduled = (loop ?? self.eventLoop).scheduleTask(in: idleTimeout) {
+        for (route, id, token, loop, deadline) in effects.schedule {
+            let scheduled = (loop ?? self.eventLoop).scheduleTask(deadline: deadline) {
                 self.idleTimerFired(route, id: id, token: token)
             }
             timerScheduled(route, id: id, token: token, scheduled: scheduled)

@@ -296,6 +296,25 @@ struct UpstreamPoolTests {
         await pool.shutdown()
     }
 
+    /// The idle timer is not cancelled by a lease nor scheduled again by each release: when the
+    /// one armed at the first release fires, the connection has been idle only since the second.
+    @Test func idleTimeoutCountsFromTheLastRelease() async throws {
+        let upstream = FakeUpstream()
+        let timeout = Duration.milliseconds(300)
+        let pool = upstream.pool(idleTimeout: .milliseconds(300))
+        var events = upstream.events.makeAsyncIterator()
+        let first = try await pool.lease(origin)
+        pool.release(first, reusable: true)
+        try await Task.sleep(for: .milliseconds(100))
+        let second = try await pool.lease(origin)
+        try #require(second.id == first.id, "the idle connection is reused")
+        let lastRelease = ContinuousClock.now
+        pool.release(second, reusable: true)
+        await events.wait(for: .closed(second.id))
+        #expect(ContinuousClock.now - lastRelease >= timeout, "closed before a whole timeout idle")
+        await pool.shutdown()
+    }
+
     @Test func remoteCloseForgetsTheConnection() async throws {
         let upstream = FakeUpstream()
         let pool = upstream.pool()

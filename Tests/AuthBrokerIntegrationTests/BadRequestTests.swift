@@ -101,6 +101,28 @@ struct BadRequestTests {
         }
     }
 
+    /// The response-head timer of a pooled connection is armed once and outlives its exchange:
+    /// firing during a later exchange, it must check that exchange's own deadline.
+    @Test("each exchange on a kept-alive connection gets its whole response-head timeout")
+    func responseHeadTimeoutIsPerExchange() async throws {
+        let origin = try await TestOrigin.start(name: "slow")
+        defer { Task { await origin.stop() } }
+        let config = configText(resolving: [("slow.internal.test", origin)], extra: "response_head_timeout_ms = 1000")
+        let base = "http://slow.internal.test:\(origin.port)"
+        try await withDaemon(config: config) { daemon in
+            let connection = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
+            #expect(try connection.request("GET", "\(base)/hello").status == 200)
+            try await Task.sleep(for: .milliseconds(600))
+            // The first exchange's timer comes due while this one waits; this one has time left.
+            let slow = try connection.request("GET", "\(base)/slow-head/500")
+            #expect(slow.status == 200)
+            // And a head that never comes within its own timeout is still cut off.
+            let stalled = try connection.request("GET", "\(base)/slow-head/5000")
+            #expect(stalled.status == 504)
+            #expect(stalled.header("Proxy-Status")?.contains("error=http_response_timeout") == true)
+        }
+    }
+
     static func expectStillServing(_ daemon: DaemonProcess) throws {
         let status = try UnixSocketConnection(path: daemon.socketPath).request("GET", "/v1/status")
         #expect(status.status == 200)
