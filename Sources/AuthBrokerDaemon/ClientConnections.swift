@@ -7,62 +7,79 @@ import NIOCore
 import NIOHTTP1
 import Synchronization
 
+/// One registered client connection, as draining needs to know it.
+package final class RegisteredClientConnection: Sendable {
+    package let id: Int
+    fileprivate let channel: any Channel
+    /// Requests in hand (the full path's and the direct relay's). Counted without the registry's
+    /// lock, which both event loops would otherwise take twice per request.
+    fileprivate let requests = Atomic<Int>(0)
+
+    fileprivate init(id: Int, channel: any Channel) {
+        self.id = id
+        self.channel = channel
+    }
+}
+
 /// Every open client connection, so that a graceful shutdown can close the idle ones at once
 /// and the busy ones as soon as their response ends.
+///
+/// A request's start and draining race without a lock (Dekker's pattern, sequentially
+/// consistent): a start counts itself, then looks at `draining`; draining sets it, then looks
+/// at the counts. So either the start sees the drain and backs out, or the drain sees the
+/// request and leaves its connection open.
 package final class ClientConnectionRegistry: Sendable {
-    private struct Entry {
-        var channel: any Channel
-        /// Requests in hand (the full path's and the direct relay's).
-        var requests: Int
-    }
     private struct State {
         var nextID = 0
-        var draining = false
-        var entries: [Int: Entry] = [:]
+        var entries: [Int: RegisteredClientConnection] = [:]
     }
     private let state = NIOLockedValueBox(State())
+    private let draining = Atomic<Bool>(false)
 
     package init() {}
 
-    package var isDraining: Bool { self.state.withLockedValue { $0.draining } }
+    package var isDraining: Bool { self.draining.load(ordering: .sequentiallyConsistent) }
     package var count: Int { self.state.withLockedValue { $0.entries.count } }
 
-    /// Registers a connection; returns its id, or nil when the daemon is draining (close it).
-    package func register(_ channel: any Channel) -> Int? {
+    /// Registers a connection; nil when the daemon is draining (close it).
+    package func register(_ channel: any Channel) -> RegisteredClientConnection? {
         self.state.withLockedValue { state in
-            guard !state.draining else { return nil }
+            guard !self.isDraining else { return nil }
             state.nextID += 1
-            state.entries[state.nextID] = Entry(channel: channel, requests: 0)
-            return state.nextID
+            let connection = RegisteredClientConnection(id: state.nextID, channel: channel)
+            state.entries[connection.id] = connection
+            return connection
         }
     }
 
-    package func unregister(_ id: Int) {
-        self.state.withLockedValue { _ = $0.entries.removeValue(forKey: id) }
+    package func unregister(_ connection: RegisteredClientConnection) {
+        self.state.withLockedValue { _ = $0.entries.removeValue(forKey: connection.id) }
     }
 
-    package func requestStarted(_ id: Int) {
-        self.state.withLockedValue { $0.entries[id]?.requests += 1 }
+    package func requestStarted(_ connection: RegisteredClientConnection) {
+        connection.requests.wrappingAdd(1, ordering: .sequentiallyConsistent)
     }
 
     /// A request the direct relay would take; refused while draining (the full path answers it).
-    package func startRequestUnlessDraining(_ id: Int) -> Bool {
-        self.state.withLockedValue { state in
-            guard !state.draining else { return false }
-            state.entries[id]?.requests += 1
-            return true
+    package func startRequestUnlessDraining(_ connection: RegisteredClientConnection) -> Bool {
+        connection.requests.wrappingAdd(1, ordering: .sequentiallyConsistent)
+        guard !self.isDraining else {
+            connection.requests.wrappingSubtract(1, ordering: .sequentiallyConsistent)
+            return false
         }
+        return true
     }
 
-    package func requestEnded(_ id: Int) {
-        self.state.withLockedValue { $0.entries[id]?.requests -= 1 }
+    package func requestEnded(_ connection: RegisteredClientConnection) {
+        connection.requests.wrappingSubtract(1, ordering: .sequentiallyConsistent)
     }
 
     /// Stops taking requests: idle connections close now, busy ones after their response.
     package func beginDraining() {
         let idle = self.state.withLockedValue { state -> [any Channel] in
-            state.draining = true
-            return state.entries.values.filter { $0.requests == 0 }.map(\.channel)
+            // Under the lock, so no registration is between its check and its entry.
+            self.draining.store(true, ordering: .sequentiallyConsistent)
+            return state.entries.values.filter { $0.requests.load(ordering: .sequentiallyConsistent) == 0 }.map(\.channel)
         }
         for channel in idle { channel.close(promise: nil) }
     }
@@ -76,15 +93,15 @@ package final class ClientConnectionRegistry: Sendable {
 /// A client connection as the listener accepted it: registered, with its direct relay in place.
 package struct AcceptedClientConnection: Sendable {
     package var connection: NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>
-    package var id: Int
+    package var registration: RegisteredClientConnection
     package var relay: DirectRelayLink
 
     /// Sets up an accepted channel's pipeline and registers it; on the channel's event loop.
     /// - Throws: `ClientConnectionRefused` while the daemon drains (the channel is then closed).
     package static func configure(_ channel: any Channel, relay: DirectRelay) throws -> AcceptedClientConnection {
-        guard let id = relay.registry.register(channel) else { throw ClientConnectionRefused() }
+        guard let registration = relay.registry.register(channel) else { throw ClientConnectionRefused() }
         let registry = relay.registry
-        channel.closeFuture.whenComplete { _ in registry.unregister(id) }
+        channel.closeFuture.whenComplete { _ in registry.unregister(registration) }
         // No pipelining assistance: the connection's task takes one request at a time from the
         // inbound stream (whose watermarks bound what is read ahead) and answers in order, and
         // the direct relay holds what comes during its responses, so the handler's pausing of
@@ -97,13 +114,13 @@ package struct AcceptedClientConnection: Sendable {
         // every read (a relayed 1 GiB download: about 1090 MiB/s with it, 1360 with this).
         try channel.syncOptions?.setOption(.writeBufferWaterMark, value: .init(low: 128 * 1024, high: 512 * 1024))
         let adopted = AdoptedExchangeSlot()
-        let handler = DirectRelayHandler(relay: relay, connectionID: id, adopted: adopted)
+        let handler = DirectRelayHandler(relay: relay, registration: registration, adopted: adopted)
         try channel.pipeline.syncOperations.addHandler(handler)
         let connection = try NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>(
             wrappingChannelSynchronously: channel
         )
         return AcceptedClientConnection(
-            connection: connection, id: id, relay: DirectRelayLink(handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), adopted: adopted)
+            connection: connection, registration: registration, relay: DirectRelayLink(handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), adopted: adopted)
         )
     }
 }
@@ -125,7 +142,7 @@ package struct ClientConnectionServer: Sendable {
     package func serve(_ accepted: AcceptedClientConnection) async {
         let connection = accepted.connection
         let channel = connection.channel
-        let id = accepted.id
+        let registration = accepted.registration
         self.counters.clientConnectionsOpen.add(1)
         defer { self.counters.clientConnectionsOpen.subtract(1) }
         // Ending a connection after a complete response must not drop bytes still queued for
@@ -172,7 +189,7 @@ package struct ClientConnectionServer: Sendable {
                     return
                 }
                 guard case .head(let head)? = part else { return }
-                self.registry.requestStarted(id)
+                self.registry.requestStarted(registration)
                 // Each request runs in a child task that borrows the iterator: a task keeps the
                 // stack slabs its deepest await needed until it ends, so serving requests in the
                 // connection's own task left ~30 KiB on every idle connection.
@@ -184,7 +201,7 @@ package struct ClientConnectionServer: Sendable {
                 )
                 let outcome = await handled
                 requests = borrowed.iterator
-                self.registry.requestEnded(id)
+                self.registry.requestEnded(registration)
                 if outcome.disposition == .close || self.registry.isDraining {
                     // Writes handed to the writer reach the channel in order before this
                     // half-close, which completes once they are on the socket.

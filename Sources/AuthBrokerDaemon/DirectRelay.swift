@@ -103,7 +103,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
     static let maxHeldParts = 64
 
     private let relay: DirectRelay
-    private let connectionID: Int
+    private let registration: RegisteredClientConnection
     private let adopted: AdoptedExchangeSlot
     private var context: ChannelHandlerContext?
     /// Request heads given to the full path that it has not reported done.
@@ -114,9 +114,9 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
     /// The scheme and authority of this connection's last relayed target, parsed once.
     private var knownTarget: RequestTarget.AbsolutePrefix?
 
-    init(relay: DirectRelay, connectionID: Int, adopted: AdoptedExchangeSlot) {
+    init(relay: DirectRelay, registration: RegisteredClientConnection, adopted: AdoptedExchangeSlot) {
         self.relay = relay
-        self.connectionID = connectionID
+        self.registration = registration
         self.adopted = adopted
     }
 
@@ -224,7 +224,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             // The full path's route; a rule that cannot be read is its to report.
             let route = try? interceptor.route(to: origin, identity: nil), route.proxy == nil, route.clientIdentity == nil,
             !interceptor.authenticator.knowsSpaces(at: origin),
-            self.relay.registry.startRequestUnlessDraining(self.connectionID)
+            self.relay.registry.startRequestUnlessDraining(self.registration)
         else { return nil }
         interceptor.counters.requestsInFlight.add(1)
         return RelayedRequest(
@@ -406,7 +406,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             interceptor.pool.release(lease, reusable: reusable)
         }
         interceptor.counters.requestsInFlight.subtract(1)
-        self.relay.registry.requestEnded(self.connectionID)
+        self.relay.registry.requestEnded(self.registration)
         return true
     }
 

@@ -430,8 +430,9 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
             effects.create.append((route, creating, effects.preferredLoop))
         case .scheduleIdleTimeout(let id):
             let now = NIODeadline.now()
-            if entry.idleTimers[id] != nil {
-                entry.idleTimers[id]?.idleSince = now
+            // By index: one look-up, and the timer changed in place.
+            if let index = entry.idleTimers.index(forKey: id) {
+                entry.idleTimers.values[index].idleSince = now
             } else {
                 let token = nextTimerToken
                 nextTimerToken += 1
@@ -443,7 +444,7 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
                 )
             }
         case .cancelIdleTimeout(let id):
-            entry.idleTimers[id]?.idleSince = nil
+            if let index = entry.idleTimers.index(forKey: id) { entry.idleTimers.values[index].idleSince = nil }
         }
 
         let unused = entry.machine.isEmpty && entry.waiters.isEmpty && entry.connections.isEmpty
