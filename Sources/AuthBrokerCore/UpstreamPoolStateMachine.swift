@@ -100,6 +100,9 @@ package struct UpstreamPoolStateMachine: Sendable {
         /// Close one connection and start another for a waiting request (a non-reusable release
         /// or a connection that died while it was being made, with requests still waiting).
         case closeAndCreate(close: ConnectionID, create: ConnectionID)
+        /// The idle connection just leased left the idle state (stop its timer), and start another
+        /// that no request waits for: it goes idle when made (see `leaseRequested`).
+        case cancelIdleTimeoutAndCreate(cancel: ConnectionID, create: ConnectionID)
     }
 
     private enum ConnectionState: Sendable, Equatable {
@@ -159,6 +162,12 @@ package struct UpstreamPoolStateMachine: Sendable {
     /// A request wants a connection: reuse the most recently idle one (of those with the
     /// request's `affinity`, if any has it), else start one if below `maxConnections`, else queue
     /// it, else (queue full) fail it.
+    ///
+    /// When the idle connection it gets lives elsewhere and no connection at all lives at the
+    /// request's `affinity`, one is also started there (below `maxConnections`, none being made),
+    /// which goes idle when made. Otherwise every later request from that event loop would take
+    /// the other loop's connection again: its I/O would change thread each time, and the client
+    /// connection's direct relay, which takes only its own loop's connections, would never run.
     package mutating func leaseRequested(_ request: RequestID, affinity: Affinity? = nil) -> Action {
         if isShuttingDown { return Action(request: .fail(request, .shuttingDown), connection: .none) }
         if let affinity, idle.count > 1, let index = idle.lastIndex(where: { affinities[$0] == affinity }) {
@@ -168,6 +177,15 @@ package struct UpstreamPoolStateMachine: Sendable {
         }
         if let connection = idle.popLast() {
             connections[connection] = .leased
+            if let affinity, affinities[connection] != affinity, !affinities.values.contains(affinity),
+                startingCount == 0, connections.count < limits.maxConnections
+            {
+                let local = mintConnectionID(state: .starting(closedEarly: false))
+                return Action(
+                    request: .lease(connection, to: request),
+                    connection: .cancelIdleTimeoutAndCreate(cancel: connection, create: local)
+                )
+            }
             return Action(request: .lease(connection, to: request), connection: .cancelIdleTimeout(connection))
         }
         if connections.count < limits.maxConnections {

@@ -196,6 +196,7 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
         let now = self.modify(route) { entry, effects in
             guard !Task.isCancelled, entry.machine.idleConnectionCount > 0 else { return .none }
             effects.immediateRequest = requestID
+            effects.preferredLoop = loop
             return entry.machine.leaseRequested(requestID, affinity: affinity)
         }
         self.run(now)
@@ -445,6 +446,9 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
             }
         case .cancelIdleTimeout(let id):
             if let index = entry.idleTimers.index(forKey: id) { entry.idleTimers.values[index].idleSince = nil }
+        case .cancelIdleTimeoutAndCreate(let id, let creating):
+            if let index = entry.idleTimers.index(forKey: id) { entry.idleTimers.values[index].idleSince = nil }
+            effects.create.append((route, creating, effects.preferredLoop))
         }
 
         let unused = entry.machine.isEmpty && entry.waiters.isEmpty && entry.connections.isEmpty

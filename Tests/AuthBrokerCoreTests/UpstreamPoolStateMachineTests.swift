@@ -39,8 +39,9 @@ struct UpstreamPoolStateMachineTests {
         // 1 is the most recently idle, but 0 lives where request 3 runs.
         #expect(pool.leaseRequested(3, affinity: 10) == action(.lease(0, to: 3), .cancelIdleTimeout(0)))
         #expect(pool.connectionReleased(0, reusable: true) == action(.none, .scheduleIdleTimeout(0)))
-        // No idle connection has affinity 30: the most recently idle one serves, nothing is made.
-        #expect(pool.leaseRequested(4, affinity: 30) == action(.lease(0, to: 4), .cancelIdleTimeout(0)))
+        // No idle connection has affinity 30: the most recently idle one serves, and one is made
+        // at 30 for the requests after it (see the next test).
+        #expect(pool.leaseRequested(4, affinity: 30) == action(.lease(0, to: 4), .cancelIdleTimeoutAndCreate(cancel: 0, create: 2)))
         // Without an affinity: the most recently idle one.
         #expect(pool.connectionReleased(0, reusable: true) == action(.none, .scheduleIdleTimeout(0)))
         #expect(pool.leaseRequested(5) == action(.lease(0, to: 5), .cancelIdleTimeout(0)))
@@ -48,6 +49,38 @@ struct UpstreamPoolStateMachineTests {
         #expect(pool.connectionClosed(1) == action(.none, .cancelIdleTimeout(1)))
         #expect(pool.connectionReleased(0, reusable: true) == action(.none, .scheduleIdleTimeout(0)))
         #expect(pool.leaseRequested(6, affinity: 20) == action(.lease(0, to: 6), .cancelIdleTimeout(0)))
+    }
+
+    /// A request served by another loop's idle connection also starts one on its own loop, once,
+    /// so that the requests after it stay on their thread (and the direct relay can take them).
+    @Test func aRequestServedFromAnotherLoopStartsOneOnItsOwn() {
+        var pool = Machine(limits: .init(maxConnections: 3, maxIdleConnections: 3, maxPendingRequests: 4))
+        #expect(pool.leaseRequested(1, affinity: 10) == action(.none, .create(0)))
+        #expect(pool.connectionCreated(0, affinity: 10) == action(.lease(0, to: 1)))
+        #expect(pool.connectionReleased(0, reusable: true) == action(.none, .scheduleIdleTimeout(0)))
+        // Only 10's connection is idle: it serves at once, and one is started at 20.
+        #expect(pool.leaseRequested(2, affinity: 20) == action(.lease(0, to: 2), .cancelIdleTimeoutAndCreate(cancel: 0, create: 1)))
+        // While it is being made, another request from 20 starts nothing more.
+        #expect(pool.connectionReleased(0, reusable: true) == action(.none, .scheduleIdleTimeout(0)))
+        #expect(pool.leaseRequested(3, affinity: 20) == action(.lease(0, to: 3), .cancelIdleTimeout(0)))
+        // Made with nobody waiting: parked idle, and 20's requests take it from now on.
+        #expect(pool.connectionCreated(1, affinity: 20) == action(.none, .scheduleIdleTimeout(1)))
+        #expect(pool.connectionReleased(0, reusable: true) == action(.none, .scheduleIdleTimeout(0)))
+        #expect(pool.leaseRequested(4, affinity: 20) == action(.lease(1, to: 4), .cancelIdleTimeout(1)))
+        // 20 has a connection (leased): the other loop's idle one serves, nothing is started.
+        #expect(pool.leaseRequested(5, affinity: 20) == action(.lease(0, to: 5), .cancelIdleTimeout(0)))
+        #expect(pool.connectionCount == 2)
+        // A connection started this way that fails fails nobody.
+        #expect(pool.connectionReleased(0, reusable: true) == action(.none, .scheduleIdleTimeout(0)))
+        #expect(pool.leaseRequested(6, affinity: 30) == action(.lease(0, to: 6), .cancelIdleTimeoutAndCreate(cancel: 0, create: 2)))
+        #expect(pool.connectionFailed(2, error: ConnectError()) == action())
+        #expect(pool.connectionCount == 2)
+        // At maxConnections nothing is started.
+        var full = Machine(limits: .init(maxConnections: 1, maxIdleConnections: 1, maxPendingRequests: 4))
+        #expect(full.leaseRequested(1, affinity: 10) == action(.none, .create(0)))
+        #expect(full.connectionCreated(0, affinity: 10) == action(.lease(0, to: 1)))
+        #expect(full.connectionReleased(0, reusable: true) == action(.none, .scheduleIdleTimeout(0)))
+        #expect(full.leaseRequested(2, affinity: 20) == action(.lease(0, to: 2), .cancelIdleTimeout(0)))
     }
 
     @Test func idleLeaseTakesOnlyAnIdleConnectionWithThatAffinity() {
@@ -365,6 +398,10 @@ private struct World {
         case .cancelIdleTimeout(let connection):
             #expect(timers.contains(connection))
             timers.remove(connection)
+        case .cancelIdleTimeoutAndCreate(let connection, let creating):
+            #expect(timers.contains(connection))
+            timers.remove(connection)
+            create(creating)
         }
         #expect(inHand == nil, "the machine dropped connection \(inHand ?? -1)")
         #expect(timers == idle, "every idle connection has exactly one timer")
@@ -389,7 +426,9 @@ struct UpstreamPoolStateMachineRandomTests {
             switch pick(9) {
             case 0, 1:
                 world.newRequest = nextRequest
-                world.apply(pool.leaseRequested(nextRequest))
+                // Two event loops, or none named: the affinity rules start connections too.
+                let affinity = [nil, 10, 20][pick(3)]
+                world.apply(pool.leaseRequested(nextRequest, affinity: affinity))
                 nextRequest += 1
             case 2:
                 guard let connection = world.starting.randomElement(using: &random) else { continue }
@@ -401,7 +440,7 @@ struct UpstreamPoolStateMachineRandomTests {
                     world.apply(action)
                 } else {
                     world.inHand = connection
-                    world.apply(pool.connectionCreated(connection))
+                    world.apply(pool.connectionCreated(connection, affinity: [nil, 10, 20][pick(3)]))
                 }
             case 3:
                 guard let connection = world.starting.randomElement(using: &random) else { continue }

@@ -29,6 +29,33 @@ struct DirectRelayTests {
         return lines
     }
 
+    /// Two client connections opened one after the other land on the daemon's two event loops.
+    /// Only one loop has the pooled connection; the other's first request borrows it and starts
+    /// one on its own loop, so that both connections are relayed from then on.
+    @Test("client connections on either event loop are relayed once a connection is made on their loop")
+    func relayOnEveryEventLoop() async throws {
+        let origin = try await TestOrigin.start(name: "loops")
+        defer { Task { await origin.stop() } }
+        let base = "http://origin.internal.test:\(origin.port)"
+        try await withDaemon(config: configText(resolving: [("origin.internal.test", origin)])) { daemon in
+            let warm = try UnixSocketConnection(path: daemon.socketPath)
+            #expect(try warm.request("GET", "\(base)/hello").status == 200)
+            warm.close()
+            let clients = [try UnixSocketConnection(path: daemon.socketPath), try UnixSocketConnection(path: daemon.socketPath)]
+            for client in clients { #expect(try client.request("GET", "\(base)/hello").status == 200) }
+            // The connection started for the other loop is made meanwhile (loopback, no TLS).
+            try await Task.sleep(for: .milliseconds(500))
+            let before = try Self.relayedCount(daemon)
+            for client in clients {
+                for _ in 0..<4 { #expect(try client.request("GET", "\(base)/hello").status == 200) }
+            }
+            #expect(try Self.relayedCount(daemon) - before == 8, "every later request of both connections is relayed")
+            let status = try UnixSocketConnection(path: daemon.socketPath).request("GET", "/v1/status")
+            let open = (status.json["counters"] as? [String: Any])?["upstream_connections_open"] as? Int ?? -1
+            #expect((1...2).contains(open), "at most one pooled connection per event loop: \(open)")
+        }
+    }
+
     @Test("plain keep-alive GETs and HEADs are relayed, with the full path's headers, bodies and log lines")
     func plainRequestsAreRelayed() async throws {
         let origin = try await TestOrigin.start(name: "relay")
