@@ -12,9 +12,14 @@ import Glibc
 /// loop, which the following requests are relayed on.
 @Suite("Direct relay")
 struct DirectRelayTests {
-    static func relayedCount(_ daemon: DaemonProcess) throws -> Int {
+    /// One of the daemon's counters in `GET /v1/status`, or -1.
+    static func counter(_ daemon: DaemonProcess, _ name: String) throws -> Int {
         let status = try UnixSocketConnection(path: daemon.socketPath).request("GET", "/v1/status")
-        return (status.json["counters"] as? [String: Any])?["requests_relayed_directly"] as? Int ?? -1
+        return (status.json["counters"] as? [String: Any])?[name] as? Int ?? -1
+    }
+
+    static func relayedCount(_ daemon: DaemonProcess) throws -> Int {
+        try Self.counter(daemon, "requests_relayed_directly")
     }
 
     /// The daemon's log once it holds `count` lines that pass `filter` (access lines are batched,
@@ -50,8 +55,7 @@ struct DirectRelayTests {
                 for _ in 0..<4 { #expect(try client.request("GET", "\(base)/hello").status == 200) }
             }
             #expect(try Self.relayedCount(daemon) - before == 8, "every later request of both connections is relayed")
-            let status = try UnixSocketConnection(path: daemon.socketPath).request("GET", "/v1/status")
-            let open = (status.json["counters"] as? [String: Any])?["upstream_connections_open"] as? Int ?? -1
+            let open = try Self.counter(daemon, "upstream_connections_open")
             #expect((1...2).contains(open), "at most one pooled connection per event loop: \(open)")
         }
     }
