@@ -36,21 +36,16 @@ package struct BrokerLogHandler: LogHandler {
         set { self.metadata[key] = newValue }
     }
 
-    /// Writes one access line. Formatted straight from its fields when this handler's own
-    /// metadata is at most the request id (always, in the daemon): the general path's metadata
-    /// dictionaries, merge and sort were a twentieth of the daemon's CPU per relayed request.
+    /// Whether `logAccess` writes what `log` would: this handler's own metadata is at most the
+    /// request id (always, in the daemon), which the access line carries itself.
+    package var logsAccessDirectly: Bool {
+        self.metadata.isEmpty || (self.metadata.count == 1 && self.metadata["request_id"] != nil)
+    }
+
+    /// Writes one access line straight from its fields (when `logsAccessDirectly`): the general
+    /// path's metadata dictionaries, merge and sort were a twentieth of the daemon's CPU per
+    /// relayed request.
     package func logAccess(_ access: AccessLine) {
-        let ownMetadataIsRequestID =
-            self.metadata.isEmpty || (self.metadata.count == 1 && self.metadata["request_id"] != nil)
-        guard ownMetadataIsRequestID else {
-            self.log(
-                event: LogEvent(
-                    level: .info, message: Self.accessLineMessage, metadata: access.metadata, source: nil,
-                    file: #fileID, function: #function, line: #line
-                )
-            )
-            return
-        }
         var line = self.forJournal ? "<\(Self.syslogPriority(.info))>" : Self.utcTimestamp() + " "
         access.append(to: &line)
         BatchedLogOutput.standardError.writeBatched(line)
@@ -144,8 +139,7 @@ package struct BrokerLogHandler: LogHandler {
 }
 
 /// One thread's last formatted second, in `BrokerLogHandler.timestampCache`.
-// @unchecked: each instance is only ever used by the one thread it belongs to.
-private final class TimestampCache: @unchecked Sendable {
+private final class TimestampCache: @unchecked Sendable {  // @unchecked: only its own thread uses it
     var second: time_t = -1
     var text = ""
 }

@@ -62,9 +62,9 @@ package final class ClientConnectionRegistry: Sendable {
 
     /// A request the direct relay would take; refused while draining (the full path answers it).
     package func startRequestUnlessDraining(_ connection: RegisteredClientConnection) -> Bool {
-        connection.requests.wrappingAdd(1, ordering: .sequentiallyConsistent)
+        self.requestStarted(connection)
         guard !self.isDraining else {
-            connection.requests.wrappingSubtract(1, ordering: .sequentiallyConsistent)
+            self.requestEnded(connection)
             return false
         }
         return true
@@ -312,7 +312,7 @@ package struct ClientConnectionServer: Sendable {
             error: outcome.brokerError, method: method.rawValue, requestID: requestID, status: outcome.status,
             target: target
         )
-        if let handler = logger.handler as? BrokerLogHandler {
+        if let handler = logger.handler as? BrokerLogHandler, handler.logsAccessDirectly {
             handler.logAccess(access)
         } else {
             logger.info(BrokerLogHandler.accessLineMessage, metadata: access.metadata)

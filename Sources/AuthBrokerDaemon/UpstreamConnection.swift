@@ -207,6 +207,7 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
 
     package func handlerRemoved(context: ChannelHandlerContext) {
         self.context = nil
+        // Also on close: a closed channel's handlers are removed after `channelInactive`.
         self.headTimer?.cancel()
         self.headTimer = nil
     }
@@ -399,8 +400,6 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
 
     package func channelInactive(context: ChannelHandlerContext) {
         self.isClosed = true
-        self.headTimer?.cancel()
-        self.headTimer = nil
         self.fail(.connectionClosed, close: false)
         self.onClose()
         context.fireChannelInactive()

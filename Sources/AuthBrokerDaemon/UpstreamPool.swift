@@ -411,6 +411,10 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
             }
         }
 
+        /// The connection left the idle state: its timer stays pending (see `IdleTimer`).
+        func markLeased(_ id: Int) {
+            if let index = entry.idleTimers.index(forKey: id) { entry.idleTimers.values[index].idleSince = nil }
+        }
         func close(_ id: Int) {
             if let timer = entry.idleTimers.removeValue(forKey: id), let scheduled = timer.scheduled {
                 effects.cancelTimers.append(scheduled)
@@ -445,9 +449,9 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
                 )
             }
         case .cancelIdleTimeout(let id):
-            if let index = entry.idleTimers.index(forKey: id) { entry.idleTimers.values[index].idleSince = nil }
+            markLeased(id)
         case .cancelIdleTimeoutAndCreate(let id, let creating):
-            if let index = entry.idleTimers.index(forKey: id) { entry.idleTimers.values[index].idleSince = nil }
+            markLeased(id)
             effects.create.append((route, creating, effects.preferredLoop))
         }
 
