@@ -226,7 +226,10 @@ let package = Package(
         ),
         .testTarget(
             name: "AuthBrokerDaemonTests",
-            dependencies: ["AuthBrokerDaemon", "AuthBrokerTrust", "TestSupport"],
+            dependencies: [
+                "AuthBrokerDaemon", "AuthBrokerTrust", "TestSupport",
+                .product(name: "NIOEmbedded", package: "swift-nio"),
+            ],
             swiftSettings: strictSettings
         ),
         .testTarget(

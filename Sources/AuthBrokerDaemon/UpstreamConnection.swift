@@ -116,7 +116,7 @@ package final class UpstreamConnection: Sendable {
 
 /// Takes a relayed response's parts straight from `UpstreamExchangeHandler`, on the connection's
 /// event loop. After `.end` or a failure nothing more comes.
-protocol UpstreamRelaySink: AnyObject {
+package protocol UpstreamRelaySink: AnyObject {
     func upstreamReceived(_ part: HTTPClientResponsePart)
     /// One read from the origin has been handed over: the moment to flush.
     func upstreamReadComplete()
@@ -178,6 +178,8 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
     }
 
     private let responseHeadTimeout: TimeAmount
+    /// An exchange with no read from the origin and no write to it for this long fails.
+    private let idleTimeout: TimeAmount
     private let maxResponseHeadBytes: Int
     private let onClose: @Sendable () -> Void
     private var context: ChannelHandlerContext?
@@ -186,6 +188,10 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
     /// it stays pending across exchanges and, when it fires early, is armed again for the
     /// deadline then current, instead of one timer scheduled and cancelled per request.
     private var headTimer: Scheduled<Void>?
+    /// The current exchange's last read or write; `idleTimer` checks it the same lazy way. (It
+    /// replaced NIO's IdleStateHandler, which made a promise per write to time its completion.)
+    private var lastActivity = NIODeadline.uptimeNanoseconds(0)
+    private var idleTimer: Scheduled<Void>?
     /// The current exchange's parts from the read in progress, yielded as one batch when the
     /// read completes (or the response ends, or the exchange fails).
     private var batch: [HTTPClientResponsePart] = []
@@ -195,8 +201,12 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
     /// Counts exchanges, so a late signal from a finished exchange's sequence cannot touch the next.
     private var generation = 0
 
-    init(responseHeadTimeout: TimeAmount, maxResponseHeadBytes: Int, onClose: @escaping @Sendable () -> Void) {
+    package init(
+        responseHeadTimeout: TimeAmount, idleTimeout: TimeAmount, maxResponseHeadBytes: Int,
+        onClose: @escaping @Sendable () -> Void
+    ) {
         self.responseHeadTimeout = responseHeadTimeout
+        self.idleTimeout = idleTimeout
         self.maxResponseHeadBytes = maxResponseHeadBytes
         self.onClose = onClose
     }
@@ -210,6 +220,8 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
         // Also on close: a closed channel's handlers are removed after `channelInactive`.
         self.headTimer?.cancel()
         self.headTimer = nil
+        self.idleTimer?.cancel()
+        self.idleTimer = nil
     }
 
     func beginExchange() throws -> ResponseParts {
@@ -219,7 +231,7 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
         }
     }
 
-    func beginRelay(to sink: any UpstreamRelaySink) throws {
+    package func beginRelay(to sink: any UpstreamRelaySink) throws {
         try self.begin { _ in (.relay(sink), ()) }
     }
 
@@ -233,6 +245,8 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
         self.exchange = Exchange(generation: self.generation, consumer: consumer)
         self.batch = []
         self.readPaused = false
+        self.lastActivity = context.eventLoop.now
+        if self.idleTimer == nil { self.armIdleTimer(at: self.lastActivity + self.idleTimeout, context: context) }
         context.read()
         return result
     }
@@ -273,11 +287,11 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
         }
     }
 
-    func requestFinished() {
+    package func requestFinished() {
         guard let context, var exchange = self.exchange, !exchange.headReceived, exchange.headDeadline == nil else {
             return
         }
-        let deadline = NIODeadline.now() + self.responseHeadTimeout
+        let deadline = context.eventLoop.now + self.responseHeadTimeout
         exchange.headDeadline = deadline
         self.exchange = exchange
         if self.headTimer == nil { self.armHeadTimer(at: deadline, context: context) }
@@ -295,11 +309,35 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
         guard let context, let exchange = self.exchange, !exchange.headReceived, let deadline = exchange.headDeadline else {
             return
         }
-        if deadline <= NIODeadline.now() {
+        if deadline <= context.eventLoop.now {
             self.fail(.responseHeadTimeout, close: true)
         } else {
             self.armHeadTimer(at: deadline, context: context)
         }
+    }
+
+    private func armIdleTimer(at deadline: NIODeadline, context: ChannelHandlerContext) {
+        let loopBoundSelf = NIOLoopBound(self, eventLoop: context.eventLoop)
+        self.idleTimer = context.eventLoop.scheduleTask(deadline: deadline) {
+            loopBoundSelf.value.idleTimerFired()
+        }
+    }
+
+    /// Between exchanges the timer lapses; the next exchange arms it again.
+    private func idleTimerFired() {
+        self.idleTimer = nil
+        guard let context, self.exchange != nil else { return }
+        let deadline = self.lastActivity + self.idleTimeout
+        if deadline <= context.eventLoop.now {
+            self.fail(.idleTimeout, close: true)
+        } else {
+            self.armIdleTimer(at: deadline, context: context)
+        }
+    }
+
+    package func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        if self.exchange != nil { self.lastActivity = context.eventLoop.now }
+        context.write(data, promise: promise)
     }
 
     package func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -342,6 +380,7 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
     }
 
     package func channelReadComplete(context: ChannelHandlerContext) {
+        if self.exchange != nil { self.lastActivity = context.eventLoop.now }
         switch self.exchange?.consumer {
         case .sequence(let source)?: self.yieldBatch(to: source)
         case .relay(let sink)?: sink.upstreamReadComplete()
@@ -366,14 +405,6 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
         } else {
             context.read()
         }
-    }
-
-    package func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-        if let idle = event as? IdleStateHandler.IdleStateEvent, idle == .all, self.exchange != nil {
-            self.fail(.idleTimeout, close: true)
-            return
-        }
-        context.fireUserInboundEventTriggered(event)
     }
 
     package func errorCaught(context: ChannelHandlerContext, error: any Error) {

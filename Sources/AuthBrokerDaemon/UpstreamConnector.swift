@@ -403,11 +403,10 @@ package final class UpstreamConnector: Sendable {
                 )
             )
         )
-        let idle = TimeAmount.milliseconds(Int64(self.settings.upstream.idleTimeoutMilliseconds))
-        try sync.addHandler(IdleStateHandler(allTimeout: idle))
         try sync.addHandler(
             UpstreamExchangeHandler(
-                responseHeadTimeout: .milliseconds(Int64(self.settings.upstream.responseHeadTimeoutMilliseconds)),
+                responseHeadTimeout: self.settings.upstream.responseHeadTimeout,
+                idleTimeout: self.settings.upstream.idleTimeout,
                 maxResponseHeadBytes: self.settings.limits.maxResponseHeadBytes,
                 onClose: onClose
             )
