@@ -15,7 +15,12 @@ package enum DirectRelayPolicy {
     ]
 
     package static func headAllows(_ head: HTTPRequestHead) -> Bool {
-        guard head.version == .http1_1, head.method == .GET || head.method == .HEAD, head.isKeepAlive else { return false }
+        // A switch: `HTTPMethod`'s `==` compares the methods' names as strings.
+        switch head.method {
+        case .GET, .HEAD: break
+        default: return false
+        }
+        guard head.version == .http1_1, head.isKeepAlive else { return false }
         for (name, _) in head.headers {
             if ProxyHeaders.isDirective(name) || Self.fieldsNeedingFullPath.contains(where: { ProxyHeaders.fieldName(name, is: $0) }) {
                 return false

@@ -102,11 +102,6 @@ package struct UntrustedServer: Sendable {
     package var chainDER: [[UInt8]]
 }
 
-/// Names of the headers the broker itself adds.
-package enum BrokerHeaders {
-    package static let requestID = "Authbroker-Request-Id"
-}
-
 // MARK: - Client-side errors
 
 extension BrokerError {

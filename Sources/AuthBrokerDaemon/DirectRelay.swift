@@ -296,8 +296,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             }
             relayed.status = Int(head.status.code)
             relayed.upstreamKeepAlive = head.isKeepAlive
-            var headers = ProxyHeaders.clientResponseHeaders(head.headers)
-            headers.replaceOrAdd(name: BrokerHeaders.requestID, value: relayed.requestID)
+            var headers = ProxyHeaders.clientResponseHeaders(head.headers, requestID: relayed.requestID)
             if self.relay.registry.isDraining {
                 relayed.clientKeepAlive = false
                 headers.replaceOrAdd(name: "Connection", value: "close")

@@ -372,21 +372,28 @@ package struct Interceptor: Sendable {
 
     static func upstreamHead(for head: HTTPRequestHead, origin: CanonicalOrigin, pathAndQuery: String) -> HTTPRequestHead {
         var headers = ProxyHeaders.upstreamRequestHeaders(head.headers, origin: origin)
-        let chunked = head.headers["transfer-encoding"].contains { $0.lowercased().contains("chunked") }
-        if chunked {
+        if ProxyHeaders.isChunked(head.headers) {
             // The body's framing is ours to redo (Transfer-Encoding is hop-by-hop); keep it chunked.
             headers.remove(name: "content-length")
             headers.replaceOrAdd(name: "Transfer-Encoding", value: "chunked")
-        } else if !headers.contains(name: "content-length"), [.POST, .PUT, .PATCH].contains(head.method) {
+        } else if Self.expectsBody(head.method), !headers.contains(name: "content-length") {
             headers.add(name: "Content-Length", value: "0")
         }
         return HTTPRequestHead(version: .http1_1, method: head.method, uri: pathAndQuery, headers: headers)
     }
 
+    /// Methods whose request has a body by definition: without any framing it is an empty one.
+    /// (A switch: `HTTPMethod`'s `==` compares the methods' names as strings.)
+    private static func expectsBody(_ method: HTTPMethod) -> Bool {
+        switch method {
+        case .POST, .PUT, .PATCH: true
+        default: false
+        }
+    }
+
     static func hasNoBody(_ head: HTTPRequestHead) -> Bool {
-        let chunked = head.headers["transfer-encoding"].contains { $0.lowercased().contains("chunked") }
         let length = head.headers.first(name: "content-length").flatMap { Int($0) } ?? 0
-        return !chunked && length == 0
+        return !ProxyHeaders.isChunked(head.headers) && length == 0
     }
 
     /// Sends the client's body upstream as it arrives; after an upstream failure keeps reading
@@ -531,13 +538,12 @@ package struct Interceptor: Sendable {
                     }
                     status = Int(head.status.code)
                     upstreamKeepAlive = head.isKeepAlive
-                    var headers = ProxyHeaders.clientResponseHeaders(head.headers)
+                    var headers = ProxyHeaders.clientResponseHeaders(head.headers, requestID: requestID)
                     if fromProxy {
                         // The broker is the client's proxy: the upstream proxy's challenges are the
                         // client's to answer (filtered below), with Proxy-Authorization.
                         for value in head.headers["Proxy-Authenticate"] { headers.add(name: "Proxy-Authenticate", value: value) }
                     }
-                    headers.replaceOrAdd(name: BrokerHeaders.requestID, value: requestID)
                     Self.keepOnlyStandardChallenges(status: head.status, in: &headers, logger: logger)
                     // Whether the request body will end is not known yet (the request pump may
                     // simply not have reached its end): that is decided when the response ends.

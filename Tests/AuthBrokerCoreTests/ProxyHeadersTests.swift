@@ -77,8 +77,8 @@ struct ProxyHeadersTests {
             ]
         )
         #expect(
-            Self.pairs(ProxyHeaders.clientResponseHeaders(["Connection": "content-length", "Content-Length": "9"])) == [
-                "Content-Length: 9", "Via: 1.1 authbrokerd",
+            Self.pairs(ProxyHeaders.clientResponseHeaders(["Connection": "content-length", "Content-Length": "9"], requestID: "r")) == [
+                "Content-Length: 9", "Via: 1.1 authbrokerd", "Authbroker-Request-Id: r",
             ]
         )
     }
@@ -95,6 +95,11 @@ struct ProxyHeadersTests {
         #expect(!ProxyHeaders.fieldName("Kéep-Alive", is: "keep-alive"))
         #expect(!ProxyHeaders.fieldName("\u{212A}eep-alive", is: "keep-alive"), "KELVIN SIGN is not K")
         #expect(!ProxyHeaders.fieldName("", is: "te"))
+        // Longer than a small string, and a substring: both compared in place.
+        #expect(ProxyHeaders.fieldName("PROXY-AUTHENTICATE", is: "proxy-authenticate"))
+        #expect(!ProxyHeaders.fieldName("PROXY-AUTHENTICATF", is: "proxy-authenticate"))
+        #expect(ProxyHeaders.fieldName("x: Transfer-Encoding".dropFirst(3), is: "transfer-encoding"))
+        #expect(!ProxyHeaders.fieldName("x: Transfer-Encodinf".dropFirst(3), is: "transfer-encoding"))
         #expect(ProxyHeaders.isDirective("AUTHBROKER-x") && ProxyHeaders.isDirective("authbroker-"))
         #expect(!ProxyHeaders.isDirective("authbroker") && !ProxyHeaders.isDirective("authbrokér-x"))
     }
@@ -113,8 +118,9 @@ struct ProxyHeadersTests {
             ("X-Keep", "k"),
         ])
         #expect(
-            Self.pairs(ProxyHeaders.clientResponseHeaders(input)) == [
+            Self.pairs(ProxyHeaders.clientResponseHeaders(input, requestID: "r")) == [
                 "x-thrEE: kept: a different name", "Close: named by no token, kept", "X-Keep: k", "Via: 1.1 authbrokerd",
+                "Authbroker-Request-Id: r",
             ]
         )
     }
@@ -136,9 +142,10 @@ struct ProxyHeadersTests {
             ("TE", "kept (not a response field, passed as is)"),
             ("Authbroker-Echo", "upstream may send it; only requests are steering"),
             ("Via", "1.1 origin-cache"),
+            ("AUTHBROKER-request-ID", "the origin's, replaced by the broker's"),
         ])
         #expect(
-            Self.pairs(ProxyHeaders.clientResponseHeaders(input)) == [
+            Self.pairs(ProxyHeaders.clientResponseHeaders(input, requestID: "0123abcd")) == [
                 "Content-Type: text/plain",
                 "WWW-Authenticate: Basic realm=\"site\"",
                 "Set-Cookie: a=1, b",
@@ -146,8 +153,18 @@ struct ProxyHeadersTests {
                 "TE: kept (not a response field, passed as is)",
                 "Authbroker-Echo: upstream may send it; only requests are steering",
                 "Via: 1.1 origin-cache, 1.1 authbrokerd",
+                "Authbroker-Request-Id: 0123abcd",
             ]
         )
+    }
+
+    @Test func chunkedRequestsByTransferEncoding() {
+        #expect(ProxyHeaders.isChunked(["Transfer-Encoding": "chunked"]))
+        #expect(ProxyHeaders.isChunked(["transfer-encoding": "gzip, CHUNKED"]))
+        #expect(ProxyHeaders.isChunked(HTTPHeaders([("Transfer-Encoding", "gzip"), ("TRANSFER-ENCODING", "chunked")])))
+        #expect(!ProxyHeaders.isChunked(["Transfer-Encoding": "gzip"]))
+        #expect(!ProxyHeaders.isChunked(["X-Transfer-Encoding": "chunked", "Content-Length": "5"]))
+        #expect(!ProxyHeaders.isChunked([:]))
     }
 
     @Test func brokerDirectivesAreLowerCasedInOrder() {
