@@ -46,10 +46,20 @@ package struct BrokerLogHandler: LogHandler {
     /// path's metadata dictionaries, merge and sort were a twentieth of the daemon's CPU per
     /// relayed request.
     package func logAccess(_ access: AccessLine) {
-        var line = self.forJournal ? "<\(Self.syslogPriority(.info))>" : Self.utcTimestamp() + " "
+        var line: [UInt8] = []
+        line.reserveCapacity(Self.accessLineCapacity)
+        if self.forJournal {
+            line.append(contentsOf: "<\(Self.syslogPriority(.info))>".utf8)
+        } else {
+            line.append(contentsOf: Self.utcTimestamp().utf8)
+            line.append(UInt8(ascii: " "))
+        }
         access.append(to: &line)
-        BatchedLogOutput.standardError.writeBatched(line)
+        BatchedLogOutput.standardError.writeBatched(bytes: line)
     }
+
+    /// Room for a typical access line, so formatting one does not grow its buffer.
+    private static let accessLineCapacity = 256
 
     package func log(event: LogEvent) {
         var merged = self.metadata
@@ -113,17 +123,37 @@ package struct BrokerLogHandler: LogHandler {
     }
 
     package static func quoted(_ value: String) -> String {
-        // Bytes, not Characters: grapheme breaking on every value of every line was measurable.
-        // Tab and the newlines: ASCII LF, VT, FF, CR, NEL (U+0085, C2 85) and U+2028/2029 (E2 80 A8/A9).
-        let needsQuotes = value.isEmpty || value.utf8.contains { byte in
-            byte == UInt8(ascii: " ") || byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "=")
-                || (0x09...0x0D).contains(byte) || byte == 0x85 || byte == 0xA8 || byte == 0xA9
-        }
-        if !needsQuotes { return value }
+        if !Self.needsQuotes(value) { return value }
         let escaped = value.replacingOccurrences(of: "\\", with: "\\\\")
             .replacingOccurrences(of: "\"", with: "\\\"")
             .replacingOccurrences(of: "\n", with: "\\n")
         return "\"\(escaped)\""
+    }
+
+    /// Whether `value` is written quoted: empty, or holding a space, quote, `=`, tab or line break.
+    static func needsQuotes(_ value: String) -> Bool {
+        // Bytes, not Characters: grapheme breaking on every value of every line was measurable.
+        // Tab and the newlines: ASCII LF, VT, FF, CR, NEL (U+0085, C2 85) and U+2028/2029 (E2 80 A8/A9).
+        func needsQuotes(_ byte: UInt8) -> Bool {
+            byte == UInt8(ascii: " ") || byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "=")
+                || (0x09...0x0D).contains(byte) || byte == 0x85 || byte == 0xA8 || byte == 0xA9
+        }
+        if value.isEmpty { return true }
+        // In place where the string has its bytes contiguous (native and small strings do).
+        let inPlace = value.utf8.withContiguousStorageIfAvailable { bytes in
+            for byte in bytes where needsQuotes(byte) { return true }
+            return false
+        }
+        return inPlace ?? value.utf8.contains(where: needsQuotes)
+    }
+
+    /// `quoted(value)`, appended as bytes.
+    static func appendQuoted(_ value: String, to line: inout [UInt8]) {
+        if Self.needsQuotes(value) {
+            line.append(contentsOf: Self.quoted(value).utf8)
+        } else {
+            line.append(contentsOf: value.utf8)
+        }
     }
 
     private static func syslogPriority(_ level: Logger.Level) -> Int {
@@ -180,27 +210,28 @@ package struct AccessLine: Sendable {
     }
 
     /// `INFO request key=value ...` and a newline, as `BrokerLogHandler.line` writes `metadata`:
-    /// keys in sorted order, values quoted by the same rule.
-    package func append(to line: inout String) {
-        line += "INFO "
-        line += BrokerLogHandler.accessLineMessage.description
-        line += " bytes="
-        line += String(self.bytes)
-        line += " duration_ms="
-        line += String(self.durationMilliseconds)
+    /// keys in sorted order, values quoted by the same rule. Bytes, appended in place: growing a
+    /// `String` piece by piece cost more than the rest of the line's work.
+    package func append(to line: inout [UInt8]) {
+        line.append(contentsOf: "INFO ".utf8)
+        line.append(contentsOf: BrokerLogHandler.accessLineMessage.description.utf8)
+        line.append(contentsOf: " bytes=".utf8)
+        line.append(contentsOf: String(self.bytes).utf8)
+        line.append(contentsOf: " duration_ms=".utf8)
+        line.append(contentsOf: String(self.durationMilliseconds).utf8)
         if let error = self.error {
-            line += " error="
-            line += BrokerLogHandler.quoted(error)
+            line.append(contentsOf: " error=".utf8)
+            BrokerLogHandler.appendQuoted(error, to: &line)
         }
-        line += " method="
-        line += BrokerLogHandler.quoted(self.method)
-        line += " request_id="
-        line += BrokerLogHandler.quoted(self.requestID)
-        line += " status="
-        line += String(self.status)
-        line += " target="
-        line += BrokerLogHandler.quoted(self.target)
-        line += "\n"
+        line.append(contentsOf: " method=".utf8)
+        BrokerLogHandler.appendQuoted(self.method, to: &line)
+        line.append(contentsOf: " request_id=".utf8)
+        BrokerLogHandler.appendQuoted(self.requestID, to: &line)
+        line.append(contentsOf: " status=".utf8)
+        line.append(contentsOf: String(self.status).utf8)
+        line.append(contentsOf: " target=".utf8)
+        BrokerLogHandler.appendQuoted(self.target, to: &line)
+        line.append(UInt8(ascii: "\n"))
     }
 }
 
@@ -235,8 +266,13 @@ package final class BatchedLogOutput: Sendable {
     /// Adds `line` to the batch: written with the next `write`, when the batch is full, or after
     /// `flushDelay`.
     package func writeBatched(_ line: String) {
+        self.writeBatched(bytes: line.utf8)
+    }
+
+    /// `writeBatched` for a line already in bytes (the access line).
+    package func writeBatched(bytes line: some Collection<UInt8>) {
         let scheduleFlush = self.state.withLockedValue { state -> Bool in
-            state.pending.append(contentsOf: line.utf8)
+            state.pending.append(contentsOf: line)
             if state.pending.count >= Self.maxPending { self.writeAll(&state.pending) }
             guard !state.flushScheduled else { return false }
             state.flushScheduled = true

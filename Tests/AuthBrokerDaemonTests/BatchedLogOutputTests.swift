@@ -71,12 +71,14 @@ struct LogLineFormatTests {
             AccessLine(bytes: 100, durationMilliseconds: 0, error: nil, method: "GET", requestID: "00ab", status: 200, target: "http://a.test:80"),
             AccessLine(bytes: 0, durationMilliseconds: 30_001, error: "http_response_timeout", method: "HEAD", requestID: "ff", status: 504, target: "https://[::1]:8443"),
             AccessLine(bytes: -1, durationMilliseconds: -5, error: "two words", method: "M=\"x\"\n", requestID: "", status: 0, target: "a\u{2028}b\\"),
+            // Longer than a small string, with a byte to quote only at its end, and bridged-free.
+            AccessLine(bytes: Int.max, durationMilliseconds: Int64.min, error: "e\u{85}", method: "PROPFIND", requestID: String(repeating: "a", count: 40), status: 999, target: "https://a-rather-long-host-name.example.test:8443 "),
         ]
     )
     func accessLineMatchesTheGeneralFormat(_ access: AccessLine) {
-        var line = "T "
+        var line = Array("T ".utf8)
         access.append(to: &line)
-        #expect(line == BrokerLogHandler.line(level: .info, message: BrokerLogHandler.accessLineMessage, metadata: access.metadata, prefix: "T "))
+        #expect(String(decoding: line, as: UTF8.self) == BrokerLogHandler.line(level: .info, message: BrokerLogHandler.accessLineMessage, metadata: access.metadata, prefix: "T "))
     }
 
     @Test func hostileValuesStayOnOneLine() {
