@@ -163,11 +163,13 @@ package struct UpstreamPoolStateMachine: Sendable {
     /// request's `affinity`, if any has it), else start one if below `maxConnections`, else queue
     /// it, else (queue full) fail it.
     ///
-    /// When the idle connection it gets lives elsewhere and no connection at all lives at the
-    /// request's `affinity`, one is also started there (below `maxConnections`, none being made),
-    /// which goes idle when made. Otherwise every later request from that event loop would take
-    /// the other loop's connection again: its I/O would change thread each time, and the client
-    /// connection's direct relay, which takes only its own loop's connections, would never run.
+    /// When the idle connection it gets lives elsewhere (none at the request's `affinity` is
+    /// idle), one is also started there, which goes idle when made: below `maxConnections` and
+    /// `maxIdleConnections` (one the pool could not keep idle would be closed again on release),
+    /// and while none is being made. Otherwise the requests from that event loop beyond its
+    /// connections would take the other loop's again and again: their I/O would change thread,
+    /// and the client connection's direct relay, which takes only its own loop's connections,
+    /// would hand them to the full path.
     package mutating func leaseRequested(_ request: RequestID, affinity: Affinity? = nil) -> Action {
         if isShuttingDown { return Action(request: .fail(request, .shuttingDown), connection: .none) }
         if let affinity, idle.count > 1, let index = idle.lastIndex(where: { affinities[$0] == affinity }) {
@@ -177,8 +179,8 @@ package struct UpstreamPoolStateMachine: Sendable {
         }
         if let connection = idle.popLast() {
             connections[connection] = .leased
-            if let affinity, affinities[connection] != affinity, !affinities.values.contains(affinity),
-                startingCount == 0, connections.count < limits.maxConnections
+            if let affinity, affinities[connection] != affinity, startingCount == 0,
+                connections.count < min(limits.maxConnections, limits.maxIdleConnections)
             {
                 let local = mintConnectionID(state: .starting(closedEarly: false))
                 return Action(

@@ -51,8 +51,9 @@ struct UpstreamPoolStateMachineTests {
         #expect(pool.leaseRequested(6, affinity: 20) == action(.lease(0, to: 6), .cancelIdleTimeout(0)))
     }
 
-    /// A request served by another loop's idle connection also starts one on its own loop, once,
-    /// so that the requests after it stay on their thread (and the direct relay can take them).
+    /// A request served by another loop's idle connection also starts one on its own loop, one at
+    /// a time, so that the requests after it stay on their thread (and the direct relay can take
+    /// them), up to what the pool may keep idle.
     @Test func aRequestServedFromAnotherLoopStartsOneOnItsOwn() {
         var pool = Machine(limits: .init(maxConnections: 3, maxIdleConnections: 3, maxPendingRequests: 4))
         #expect(pool.leaseRequested(1, affinity: 10) == action(.none, .create(0)))
@@ -67,14 +68,19 @@ struct UpstreamPoolStateMachineTests {
         #expect(pool.connectionCreated(1, affinity: 20) == action(.none, .scheduleIdleTimeout(1)))
         #expect(pool.connectionReleased(0, reusable: true) == action(.none, .scheduleIdleTimeout(0)))
         #expect(pool.leaseRequested(4, affinity: 20) == action(.lease(1, to: 4), .cancelIdleTimeout(1)))
-        // 20 has a connection (leased): the other loop's idle one serves, nothing is started.
-        #expect(pool.leaseRequested(5, affinity: 20) == action(.lease(0, to: 5), .cancelIdleTimeout(0)))
-        #expect(pool.connectionCount == 2)
+        // 20's connection is leased: 20's requests outnumber its connections, so the other
+        // loop's idle one serves and another is started at 20.
+        #expect(pool.leaseRequested(5, affinity: 20) == action(.lease(0, to: 5), .cancelIdleTimeoutAndCreate(cancel: 0, create: 2)))
+        #expect(pool.connectionCount == 3)
         // A connection started this way that fails fails nobody.
-        #expect(pool.connectionReleased(0, reusable: true) == action(.none, .scheduleIdleTimeout(0)))
-        #expect(pool.leaseRequested(6, affinity: 30) == action(.lease(0, to: 6), .cancelIdleTimeoutAndCreate(cancel: 0, create: 2)))
         #expect(pool.connectionFailed(2, error: ConnectError()) == action())
         #expect(pool.connectionCount == 2)
+        // Not beyond what the pool keeps idle: 1 of 1 exists, the other loop's serves alone.
+        var lean = Machine(limits: .init(maxConnections: 4, maxIdleConnections: 1, maxPendingRequests: 4))
+        #expect(lean.leaseRequested(1, affinity: 10) == action(.none, .create(0)))
+        #expect(lean.connectionCreated(0, affinity: 10) == action(.lease(0, to: 1)))
+        #expect(lean.connectionReleased(0, reusable: true) == action(.none, .scheduleIdleTimeout(0)))
+        #expect(lean.leaseRequested(2, affinity: 20) == action(.lease(0, to: 2), .cancelIdleTimeout(0)))
         // At maxConnections nothing is started.
         var full = Machine(limits: .init(maxConnections: 1, maxIdleConnections: 1, maxPendingRequests: 4))
         #expect(full.leaseRequested(1, affinity: 10) == action(.none, .create(0)))
