@@ -188,7 +188,7 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
     /// it stays pending across exchanges and, when it fires early, is armed again for the
     /// deadline then current, instead of one timer scheduled and cancelled per request.
     private var headTimer: Scheduled<Void>?
-    /// The current exchange's last read or write; `idleTimer` checks it the same lazy way. (It
+    /// The current exchange's last read or flushed write; `idleTimer` checks it the same lazy way. (It
     /// replaced NIO's IdleStateHandler, which made a promise per write to time its completion.)
     private var lastActivity = NIODeadline.uptimeNanoseconds(0)
     private var idleTimer: Scheduled<Void>?
@@ -335,9 +335,10 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
         }
     }
 
-    package func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+    /// Writes count when flushed (they go out then): one clock read per flush, not per part.
+    package func flush(context: ChannelHandlerContext) {
         if self.exchange != nil { self.lastActivity = context.eventLoop.now }
-        context.write(data, promise: promise)
+        context.flush()
     }
 
     package func channelRead(context: ChannelHandlerContext, data: NIOAny) {
