@@ -27,19 +27,23 @@ package struct CanonicalOrigin: Hashable, Sendable, CustomStringConvertible {
     /// Whether `host` is an IP literal (IPv4 dotted quad or IPv6), which goes in no SNI extension
     /// (RFC 6066 §3) and is matched against iPAddress subject alternative names.
     package var isIPAddress: Bool {
-        host.contains(":") || HostSyntax.parseIPv4(Array(host.utf8)[...]) != nil
+        self.isIPv6 || HostSyntax.parseIPv4(Array(host.utf8)[...]) != nil
     }
+
+    /// Only an IPv6 literal has a colon in `host`. (By byte: `String.contains` compares
+    /// Characters, and the `Host` of every relayed request asks.)
+    private var isIPv6: Bool { host.utf8.contains(UInt8(ascii: ":")) }
 
     /// The `Host` header value for this origin (RFC 9110 §7.2): the port only when it is not the default.
     package var hostHeader: String {
-        let name = host.contains(":") ? "[\(host)]" : host
+        let name = self.isIPv6 ? "[\(host)]" : host
         return port == scheme.defaultPort ? name : "\(name):\(port)"
     }
 
     /// `host:port` with the port always written, IPv6 in brackets: a CONNECT request-target
     /// (authority-form, RFC 9112 §3.2.3) and a `next-hop` in `Proxy-Status`.
     package var authorityForm: String {
-        (host.contains(":") ? "[\(host)]" : host) + ":\(port)"
+        (self.isIPv6 ? "[\(host)]" : host) + ":\(port)"
     }
 
     /// `https://host`, `https://host:8443`, `http://[::1]:8080`.
