@@ -113,6 +113,9 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
     private var readWithheld = false
     /// The scheme and authority of this connection's last relayed target, parsed once.
     private var knownTarget: RequestTarget.AbsolutePrefix?
+    /// A part went on to the full path since the last read completed: only then does the read's
+    /// completion go on too (the full path's stream has nothing to deliver otherwise).
+    private var forwardedSinceReadComplete = false
 
     init(relay: DirectRelay, registration: RegisteredClientConnection, adopted: AdoptedExchangeSlot) {
         self.relay = relay
@@ -156,6 +159,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             } else {
                 // A body after all (the policy rules out framing for one): the full path takes it.
                 self.handToFullPath(current, context: context)
+                self.forwardedSinceReadComplete = true
                 context.fireChannelRead(self.wrapInboundOut(part))
             }
             return
@@ -167,7 +171,14 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             }
             self.fullPathPending += 1
         }
+        self.forwardedSinceReadComplete = true
         context.fireChannelRead(self.wrapInboundOut(part))
+    }
+
+    package func channelReadComplete(context: ChannelHandlerContext) {
+        guard self.forwardedSinceReadComplete else { return }
+        self.forwardedSinceReadComplete = false
+        context.fireChannelReadComplete()
     }
 
     package func errorCaught(context: ChannelHandlerContext, error: any Error) {
