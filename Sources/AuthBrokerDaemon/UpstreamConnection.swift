@@ -54,8 +54,8 @@ package final class UpstreamConnection: Sendable {
 
     /// Whether this connection may carry another exchange under the trust store's
     /// `currentGeneration`: plain HTTP always, TLS only if verified under the same anchors and pins.
-    package func isTrustCurrent(_ currentGeneration: UInt64) -> Bool {
-        self.origin.scheme == .http || self.trustGeneration == currentGeneration
+    package func isTrustCurrent(_ currentGeneration: @autoclosure () -> UInt64) -> Bool {
+        self.origin.scheme == .http || self.trustGeneration == currentGeneration()
     }
 
     package var isActive: Bool { self.channel.isActive }

@@ -40,6 +40,10 @@ package final class TrustStore: Sendable {
     }
 
     private let state: Mutex<State>
+    /// `state.generation`, stored after each change under the lock: every relayed HTTPS request
+    /// reads it (is its pooled connection still trusted?), and both event loops taking the
+    /// store's lock for it was a point of contention.
+    private let publishedGeneration = Atomic<UInt64>(0)
 
     /// Opens the store at `path`: a missing file is an empty store; an unreadable or corrupt
     /// one is an error naming the file and what to do.
@@ -64,7 +68,7 @@ package final class TrustStore: Sendable {
 
     /// Bumps on every change to the anchors, pins, exceptions (saved or not) or identities.
     package var generation: UInt64 {
-        self.state.withLock { $0.generation }
+        self.publishedGeneration.load(ordering: .acquiring)
     }
 
     package func anchors() -> [TrustAnchor] {
@@ -226,6 +230,7 @@ package final class TrustStore: Sendable {
             if let existing = state.sessionExceptions.first(where: { $0.sameTarget(as: exception) }) { return existing }
             state.sessionExceptions.append(exception)
             state.generation &+= 1
+            self.publishedGeneration.store(state.generation, ordering: .releasing)
             return exception
         }
     }
@@ -242,6 +247,7 @@ package final class TrustStore: Sendable {
         let removedSession = self.state.withLock { state -> CertificateException? in
             guard let index = state.sessionExceptions.firstIndex(where: { $0.sameTarget(as: target) }) else { return nil }
             state.generation &+= 1
+            self.publishedGeneration.store(state.generation, ordering: .releasing)
             return state.sessionExceptions.remove(at: index)
         }
         guard self.state.withLock({ $0.exceptions.contains { $0.sameTarget(as: target) } }) else {
@@ -319,6 +325,7 @@ package final class TrustStore: Sendable {
             )
             copy.generation &+= 1
             state = copy
+            self.publishedGeneration.store(state.generation, ordering: .releasing)
             return result
         }
     }
