@@ -82,12 +82,17 @@ package enum ProxyHeaders {
     /// `origin.hostHeader` and goes first (RFC 9110 §7.2); `Via` gains the broker's entry. All other
     /// fields, `Content-Length` and `Expect` included, keep their order and values.
     package static func upstreamRequestHeaders(_ headers: HTTPHeaders, origin: CanonicalOrigin) -> HTTPHeaders {
+        self.upstreamRequestHeaders(headers, hostHeader: origin.hostHeader)
+    }
+
+    /// `upstreamRequestHeaders(_:origin:)` with the origin's `Host` value already made.
+    package static func upstreamRequestHeaders(_ headers: HTTPHeaders, hostHeader: String) -> HTTPHeaders {
         let named = connectionOptions(headers)
         // Collected as pairs and made into headers once: `HTTPHeaders.add` checks every name it
         // is given, and these names all passed the request decoder's checks already.
         var result: [(String, String)] = []
         result.reserveCapacity(headers.count + 2)
-        result.append(("Host", origin.hostHeader))
+        result.append(("Host", hostHeader))
         var via: [String] = []
         for (name, value) in headers {
             if fieldName(name, is: "host") || isDirective(name) || fieldName(name, isIn: hopByHopRequestFields)

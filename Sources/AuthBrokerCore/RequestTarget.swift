@@ -71,6 +71,8 @@ package enum RequestTarget: Sendable, Equatable {
         package let origin: CanonicalOrigin
         /// `origin.description`, kept: it is logged once per request.
         package let originDescription: String
+        /// `origin.hostHeader`, kept: it goes upstream with every request.
+        package let hostHeader: String
     }
 
     /// `parse(method:uri:)` for an absolute-form target, remembering its scheme and authority:
@@ -99,7 +101,10 @@ package enum RequestTarget: Sendable, Equatable {
             return (result, nil)
         }
         let end = bytes[doubleSlash...].firstIndex(where: { $0 == UInt8(ascii: "/") || $0 == UInt8(ascii: "?") }) ?? bytes.count
-        return (result, AbsolutePrefix(bytes: Array(bytes[..<end]), origin: origin, originDescription: origin.description))
+        let prefix = AbsolutePrefix(
+            bytes: Array(bytes[..<end]), origin: origin, originDescription: origin.description, hostHeader: origin.hostHeader
+        )
+        return (result, prefix)
     }
 
     /// An absolute-form target's path and query from what follows its authority (checked).

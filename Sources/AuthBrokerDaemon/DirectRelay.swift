@@ -116,6 +116,10 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
     /// A part went on to the full path since the last read completed: only then does the read's
     /// completion go on too (the full path's stream has nothing to deliver otherwise).
     private var forwardedSinceReadComplete = false
+    /// The route of the last relayed plain-HTTP origin: with no client identity it depends on the
+    /// settings alone, which do not change. (An HTTPS route's identity can change with the store
+    /// or the time, so it is looked up each time.)
+    private var plainRoute: UpstreamRoute?
 
     init(relay: DirectRelay, registration: RegisteredClientConnection, adopted: AdoptedExchangeSlot) {
         self.relay = relay
@@ -231,16 +235,24 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
         let (target, known) = RequestTarget.parse(method: head.method.rawValue, uri: head.uri, reusing: self.knownTarget)
         guard case .success(.absolute(let origin, let pathAndQuery)) = target, let known else { return nil }
         self.knownTarget = known
-        guard
+        let route: UpstreamRoute
+        if let plainRoute = self.plainRoute, plainRoute.origin == origin {
+            route = plainRoute
+        } else {
             // The full path's route; a rule that cannot be read is its to report.
-            let route = try? interceptor.route(to: origin, identity: nil), route.proxy == nil, route.clientIdentity == nil,
+            guard let fresh = try? interceptor.route(to: origin, identity: nil) else { return nil }
+            route = fresh
+            self.plainRoute = origin.scheme == .http ? fresh : nil
+        }
+        guard
+            route.proxy == nil, route.clientIdentity == nil,
             !interceptor.authenticator.knowsSpaces(at: origin),
             self.relay.registry.startRequestUnlessDraining(self.registration)
         else { return nil }
         interceptor.counters.requestsInFlight.add(1)
         return RelayedRequest(
             handler: self, head: head, route: route, originDescription: known.originDescription,
-            upstreamHead: Interceptor.upstreamHead(for: head, origin: origin, pathAndQuery: pathAndQuery)
+            upstreamHead: Interceptor.upstreamHead(for: head, hostHeader: known.hostHeader, pathAndQuery: pathAndQuery)
         )
     }
 

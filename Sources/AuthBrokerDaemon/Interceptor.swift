@@ -73,7 +73,7 @@ package struct Interceptor: Sendable {
         // go in origin form inside a CONNECT tunnel.
         let forwardProxy = origin.scheme == .http ? route.proxy : nil
         let upstreamTarget = forwardProxy == nil ? pathAndQuery : origin.description + pathAndQuery
-        var upstreamHead = Self.upstreamHead(for: head, origin: origin, pathAndQuery: pathAndQuery)
+        var upstreamHead = Self.upstreamHead(for: head, hostHeader: origin.hostHeader, pathAndQuery: pathAndQuery)
         upstreamHead.uri = upstreamTarget
         // The client's own Proxy-Authorization is for the configured proxy only, never an origin.
         let clientProxyAuthorization = route.proxy == nil ? nil : head.headers.first(name: "proxy-authorization")
@@ -370,8 +370,8 @@ package struct Interceptor: Sendable {
 
     // MARK: - Request side
 
-    static func upstreamHead(for head: HTTPRequestHead, origin: CanonicalOrigin, pathAndQuery: String) -> HTTPRequestHead {
-        var headers = ProxyHeaders.upstreamRequestHeaders(head.headers, origin: origin)
+    static func upstreamHead(for head: HTTPRequestHead, hostHeader: String, pathAndQuery: String) -> HTTPRequestHead {
+        var headers = ProxyHeaders.upstreamRequestHeaders(head.headers, hostHeader: hostHeader)
         if ProxyHeaders.isChunked(head.headers) {
             // The body's framing is ours to redo (Transfer-Encoding is hop-by-hop); keep it chunked.
             headers.remove(name: "content-length")

@@ -336,6 +336,7 @@ extension RequestTargetTests {
             #expect(first == RequestTarget.parse(method: "GET", uri: earlierURI))
             let prefix = try #require(known, "an absolute target is remembered: \(earlierURI)")
             #expect(prefix.originDescription == prefix.origin.description)
+            #expect(prefix.hostHeader == prefix.origin.hostHeader)
             for _ in 0..<400 {
                 let count = Int(random.next() % 3)
                 let uri = heads[Int(random.next() % UInt64(heads.count))]
