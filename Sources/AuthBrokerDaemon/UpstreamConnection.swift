@@ -188,8 +188,9 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
     /// it stays pending across exchanges and, when it fires early, is armed again for the
     /// deadline then current, instead of one timer scheduled and cancelled per request.
     private var headTimer: Scheduled<Void>?
-    /// The current exchange's last read or flushed write; `idleTimer` checks it the same lazy way. (It
-    /// replaced NIO's IdleStateHandler, which made a promise per write to time its completion.)
+    /// The current exchange's last read or flushed write; `idleTimer` checks it the same lazy
+    /// way. (It replaced NIO's IdleStateHandler, which made a promise per write to time its
+    /// completion.)
     private var lastActivity = NIODeadline.uptimeNanoseconds(0)
     private var idleTimer: Scheduled<Void>?
     /// The current exchange's parts from the read in progress, yielded as one batch when the
