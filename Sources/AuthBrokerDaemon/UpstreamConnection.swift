@@ -247,7 +247,7 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
         self.batch = []
         self.readPaused = false
         self.lastActivity = context.eventLoop.now
-        if self.idleTimer == nil { self.armIdleTimer(at: self.lastActivity + self.idleTimeout, context: context) }
+        if self.idleTimer == nil { self.arm(.idle, at: self.lastActivity + self.idleTimeout, context: context) }
         context.read()
         return result
     }
@@ -295,44 +295,43 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
         let deadline = context.eventLoop.now + self.responseHeadTimeout
         exchange.headDeadline = deadline
         self.exchange = exchange
-        if self.headTimer == nil { self.armHeadTimer(at: deadline, context: context) }
+        if self.headTimer == nil { self.arm(.head, at: deadline, context: context) }
     }
 
-    private func armHeadTimer(at deadline: NIODeadline, context: ChannelHandlerContext) {
+    /// The exchange's two deadlines, each checked by its own lazily armed timer.
+    private enum ExchangeTimer {
+        case head, idle
+    }
+
+    private func arm(_ timer: ExchangeTimer, at deadline: NIODeadline, context: ChannelHandlerContext) {
         let loopBoundSelf = NIOLoopBound(self, eventLoop: context.eventLoop)
-        self.headTimer = context.eventLoop.scheduleTask(deadline: deadline) {
-            loopBoundSelf.value.headTimerFired()
+        let scheduled = context.eventLoop.scheduleTask(deadline: deadline) {
+            loopBoundSelf.value.fired(timer)
+        }
+        switch timer {
+        case .head: self.headTimer = scheduled
+        case .idle: self.idleTimer = scheduled
         }
     }
 
-    private func headTimerFired() {
-        self.headTimer = nil
-        guard let context, let exchange = self.exchange, !exchange.headReceived, let deadline = exchange.headDeadline else {
-            return
+    /// The exchange fails when the timer's deadline has passed, and the timer is armed again for
+    /// it when not. With no exchange, or no head awaited, the timer lapses: the next exchange (or
+    /// the end of its request) arms it again.
+    private func fired(_ timer: ExchangeTimer) {
+        let deadline: NIODeadline?
+        switch timer {
+        case .head:
+            self.headTimer = nil
+            deadline = self.exchange.flatMap { $0.headReceived ? nil : $0.headDeadline }
+        case .idle:
+            self.idleTimer = nil
+            deadline = self.exchange == nil ? nil : self.lastActivity + self.idleTimeout
         }
+        guard let context, let deadline else { return }
         if deadline <= context.eventLoop.now {
-            self.fail(.responseHeadTimeout, close: true)
+            self.fail(timer == .head ? .responseHeadTimeout : .idleTimeout, close: true)
         } else {
-            self.armHeadTimer(at: deadline, context: context)
-        }
-    }
-
-    private func armIdleTimer(at deadline: NIODeadline, context: ChannelHandlerContext) {
-        let loopBoundSelf = NIOLoopBound(self, eventLoop: context.eventLoop)
-        self.idleTimer = context.eventLoop.scheduleTask(deadline: deadline) {
-            loopBoundSelf.value.idleTimerFired()
-        }
-    }
-
-    /// Between exchanges the timer lapses; the next exchange arms it again.
-    private func idleTimerFired() {
-        self.idleTimer = nil
-        guard let context, self.exchange != nil else { return }
-        let deadline = self.lastActivity + self.idleTimeout
-        if deadline <= context.eventLoop.now {
-            self.fail(.idleTimeout, close: true)
-        } else {
-            self.armIdleTimer(at: deadline, context: context)
+            self.arm(timer, at: deadline, context: context)
         }
     }
 
