@@ -74,8 +74,13 @@ public func fuzzRequestTarget(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt
             Fuzz.check(!named.contains(lower) || protected.contains(lower), "a field named in Connection is forwarded: \(name)")
         }
     }
-    let toClient = ProxyHeaders.clientResponseHeaders(headers)
-    Fuzz.check(toClient.last?.name == "Via", "Via is not last in a response")
+    let toClient = ProxyHeaders.clientResponseHeaders(headers, requestID: "0123456789abcdef")
+    Fuzz.check(
+        toClient.last?.name == BrokerHeaders.requestID && toClient.last?.value == "0123456789abcdef",
+        "the broker's request id is not last in a response"
+    )
+    Fuzz.check(toClient[canonicalForm: BrokerHeaders.requestID].count == 1, "more than one request id in a response")
+    Fuzz.check(toClient.dropLast().last?.name == "Via", "Via is not just before the request id in a response")
     for (name, _) in toClient {
         Fuzz.check(name.lowercased() != "transfer-encoding" && name.lowercased() != "connection", "a hop-by-hop field reaches the client: \(name)")
     }
