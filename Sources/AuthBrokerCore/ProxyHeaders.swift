@@ -3,7 +3,7 @@ import NIOHTTP1
 /// Names of the headers the broker itself adds.
 package enum BrokerHeaders {
     package static let requestID = "Authbroker-Request-Id"
-    static let requestIDLowercased = "authbroker-request-id"
+    static let requestIDLowercased = requestID.lowercased()
 }
 
 /// The header rules of a forwarding proxy: hop-by-hop fields stay on their hop, `Via` records
@@ -79,13 +79,8 @@ package enum ProxyHeaders {
     /// Drops `Connection` and every field it names, `Keep-Alive`, `Proxy-Connection`,
     /// `Proxy-Authorization` (credentials for this hop), `TE`, `Trailer`, `Transfer-Encoding`
     /// (the broker re-frames), `Upgrade`, and every `Authbroker-*` field. `Host` becomes
-    /// `origin.hostHeader` and goes first (RFC 9110 §7.2); `Via` gains the broker's entry. All other
+    /// `hostHeader` (the origin's `CanonicalOrigin.hostHeader`) and goes first (RFC 9110 §7.2); `Via` gains the broker's entry. All other
     /// fields, `Content-Length` and `Expect` included, keep their order and values.
-    package static func upstreamRequestHeaders(_ headers: HTTPHeaders, origin: CanonicalOrigin) -> HTTPHeaders {
-        self.upstreamRequestHeaders(headers, hostHeader: origin.hostHeader)
-    }
-
-    /// `upstreamRequestHeaders(_:origin:)` with the origin's `Host` value already made.
     package static func upstreamRequestHeaders(_ headers: HTTPHeaders, hostHeader: String) -> HTTPHeaders {
         let named = connectionOptions(headers)
         // Collected as pairs and made into headers once: `HTTPHeaders.add` checks every name it

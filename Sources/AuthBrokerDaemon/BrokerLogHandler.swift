@@ -123,7 +123,11 @@ package struct BrokerLogHandler: LogHandler {
     }
 
     package static func quoted(_ value: String) -> String {
-        if !Self.needsQuotes(value) { return value }
+        Self.needsQuotes(value) ? Self.escapedInQuotes(value) : value
+    }
+
+    /// `value` in quotes, with `\\`, `"` and newline escaped.
+    private static func escapedInQuotes(_ value: String) -> String {
         let escaped = value.replacingOccurrences(of: "\\", with: "\\\\")
             .replacingOccurrences(of: "\"", with: "\\\"")
             .replacingOccurrences(of: "\n", with: "\\n")
@@ -150,7 +154,7 @@ package struct BrokerLogHandler: LogHandler {
     /// `quoted(value)`, appended as bytes.
     static func appendQuoted(_ value: String, to line: inout [UInt8]) {
         if Self.needsQuotes(value) {
-            line.append(contentsOf: Self.quoted(value).utf8)
+            line.append(contentsOf: Self.escapedInQuotes(value).utf8)
         } else {
             line.append(contentsOf: value.utf8)
         }

@@ -71,6 +71,13 @@ package final class TrustStore: Sendable {
         self.publishedGeneration.load(ordering: .acquiring)
     }
 
+    /// A change to `state`, under the lock: the generation bumps and is published. (Published
+    /// before a `modify` copy replaces the state, still under the lock: readers see it after.)
+    private func bumpGeneration(_ state: inout State) {
+        state.generation &+= 1
+        self.publishedGeneration.store(state.generation, ordering: .releasing)
+    }
+
     package func anchors() -> [TrustAnchor] {
         self.state.withLock { $0.anchors }
     }
@@ -229,8 +236,7 @@ package final class TrustStore: Sendable {
         return self.state.withLock { state in
             if let existing = state.sessionExceptions.first(where: { $0.sameTarget(as: exception) }) { return existing }
             state.sessionExceptions.append(exception)
-            state.generation &+= 1
-            self.publishedGeneration.store(state.generation, ordering: .releasing)
+            self.bumpGeneration(&state)
             return exception
         }
     }
@@ -246,8 +252,7 @@ package final class TrustStore: Sendable {
         )
         let removedSession = self.state.withLock { state -> CertificateException? in
             guard let index = state.sessionExceptions.firstIndex(where: { $0.sameTarget(as: target) }) else { return nil }
-            state.generation &+= 1
-            self.publishedGeneration.store(state.generation, ordering: .releasing)
+            self.bumpGeneration(&state)
             return state.sessionExceptions.remove(at: index)
         }
         guard self.state.withLock({ $0.exceptions.contains { $0.sameTarget(as: target) } }) else {
@@ -323,9 +328,8 @@ package final class TrustStore: Sendable {
                 StoreFile(anchors: copy.anchors, pins: copy.pins, identities: copy.identities, exceptions: copy.exceptions),
                 path: self.path
             )
-            copy.generation &+= 1
+            self.bumpGeneration(&copy)
             state = copy
-            self.publishedGeneration.store(state.generation, ordering: .releasing)
             return result
         }
     }

@@ -18,6 +18,24 @@ struct DirectRelayTests {
         return (status.json["counters"] as? [String: Any])?[name] as? Int ?? -1
     }
 
+    /// A daemon whose `origin.internal.test` is a new test origin named `name`; `body` gets the
+    /// daemon and the origin's base URL.
+    static func withRelayedOrigin(_ name: String, _ body: (DaemonProcess, String) async throws -> Void) async throws {
+        let origin = try await TestOrigin.start(name: name)
+        defer { Task { await origin.stop() } }
+        let base = "http://origin.internal.test:\(origin.port)"
+        try await withDaemon(config: configText(resolving: [("origin.internal.test", origin)])) { daemon in
+            try await body(daemon, base)
+        }
+    }
+
+    /// One request on a connection of its own, so the pool holds a connection to `base`.
+    static func warmUp(_ daemon: DaemonProcess, _ base: String) throws {
+        let warm = try UnixSocketConnection(path: daemon.socketPath)
+        #expect(try warm.request("GET", "\(base)/hello").status == 200)
+        warm.close()
+    }
+
     static func relayedCount(_ daemon: DaemonProcess) throws -> Int {
         try Self.counter(daemon, "requests_relayed_directly")
     }
@@ -39,13 +57,8 @@ struct DirectRelayTests {
     /// one on its own loop, so that both connections are relayed from then on.
     @Test("client connections on either event loop are relayed once a connection is made on their loop")
     func relayOnEveryEventLoop() async throws {
-        let origin = try await TestOrigin.start(name: "loops")
-        defer { Task { await origin.stop() } }
-        let base = "http://origin.internal.test:\(origin.port)"
-        try await withDaemon(config: configText(resolving: [("origin.internal.test", origin)])) { daemon in
-            let warm = try UnixSocketConnection(path: daemon.socketPath)
-            #expect(try warm.request("GET", "\(base)/hello").status == 200)
-            warm.close()
+        try await Self.withRelayedOrigin("loops") { daemon, base in
+            try Self.warmUp(daemon, base)
             let clients = [try UnixSocketConnection(path: daemon.socketPath), try UnixSocketConnection(path: daemon.socketPath)]
             for client in clients { #expect(try client.request("GET", "\(base)/hello").status == 200) }
             // The connection started for the other loop is made meanwhile (loopback, no TLS).
@@ -62,6 +75,7 @@ struct DirectRelayTests {
 
     @Test("plain keep-alive GETs and HEADs are relayed, with the full path's headers, bodies and log lines")
     func plainRequestsAreRelayed() async throws {
+        // Not `withRelayedOrigin`: the Host check below needs the origin's port.
         let origin = try await TestOrigin.start(name: "relay")
         defer { Task { await origin.stop() } }
         let base = "http://origin.internal.test:\(origin.port)"
@@ -99,10 +113,7 @@ struct DirectRelayTests {
 
     @Test("requests the relay must not take go the full path: bodies, directives, credentials, Expect, Connection: close")
     func otherRequestsTakeTheFullPath() async throws {
-        let origin = try await TestOrigin.start(name: "full")
-        defer { Task { await origin.stop() } }
-        let base = "http://origin.internal.test:\(origin.port)"
-        try await withDaemon(config: configText(resolving: [("origin.internal.test", origin)])) { daemon in
+        try await Self.withRelayedOrigin("full") { daemon, base in
             let connection = try UnixSocketConnection(path: daemon.socketPath)
             #expect(try connection.request("GET", "\(base)/hello").status == 200)
             #expect(try connection.request("GET", "\(base)/hello").status == 200)
@@ -119,10 +130,7 @@ struct DirectRelayTests {
 
     @Test("pipelined requests, relayed and not, are answered in order")
     func pipelinedMixture() async throws {
-        let origin = try await TestOrigin.start(name: "pipelined")
-        defer { Task { await origin.stop() } }
-        let base = "http://origin.internal.test:\(origin.port)"
-        try await withDaemon(config: configText(resolving: [("origin.internal.test", origin)])) { daemon in
+        try await Self.withRelayedOrigin("pipelined") { daemon, base in
             let connection = try UnixSocketConnection(path: daemon.socketPath)
             #expect(try connection.request("GET", "\(base)/hello").status == 200)
             let get = "GET \(base)/hello HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -152,10 +160,7 @@ struct DirectRelayTests {
 
     @Test("a hundred requests pipelined behind a slow relayed one are held, then answered in order")
     func manyHeldBehindASlowRelay() async throws {
-        let origin = try await TestOrigin.start(name: "held")
-        defer { Task { await origin.stop() } }
-        let base = "http://origin.internal.test:\(origin.port)"
-        try await withDaemon(config: configText(resolving: [("origin.internal.test", origin)])) { daemon in
+        try await Self.withRelayedOrigin("held") { daemon, base in
             let connection = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 30)
             #expect(try connection.request("GET", "\(base)/hello").status == 200)
             var text = "GET \(base)/slow-head/400 HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -244,13 +249,8 @@ struct DirectRelayTests {
 
     @Test("a client leaving mid-download on the relay closes the upstream connection; descriptors return")
     func clientLeavesMidRelay() async throws {
-        let origin = try await TestOrigin.start(name: "leave")
-        defer { Task { await origin.stop() } }
-        let base = "http://origin.internal.test:\(origin.port)"
-        try await withDaemon(config: configText(resolving: [("origin.internal.test", origin)])) { daemon in
-            let warm = try UnixSocketConnection(path: daemon.socketPath)
-            #expect(try warm.request("GET", "\(base)/hello").status == 200)
-            warm.close()
+        try await Self.withRelayedOrigin("leave") { daemon, base in
+            try Self.warmUp(daemon, base)
             let before = await daemon.settledFileDescriptorCount()
             for _ in 0..<5 {
                 let connection = try UnixSocketConnection(path: daemon.socketPath)
@@ -277,11 +277,8 @@ struct DirectRelayTests {
 
     @Test("a 200 MiB download on the relay streams with bounded memory")
     func largeDownloadIsBounded() async throws {
-        let origin = try await TestOrigin.start(name: "big")
-        defer { Task { await origin.stop() } }
         let size = 200 * 1024 * 1024
-        let base = "http://origin.internal.test:\(origin.port)"
-        try await withDaemon(config: configText(resolving: [("origin.internal.test", origin)])) { daemon in
+        try await Self.withRelayedOrigin("big") { daemon, base in
             let connection = try UnixSocketConnection(path: daemon.socketPath)
             #expect(try connection.request("GET", "\(base)/hello").status == 200)
             let relayedBefore = try Self.relayedCount(daemon)
@@ -308,10 +305,7 @@ struct DirectRelayTests {
 
     @Test("SIGTERM during a relayed request: it finishes with Connection: close, and the daemon exits 0")
     func drainingFinishesRelayedRequest() async throws {
-        let origin = try await TestOrigin.start(name: "drain")
-        defer { Task { await origin.stop() } }
-        let base = "http://origin.internal.test:\(origin.port)"
-        try await withDaemon(config: configText(resolving: [("origin.internal.test", origin)])) { daemon in
+        try await Self.withRelayedOrigin("drain") { daemon, base in
             let connection = try UnixSocketConnection(path: daemon.socketPath)
             #expect(try connection.request("GET", "\(base)/hello").status == 200)
             #expect(try connection.request("GET", "\(base)/hello").status == 200)

@@ -58,7 +58,7 @@ public func fuzzRequestTarget(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt
         Fuzz.check(!error.code.isEmpty, "error without a code")
     }
 
-    let upstream = ProxyHeaders.upstreamRequestHeaders(headers, origin: origin)
+    let upstream = ProxyHeaders.upstreamRequestHeaders(headers, hostHeader: origin.hostHeader)
     Fuzz.check(upstream.first?.name == "Host" && upstream.first?.value == origin.hostHeader, "Host is not first")
     Fuzz.check(upstream[canonicalForm: "host"].count == 1, "more than one Host")
     Fuzz.check(upstream.last?.name == "Via", "Via is not last")
