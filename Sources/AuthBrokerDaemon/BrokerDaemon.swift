@@ -83,10 +83,9 @@ package enum BrokerDaemon {
             }
         }
 
-        let group = MultiThreadedEventLoopGroup.singleton
         let counters = BrokerCounters()
         // The secret store: the Secret Service when asked for (or, with "auto", when it answers),
-        // else the encrypted file. The probe may block for a moment, so not on this pool.
+        // else the encrypted file. The probe may block for a moment, so it runs on the blocking pool.
         let secretsFile = (BrokerPaths.dataDirectory(environment: environment, uid: uid) as NSString).appendingPathComponent("secrets.bin")
         let secretsKey = ((configFile as NSString).deletingLastPathComponent as NSString).appendingPathComponent("secrets.key")
         let choice = SecretStoreChoice(rawValue: settings.secrets.store) ?? .auto
@@ -117,6 +116,9 @@ package enum BrokerDaemon {
         }
         let challenges = AgentChallenges(vault: vault, store: store, evaluator: evaluator, logger: logger)
         let authenticator = HTTPAuthenticator(vault: vault, challenges: challenges, audit: audit, logger: logger)
+        // The daemon's own group, sized by `io_threads`, rather than NIO's singleton (one loop per
+        // core): its size is a setting, and it is shut down with the daemon.
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: settings.daemon.ioThreadCount)
         let connector: UpstreamConnector
         do {
             connector = try UpstreamConnector(
@@ -124,6 +126,7 @@ package enum BrokerDaemon {
                 logger: logger
             )
         } catch {
+            try? await group.shutdownGracefully()
             throw StartupError(description: "authbrokerd: cannot set up TLS: \(error)", exitCode: 1)
         }
         let poolBox = NIOLockedValueBox<UpstreamPool<UpstreamConnection>?>(nil)
@@ -200,14 +203,19 @@ package enum BrokerDaemon {
             metadata: [
                 "version": "\(AuthBrokerVersion.current)", "config": "\(configFile)",
                 "config_loaded": "\(loaded != nil)", "state": "\(stateDirectory)",
-                "system_anchors": "\(evaluator.systemAnchorCount)",
+                "system_anchors": "\(evaluator.systemAnchorCount)", "io_threads": "\(settings.daemon.ioThreadCount)",
             ]
         )
+        let outcome: Result<Void, any Error>
         do {
             try await serviceGroup.run()
-        } catch let error as ListenerError {
-            throw StartupError(description: "authbrokerd: \(error)", exitCode: 1)
+            outcome = .success(())
         } catch {
+            outcome = .failure(error)
+        }
+        // The service has closed its listener, client connections and pool; this ends the threads.
+        try? await group.shutdownGracefully()
+        if case .failure(let error) = outcome {
             throw StartupError(description: "authbrokerd: \(error)", exitCode: 1)
         }
     }

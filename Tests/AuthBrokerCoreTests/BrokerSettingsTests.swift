@@ -18,6 +18,8 @@ struct BrokerSettingsTests {
         #expect(settings.daemon.shutdownGraceSeconds == 10)
         #expect(settings.daemon.shutdownGrace == .seconds(10))
         #expect(settings.daemon.stateDirectory == nil)
+        #expect(settings.daemon.ioThreads == 1)
+        #expect(settings.daemon.ioThreadCount == 1)
         #expect(settings.trust.systemAnchorsPath == "/etc/ssl/certs/ca-certificates.crt")
         #expect(settings.trust.decisionCacheSize == 1024)
         #expect(settings.trust.decisionCacheSeconds == 300)
@@ -112,6 +114,7 @@ struct BrokerSettingsTests {
             log_level = "debug"
             shutdown_grace_seconds = 2.5
             state_dir = '/var/lib/ab'
+            io_threads = 4
 
             [trust]
             system_anchors = "/etc/pki/tls/certs/ca-bundle.crt"
@@ -143,6 +146,7 @@ struct BrokerSettingsTests {
         expected.daemon.logLevel = .debug
         expected.daemon.shutdownGraceSeconds = 2.5
         expected.daemon.stateDirectory = "/var/lib/ab"
+        expected.daemon.ioThreads = 4
         expected.trust.systemAnchorsPath = "/etc/pki/tls/certs/ca-bundle.crt"
         expected.trust.decisionCacheSize = 0
         expected.trust.decisionCacheSeconds = 60
@@ -178,6 +182,13 @@ struct BrokerSettingsTests {
     @Test func integerGraceSecondsIsAccepted() throws {
         #expect(try BrokerSettings.parse("[daemon]\nshutdown_grace_seconds = 0", file: Self.file).daemon.shutdownGraceSeconds == 0)
         #expect(try BrokerSettings.parse("[daemon]\nshutdown_grace_seconds = 3600", file: Self.file).daemon.shutdownGraceSeconds == 3600)
+    }
+
+    @Test func zeroIOThreadsMeansOnePerCore() throws {
+        let settings = try BrokerSettings.parse("[daemon]\nio_threads = 0", file: Self.file)
+        #expect(settings.daemon.ioThreads == 0)
+        #expect(settings.daemon.ioThreadCount == System.coreCount)
+        #expect(try BrokerSettings.parse("[daemon]\nio_threads = 64", file: Self.file).daemon.ioThreadCount == 64)
     }
 
     // MARK: Errors
@@ -270,6 +281,9 @@ struct BrokerSettingsTests {
         BadCase("[limits]\nmax_response_head_bytes = 2097152", .outOfRange, line: 2, key: "limits.max_response_head_bytes", "use 1024 to 1048576 bytes"),
         BadCase("[limits]\nrequest_body_buffer_bytes = 0", .outOfRange, line: 2, key: "limits.request_body_buffer_bytes", "use 1 to 268435456 bytes"),
         BadCase("[limits]\nmax_client_connections = 0", .outOfRange, line: 2, key: "limits.max_client_connections", "use 1 to 65536"),
+        BadCase("[daemon]\nio_threads = 65", .outOfRange, line: 2, key: "daemon.io_threads", "use 0 to 64 (0 means one per CPU core)"),
+        BadCase("[daemon]\nio_threads = -1", .outOfRange, line: 2, key: "daemon.io_threads", "-1 is out of range"),
+        BadCase("[daemon]\nio_threads = 1.5", .wrongType, line: 2, key: "daemon.io_threads", "expected an integer count, got a float"),
         // Values of the right type that are still wrong.
         BadCase("[daemon]\nlog_level = \"verbose\"", .invalidValue, line: 2, key: "daemon.log_level", "unknown log level \"verbose\""),
         BadCase("[daemon]\nlog_level = \"INFO\"", .invalidValue, line: 2, key: "daemon.log_level", "did you mean \"info\"?"),

@@ -24,8 +24,16 @@ package struct BrokerSettings: Sendable, Equatable {
         package var shutdownGraceSeconds: Double = 10
         /// `state_dir`: where state lives; nil means the XDG default (`BrokerPaths.stateDirectory`).
         package var stateDirectory: String? = nil
+        /// `io_threads`: event loop threads for client and upstream sockets; 0 means one per CPU
+        /// core. One by default: a per-user daemon serves one user's apps, and on one loop every
+        /// request can reuse every pooled upstream connection (the pool keeps connections loop-local)
+        /// and the daemon wakes less often.
+        package var ioThreads: Int = 1
 
         package init() {}
+
+        /// `ioThreads` with 0 resolved to the number of CPU cores.
+        package var ioThreadCount: Int { ioThreads > 0 ? ioThreads : System.coreCount }
 
         /// `shutdownGraceSeconds` as a `Duration`, for the service group's shutdown bound.
         package var shutdownGrace: Duration { .milliseconds(Int64((shutdownGraceSeconds * 1000).rounded())) }
@@ -141,7 +149,7 @@ package struct BrokerSettings: Sendable, Equatable {
 
     /// The tables and keys the file may contain, in the order the sample documents them.
     package static let knownKeys: KeyValuePairs<String, [String]> = [
-        "daemon": ["socket_path", "log_level", "shutdown_grace_seconds", "state_dir"],
+        "daemon": ["socket_path", "log_level", "shutdown_grace_seconds", "state_dir", "io_threads"],
         "trust": ["system_anchors", "decision_cache_size", "decision_cache_seconds"],
         "upstream": [
             "connect_timeout_ms", "tls_handshake_timeout_ms", "response_head_timeout_ms", "idle_timeout_ms",
@@ -189,6 +197,9 @@ package struct BrokerSettings: Sendable, Equatable {
             settings.daemon.shutdownGraceSeconds = value
         }
         if let value = try daemon.path("state_dir") { settings.daemon.stateDirectory = value }
+        if let value = try daemon.integer("io_threads", in: 0...64, unit: count, note: " (0 means one per CPU core)") {
+            settings.daemon.ioThreads = value
+        }
 
         let trust = TableReader(file: file, table: "trust", document: document)
         if let value = try trust.path("system_anchors") { settings.trust.systemAnchorsPath = value }
