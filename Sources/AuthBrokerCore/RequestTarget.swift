@@ -83,14 +83,19 @@ package enum RequestTarget: Sendable, Equatable {
         method: String, uri: String, reusing known: AbsolutePrefix?
     ) -> (Result<RequestTarget, RequestTargetError>, AbsolutePrefix?) {
         let utf8 = uri.utf8
-        if let known, method != "CONNECT", utf8.count <= maximumLength, utf8.count > known.bytes.count,
-            utf8.starts(with: known.bytes)
-        {
-            let rest = Array(utf8.dropFirst(known.bytes.count))[...]
-            if rest.first == UInt8(ascii: "/") || rest.first == UInt8(ascii: "?"),
-                !rest.contains(where: { $0 <= 0x20 || $0 == 0x7F || $0 >= 0x80 || $0 == UInt8(ascii: "#") })
-            {
-                return (.success(.absolute(origin: known.origin, pathAndQuery: pathAndQuery(rest))), known)
+        if let known, method != "CONNECT", utf8.count <= maximumLength, utf8.count > known.bytes.count {
+            // Over the target's bytes in place (a copy into an array was two allocations per
+            // request); a target without contiguous bytes takes the full parse below.
+            let pathAndQuery = utf8.withContiguousStorageIfAvailable { bytes -> String? in
+                guard bytes.starts(with: known.bytes) else { return nil }
+                let rest = bytes[known.bytes.count...]
+                guard rest.first == UInt8(ascii: "/") || rest.first == UInt8(ascii: "?"),
+                    !rest.contains(where: { $0 <= 0x20 || $0 == 0x7F || $0 >= 0x80 || $0 == UInt8(ascii: "#") })
+                else { return nil }
+                return Self.pathAndQuery(rest)
+            }
+            if let pathAndQuery = pathAndQuery ?? nil {
+                return (.success(.absolute(origin: known.origin, pathAndQuery: pathAndQuery)), known)
             }
         }
         let result = parse(method: method, uri: uri)
@@ -108,7 +113,7 @@ package enum RequestTarget: Sendable, Equatable {
     }
 
     /// An absolute-form target's path and query from what follows its authority (checked).
-    private static func pathAndQuery(_ rest: ArraySlice<UInt8>) -> String {
+    private static func pathAndQuery(_ rest: some Collection<UInt8>) -> String {
         if rest.isEmpty { return "/" }
         if rest.first == UInt8(ascii: "?") { return "/" + String(decoding: rest, as: UTF8.self) }
         return String(decoding: rest, as: UTF8.self)

@@ -46,20 +46,21 @@ package struct BrokerLogHandler: LogHandler {
     /// path's metadata dictionaries, merge and sort were a twentieth of the daemon's CPU per
     /// relayed request.
     package func logAccess(_ access: AccessLine) {
-        var line: [UInt8] = []
-        line.reserveCapacity(Self.accessLineCapacity)
-        if self.forJournal {
-            line.append(contentsOf: "<\(Self.syslogPriority(.info))>".utf8)
-        } else {
-            line.append(contentsOf: Self.utcTimestamp().utf8)
-            line.append(UInt8(ascii: " "))
+        let timestamp = self.forJournal ? nil : Self.utcTimestamp()
+        // Formatted straight into the batch: a buffer of its own per line was an allocation and
+        // a copy per request.
+        BatchedLogOutput.standardError.writeBatched { batch in
+            if let timestamp {
+                batch.append(contentsOf: timestamp.utf8)
+                batch.append(UInt8(ascii: " "))
+            } else {
+                batch.append(contentsOf: Self.journalInfoPrefix.utf8)
+            }
+            access.append(to: &batch)
         }
-        access.append(to: &line)
-        BatchedLogOutput.standardError.writeBatched(bytes: line)
     }
 
-    /// Room for a typical access line, so formatting one does not grow its buffer.
-    private static let accessLineCapacity = 256
+    private static let journalInfoPrefix = "<\(syslogPriority(.info))>"
 
     package func log(event: LogEvent) {
         var merged = self.metadata
@@ -273,10 +274,16 @@ package final class BatchedLogOutput: Sendable {
         self.writeBatched(bytes: line.utf8)
     }
 
-    /// `writeBatched` for a line already in bytes (the access line).
+    /// `writeBatched` for a line given in bytes.
     package func writeBatched(bytes line: some Collection<UInt8>) {
+        self.writeBatched { $0.append(contentsOf: line) }
+    }
+
+    /// `writeBatched` for a line `format` appends to the batch itself (the access line), under
+    /// the batch's lock; it must append one whole line and nothing else.
+    package func writeBatched(_ format: (inout [UInt8]) -> Void) {
         let scheduleFlush = self.state.withLockedValue { state -> Bool in
-            state.pending.append(contentsOf: line)
+            format(&state.pending)
             if state.pending.count >= Self.maxPending { self.writeAll(&state.pending) }
             guard !state.flushScheduled else { return false }
             state.flushScheduled = true

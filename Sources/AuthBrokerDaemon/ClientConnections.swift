@@ -472,28 +472,33 @@ final class BorrowedRequests: @unchecked Sendable {  // one task at a time: the 
     }
 }
 
-/// Request ids: 16 hex digits, enough to find one request's log lines. A counter from a random
-/// start, scrambled by a bijection (splitmix64's finaliser), so ids never repeat within a run
-/// and do not look sequential, at no system call per request (they are not secrets).
+/// Request ids: 15 hex digits (60 bits), enough to find one request's log lines. Fifteen, not
+/// sixteen: Swift keeps a string of up to 15 bytes inline, so making one per request allocates
+/// nothing. A counter from a random start, scrambled by a bijection on 60 bits (splitmix64's
+/// finaliser with every step taken modulo 2^60), so ids never repeat within a run and do not
+/// look sequential, at no system call per request (they are not secrets).
 package enum RequestIDs {
-    private static let next = Atomic<UInt64>(UInt64.random(in: .min ... .max))
+    static let mask: UInt64 = (1 << 60) - 1
+    private static let next = Atomic<UInt64>(UInt64.random(in: 0...mask))
 
     package static func make() -> String {
-        let value = scrambled(Self.next.wrappingAdd(1, ordering: .relaxed).oldValue)
-        // 16 lower-case hex digits, written in place: one per request, so it is on the hot path.
-        return String(unsafeUninitializedCapacity: 16) { digits in
-            for index in 0..<16 {
-                let nibble = UInt8(truncatingIfNeeded: value >> UInt64(60 - 4 * index)) & 0xF
+        let value = scrambled(Self.next.wrappingAdd(1, ordering: .relaxed).oldValue & Self.mask)
+        // Written in place: one per request, so it is on the hot path.
+        return String(unsafeUninitializedCapacity: 15) { digits in
+            for index in 0..<15 {
+                let nibble = UInt8(truncatingIfNeeded: value >> UInt64(56 - 4 * index)) & 0xF
                 digits[index] = nibble < 10 ? UInt8(ascii: "0") + nibble : UInt8(ascii: "a") + nibble - 10
             }
-            return 16
+            return 15
         }
     }
 
+    /// One to one on values below 2^60: adding and multiplying by an odd number modulo 2^60,
+    /// and `z ^ (z >> k)`, each are.
     static func scrambled(_ value: UInt64) -> UInt64 {
-        var z = value &+ 0x9E37_79B9_7F4A_7C15
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        var z = (value &+ 0x9E37_79B9_7F4A_7C15) & mask
+        z = ((z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9) & mask
+        z = ((z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB) & mask
         return z ^ (z >> 31)
     }
 }

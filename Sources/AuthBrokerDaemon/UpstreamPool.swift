@@ -345,20 +345,21 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
         _ route: UpstreamRoute, in state: inout State, effects: inout Effects,
         _ event: (inout RouteState, inout Effects) -> Machine.Action
     ) {
-        let isShutdown = state.isShutdown
-        let firstFreeConnectionID = state.firstFreeConnectionID
         var nextTimerToken = state.nextTimerToken
-        func newEntry() -> RouteState {
-            var entry = RouteState(machine: Machine(limits: limits, firstConnectionID: firstFreeConnectionID))
+        // Changed in place in the dictionary, not copied out: a copy would share the machine's
+        // storage with the dictionary, and every mutation would copy it whole. By index rather
+        // than `subscript(_:default:)`, whose default's closure was an allocation per event.
+        let index: Dictionary<UpstreamRoute, RouteState>.Index
+        if let existing = state.routes.index(forKey: route) {
+            index = existing
+        } else {
+            var entry = RouteState(machine: Machine(limits: limits, firstConnectionID: state.firstFreeConnectionID))
             // A machine made after shutdown refuses at once.
-            if isShutdown { _ = entry.machine.shutdown() }
-            return entry
+            if state.isShutdown { _ = entry.machine.shutdown() }
+            state.routes[route] = entry
+            index = state.routes.index(forKey: route)!  // just inserted
         }
-        // Changed in place in the dictionary (one look-up), not copied out: a copy would share
-        // the machine's storage with the dictionary, and every mutation would copy it whole.
-        let after = self.apply(
-            route, to: &state.routes[route, default: newEntry()], effects: &effects, nextTimerToken: &nextTimerToken, event
-        )
+        let after = self.apply(route, to: &state.routes.values[index], effects: &effects, nextTimerToken: &nextTimerToken, event)
         state.nextTimerToken = nextTimerToken
         if after.unused {
             // Forget idle routes so the state stays bounded by the routes in use.

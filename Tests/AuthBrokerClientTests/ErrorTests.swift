@@ -26,7 +26,7 @@ struct ErrorTests {
                 #expect(error.chain.first?.isSelfSigned == true)
                 #expect(error.fix.contains { $0.contains("--fingerprint \(leaf.sha256Fingerprint)") })
                 #expect(error.reasons.isEmpty == false)
-                #expect(error.requestID?.count == 16)
+                #expect(error.requestID?.count == 15)
             }
 
             // The fix through the control API wrappers: then the same request works.

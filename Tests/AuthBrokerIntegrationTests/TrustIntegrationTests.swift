@@ -19,7 +19,7 @@ struct TrustIntegrationTests {
             #expect(refused.status == 502)
             #expect(refused.header("Proxy-Status")?.contains("error=tls_certificate_error") == true)
             #expect(refused.header("Content-Type") == "application/problem+json")
-            #expect(refused.header("Authbroker-Request-Id")?.count == 16)
+            #expect(refused.header("Authbroker-Request-Id")?.count == 15)
             let problem = refused.json
             #expect(problem["code"] as? String == "untrusted_server")
             #expect((problem["detail"] as? String)?.contains("self-signed.internal.test") == true)
