@@ -116,10 +116,9 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
     /// A part went on to the full path since the last read completed: only then does the read's
     /// completion go on too (the full path's stream has nothing to deliver otherwise).
     private var forwardedSinceReadComplete = false
-    /// The route of the last relayed plain-HTTP origin: with no client identity it depends on the
-    /// settings alone, which do not change. (An HTTPS route's identity can change with the store
-    /// or the time, so it is looked up each time.)
-    private var plainRoute: UpstreamRoute?
+    /// The route of this connection's last relayable target, kept while it holds: choosing an
+    /// HTTPS route's client identity afresh was about 1% of the daemon's work per request.
+    private var lastRoute: RelayRoute?
 
     init(relay: DirectRelay, registration: RegisteredClientConnection, adopted: AdoptedExchangeSlot) {
         self.relay = relay
@@ -236,13 +235,12 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
         guard case .success(.absolute(let origin, let pathAndQuery)) = target, let known else { return nil }
         self.knownTarget = known
         let route: UpstreamRoute
-        if let plainRoute = self.plainRoute, plainRoute.origin == origin {
-            route = plainRoute
+        if let lastRoute = self.lastRoute, lastRoute.route.origin == origin, lastRoute.holds(in: interceptor.store) {
+            route = lastRoute.route
         } else {
-            // The full path's route; a rule that cannot be read is its to report.
-            guard let fresh = try? interceptor.route(to: origin, identity: nil) else { return nil }
-            route = fresh
-            self.plainRoute = origin.scheme == .http ? fresh : nil
+            let fresh = interceptor.relayRoute(to: origin)
+            self.lastRoute = fresh
+            route = fresh.route
         }
         guard
             route.proxy == nil, route.clientIdentity == nil,
@@ -449,6 +447,18 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             self.readWithheld = false
             context.read()
         }
+    }
+}
+
+/// A route the direct relay chose, and what it depends on besides the origin.
+struct RelayRoute {
+    let route: UpstreamRoute
+    /// The client identity choice an HTTPS route was made with; nil for plain HTTP, whose route
+    /// depends on the settings alone, which do not change.
+    let identityChoice: TrustStore.AutomaticIdentity?
+
+    func holds(in store: TrustStore) -> Bool {
+        self.identityChoice?.holds(in: store) ?? true
     }
 }
 

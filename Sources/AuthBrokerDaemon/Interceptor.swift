@@ -347,6 +347,16 @@ package struct Interceptor: Sendable {
         }
     }
 
+    /// `route(to: origin, identity: nil)` for the direct relay, with how long it holds: a plain
+    /// HTTP route for good (it depends on the settings alone), an HTTPS one while its automatic
+    /// client identity does.
+    func relayRoute(to origin: CanonicalOrigin) -> RelayRoute {
+        let proxy = self.settings.upstream.proxy(for: origin)
+        guard origin.scheme == .https else { return RelayRoute(route: UpstreamRoute(origin, proxy: proxy), identityChoice: nil) }
+        let choice = self.store.automaticClientIdentity(for: origin.host)
+        return RelayRoute(route: UpstreamRoute(origin, clientIdentity: choice.identity?.name, proxy: proxy), identityChoice: choice)
+    }
+
     /// DESIGN.md: a client sees only Basic and Digest challenges; Negotiate, NTLM, Bearer and the
     /// rest are removed from a 401's `WWW-Authenticate` (or a 407's `Proxy-Authenticate`), and logged.
     static func keepOnlyStandardChallenges(status: HTTPResponseStatus, in headers: inout HTTPHeaders, logger: Logger) {

@@ -62,6 +62,20 @@ package struct ClientIdentity: Codable, Sendable, Hashable {
 
     package func isExpired(at now: Date) -> Bool { now > self.certificate.notAfter || now < self.certificate.notBefore }
 
+    /// The first instant after `now` at which one of `identities` becomes valid or stops being
+    /// valid, so `choose` may answer differently; nil when none ever will. (Valid through
+    /// `notAfter` inclusive, so the change comes just after it: `notAfter` itself is earlier, which
+    /// only makes a cache that keys on this give up its answer a moment early.)
+    package static func nextValidityChange(in identities: [ClientIdentity], after now: Date) -> Date? {
+        var next: Date?
+        for identity in identities {
+            for boundary in [identity.certificate.notBefore, identity.certificate.notAfter] where boundary > now {
+                next = min(next ?? boundary, boundary)
+            }
+        }
+        return next
+    }
+
     /// Whether it expires within `interval` of `now` (for `status` warnings).
     package func expires(within interval: TimeInterval, of now: Date) -> Bool {
         self.certificate.notAfter.timeIntervalSince(now) < interval

@@ -282,6 +282,32 @@ package final class TrustStore: Sendable {
         try ClientIdentity.choose(from: self.identities(), host: host, requested: requested, now: now)
     }
 
+    /// The identity chosen for `host` when the request names none, with how long that choice
+    /// holds: while the store stays at `generation` and the time is before `validUntil`.
+    package struct AutomaticIdentity: Sendable {
+        package let identity: ClientIdentity?
+        package let generation: UInt64
+        package let validUntil: Date
+
+        /// Whether the choice still holds in `store` at `now`.
+        package func holds(in store: TrustStore, at now: Date = Date()) -> Bool {
+            store.generation == self.generation && now < self.validUntil
+        }
+    }
+
+    /// `clientIdentity(for: host, requested: nil, now:)`, with how long its answer holds (the
+    /// direct relay keeps it per client connection rather than choose again for every request).
+    package func automaticClientIdentity(for host: String, now: Date = Date()) -> AutomaticIdentity {
+        // Read together, so the generation is the one the identities belong to.
+        let (identities, generation) = self.state.withLock { ($0.identities, $0.generation) }
+        // Without a requested name `choose` has nothing to refuse.
+        let identity = try? ClientIdentity.choose(from: identities, host: host, requested: nil, now: now)
+        return AutomaticIdentity(
+            identity: identity ?? nil, generation: generation,
+            validUntil: ClientIdentity.nextValidityChange(in: identities, after: now) ?? .distantFuture
+        )
+    }
+
     /// Adds a client identity; one with the same name is an error unless `replace` is set.
     package func addIdentity(_ identity: ClientIdentity, replace: Bool) throws(TrustStoreError) {
         var identity = identity

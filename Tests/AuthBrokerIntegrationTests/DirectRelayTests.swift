@@ -77,6 +77,59 @@ struct DirectRelayTests {
         }
     }
 
+    /// The relay keeps an HTTPS route, client identity choice and all, per client connection. A
+    /// change to the identities, or an identity's validity starting, must end it at once: else
+    /// the connection would go on without the certificate the user just imported.
+    @Test("an HTTPS route kept by the relay follows identity imports, removals and validity")
+    func keptRouteFollowsIdentities() async throws {
+        let serverCA = try TestPKI.makeCA(commonName: "Relay Server CA")
+        let server = try TestPKI.makeLeaf(dnsNames: ["optional.internal.test"], issuer: serverCA)
+        let clientCA = try TestPKI.makeCA(commonName: "Relay Client CA")
+        let origin = try await TestOrigin.start(
+            name: "optional-mtls", identity: server, clientCA: clientCA, clientCertificateOptional: true
+        )
+        defer { Task { await origin.stop() } }
+        try await withDaemon(config: configText(resolving: [("optional.internal.test", origin)])) { daemon in
+            #expect(try addAnchor(daemon, pem: serverCA.pem, hosts: ["optional.internal.test"]).status == 201)
+            let url = "https://optional.internal.test:\(origin.port)/client-cert"
+            let client = try UnixSocketConnection(path: daemon.socketPath)
+            func certificate() throws -> String {
+                let response = try client.request("GET", url)
+                #expect(response.status == 200, "\(response.text)")
+                return response.text
+            }
+            func importIdentity(_ identity: TestIdentity, name: String) throws {
+                let cert = daemon.directory + "/\(name).crt", key = daemon.directory + "/\(name).key"
+                try identity.pem.write(toFile: cert, atomically: true, encoding: .utf8)
+                try identity.privateKeyPEM.write(toFile: key, atomically: true, encoding: .utf8)
+                let run = try CLIAndClientsTests.ctl(
+                    daemon, ["identities", "import", "--cert", cert, "--key", key, "--name", name, "--hosts", "optional.internal.test"]
+                )
+                #expect(run.status == 0, "\(run.stderr)")
+            }
+
+            #expect(try certificate() == "none")
+            let before = try Self.relayedCount(daemon)
+            #expect(try certificate() == "none")
+            #expect(try Self.relayedCount(daemon) == before + 1, "relayed on the connection the first request pooled")
+
+            try importIdentity(try TestPKI.makeClient(commonName: "now", issuer: clientCA), name: "relay-now")
+            #expect(try certificate() == "presented", "an import ends the kept route")
+            #expect(try CLIAndClientsTests.ctl(daemon, ["identities", "remove", "relay-now"]).status == 0)
+            #expect(try certificate() == "none", "so does a removal")
+            // (That went the full path: a change to the store retires pooled TLS connections.)
+            let afterRemoval = try Self.relayedCount(daemon)
+            #expect(try certificate() == "none")
+            #expect(try Self.relayedCount(daemon) == afterRemoval + 1, "relayed again, without an identity")
+
+            let validFrom = Date.now + 3
+            try importIdentity(try TestPKI.makeClient(commonName: "soon", issuer: clientCA, notBefore: validFrom), name: "relay-soon")
+            #expect(try certificate() == "none", "not valid yet")
+            try await Task.sleep(for: .seconds(validFrom.timeIntervalSinceNow + 1.5))
+            #expect(try certificate() == "presented", "its validity starting ends the kept route")
+        }
+    }
+
     @Test("plain keep-alive GETs and HEADs are relayed, with the full path's headers, bodies and log lines")
     func plainRequestsAreRelayed() async throws {
         // Not `withRelayedOrigin`: the Host check below needs the origin's port.

@@ -8,9 +8,11 @@ import TestSupport
 struct ClientIdentityTests {
     static let ca: TestIdentity? = try? TestPKI.makeCA(commonName: "Client CA")
 
-    func identity(_ name: String, hosts: [String], addedAt: Date = .now, notAfter: Date = .now + 86400) throws -> ClientIdentity {
+    func identity(
+        _ name: String, hosts: [String], addedAt: Date = .now, notBefore: Date = .now - 3600, notAfter: Date = .now + 86400
+    ) throws -> ClientIdentity {
         let ca = try #require(Self.ca)
-        let client = try TestPKI.makeClient(commonName: name, issuer: ca, notAfter: notAfter)
+        let client = try TestPKI.makeClient(commonName: name, issuer: ca, notBefore: notBefore, notAfter: notAfter)
         return try ClientIdentity(
             name: name, chainDER: [client.der, ca.der], hosts: hosts.map { try pattern($0) }, addedAt: addedAt
         )
@@ -90,6 +92,36 @@ struct ClientIdentityTests {
         #expect(try reopened.removeIdentity(name: "laptop").name == "laptop")
         #expect(reopened.identities().isEmpty)
         expectCode("unknown_identity") { _ = try reopened.removeIdentity(name: "laptop") }
+    }
+
+    @Test("an automatic choice holds until the identities change or one's validity starts or ends")
+    func automaticChoiceHolds() throws {
+        let directory = try TemporaryDirectory()
+        defer { directory.cleanUp() }
+        let store = try TrustStore(path: directory.file("state/trust.json"))
+        let none = store.automaticClientIdentity(for: "db.corp.test")
+        #expect(none.identity == nil)
+        #expect(none.validUntil == .distantFuture)
+        #expect(none.holds(in: store))
+
+        let now = Date.now
+        let later = try identity("later", hosts: ["*.corp.test"], notBefore: now + 600, notAfter: now + 7200)
+        try store.addIdentity(later, replace: false)
+        #expect(!none.holds(in: store), "a change to the identities ends it")
+
+        let waiting = store.automaticClientIdentity(for: "db.corp.test", now: now)
+        #expect(waiting.identity == nil, "not valid yet")
+        // The certificate's own times (X.509 keeps whole seconds).
+        let validFrom = later.certificate.notBefore, validTo = later.certificate.notAfter
+        #expect(waiting.validUntil == validFrom)
+        #expect(waiting.holds(in: store, at: validFrom - 1))
+        #expect(!waiting.holds(in: store, at: validFrom))
+
+        let active = store.automaticClientIdentity(for: "db.corp.test", now: validFrom)
+        #expect(active.identity?.name == "later")
+        #expect(active.validUntil == validTo, "it holds until the identity expires")
+        #expect(store.automaticClientIdentity(for: "elsewhere.test", now: validFrom).identity == nil)
+        #expect(ClientIdentity.nextValidityChange(in: [later], after: validTo) == nil, "nothing changes after the last boundary")
     }
 
     @Test("a store file written before identities existed still opens")

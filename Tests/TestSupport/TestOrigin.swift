@@ -30,10 +30,11 @@ package final class TestOrigin: Sendable {
     }
 
     /// Starts a server; with `identity`, it speaks TLS with that certificate (and `chain` after it).
-    /// With `clientCA`, it requires a client certificate issued by that CA (mTLS).
+    /// With `clientCA`, it requires a client certificate issued by that CA (mTLS), or with
+    /// `clientCertificateOptional` takes one if offered (`/client-cert` says which).
     package static func start(
         name: String, identity: TestIdentity? = nil, chain: [TestIdentity] = [], host: String = "127.0.0.1",
-        clientCA: TestIdentity? = nil
+        clientCA: TestIdentity? = nil, clientCertificateOptional: Bool = false
     ) async throws -> TestOrigin {
         var sslContext: NIOSSLContext?
         if let identity {
@@ -42,7 +43,7 @@ package final class TestOrigin: Sendable {
                 certificateChain: certificates, privateKey: .privateKey(try identity.nioPrivateKey())
             )
             if let clientCA {
-                configuration.certificateVerification = .noHostnameVerification
+                configuration.certificateVerification = clientCertificateOptional ? .optionalVerification : .noHostnameVerification
                 configuration.trustRoots = .certificates([try clientCA.nioCertificate()])
             }
             sslContext = try NIOSSLContext(configuration: configuration)
@@ -164,6 +165,10 @@ private final class OriginHandler: ChannelInboundHandler {
         switch parts.first {
         case "hello":
             self.send(context: context, status: .ok, body: "hello from \(self.name)")
+        case "client-cert":
+            // Whether this connection's client presented a certificate (TLS origins only).
+            let handler = try? context.pipeline.syncOperations.handler(type: NIOSSLServerHandler.self)
+            self.send(context: context, status: .ok, body: handler?.peerCertificate == nil ? "none" : "presented")
         case "headers":
             var fields: [[String]] = []
             for (name, value) in head.headers { fields.append([name, value]) }
