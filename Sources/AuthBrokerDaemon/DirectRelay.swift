@@ -118,7 +118,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
     private var forwardedSinceReadComplete = false
     /// The route of this connection's last relayable target, kept while it holds: choosing an
     /// HTTPS route's client identity afresh was about 1% of the daemon's work per request.
-    private var lastRoute: RelayRoute?
+    private var lastRoute: AutomaticRoute?
 
     init(relay: DirectRelay, registration: RegisteredClientConnection, adopted: AdoptedExchangeSlot) {
         self.relay = relay
@@ -238,7 +238,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
         if let lastRoute = self.lastRoute, lastRoute.route.origin == origin, lastRoute.holds(in: interceptor.store) {
             route = lastRoute.route
         } else {
-            let fresh = interceptor.relayRoute(to: origin)
+            let fresh = interceptor.automaticRoute(to: origin)
             self.lastRoute = fresh
             route = fresh.route
         }
@@ -447,18 +447,6 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             self.readWithheld = false
             context.read()
         }
-    }
-}
-
-/// A route the direct relay chose, and what it depends on besides the origin.
-struct RelayRoute {
-    let route: UpstreamRoute
-    /// The client identity choice an HTTPS route was made with; nil for plain HTTP, whose route
-    /// depends on the settings alone, which do not change.
-    let identityChoice: TrustStore.AutomaticIdentity?
-
-    func holds(in store: TrustStore) -> Bool {
-        self.identityChoice?.holds(in: store) ?? true
     }
 }
 

@@ -337,24 +337,23 @@ package struct Interceptor: Sendable {
     /// The route for a request: its origin, and the client identity it presents there (the one
     /// it names in `Authbroker-Identity`, or the user's rules for the host).
     func route(to origin: CanonicalOrigin, identity requested: String?) throws(BrokerError) -> UpstreamRoute {
-        let proxy = self.settings.upstream.proxy(for: origin)
-        guard origin.scheme == .https else { return UpstreamRoute(origin, proxy: proxy) }
+        guard let requested, origin.scheme == .https else { return self.automaticRoute(to: origin).route }
         do {
             let identity = try self.store.clientIdentity(for: origin.host, requested: requested)
-            return UpstreamRoute(origin, clientIdentity: identity?.name, proxy: proxy)
+            return UpstreamRoute(origin, clientIdentity: identity?.name, proxy: self.settings.upstream.proxy(for: origin))
         } catch {
             throw BrokerError.badRequest(code: error.code, detail: error.message)
         }
     }
 
-    /// `route(to: origin, identity: nil)` for the direct relay, with how long it holds: a plain
-    /// HTTP route for good (it depends on the settings alone), an HTTPS one while its automatic
-    /// client identity does.
-    func relayRoute(to origin: CanonicalOrigin) -> RelayRoute {
+    /// The route to `origin` for a request that names no client identity, with how long it
+    /// holds: a plain HTTP route for good (it depends on the settings alone), an HTTPS one while
+    /// its automatic client identity does. (The direct relay keeps it per client connection.)
+    func automaticRoute(to origin: CanonicalOrigin) -> AutomaticRoute {
         let proxy = self.settings.upstream.proxy(for: origin)
-        guard origin.scheme == .https else { return RelayRoute(route: UpstreamRoute(origin, proxy: proxy), identityChoice: nil) }
+        guard origin.scheme == .https else { return AutomaticRoute(route: UpstreamRoute(origin, proxy: proxy), identityChoice: nil) }
         let choice = self.store.automaticClientIdentity(for: origin.host)
-        return RelayRoute(route: UpstreamRoute(origin, clientIdentity: choice.identity?.name, proxy: proxy), identityChoice: choice)
+        return AutomaticRoute(route: UpstreamRoute(origin, clientIdentity: choice.identity?.name, proxy: proxy), identityChoice: choice)
     }
 
     /// DESIGN.md: a client sees only Basic and Digest challenges; Negotiate, NTLM, Bearer and the
@@ -923,5 +922,17 @@ struct BatchedResponseWriter {
         let parts = self.pending
         self.pending.removeAll(keepingCapacity: true)
         try await self.writer.write(contentsOf: parts)
+    }
+}
+
+/// A route for a request that names no client identity, and what it depends on besides the origin.
+struct AutomaticRoute {
+    let route: UpstreamRoute
+    /// The client identity choice an HTTPS route was made with; nil for plain HTTP, whose route
+    /// depends on the settings alone, which do not change.
+    let identityChoice: TrustStore.AutomaticIdentity?
+
+    func holds(in store: TrustStore) -> Bool {
+        self.identityChoice?.holds(in: store) ?? true
     }
 }
