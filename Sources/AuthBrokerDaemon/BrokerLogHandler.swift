@@ -271,12 +271,7 @@ package final class BatchedLogOutput: Sendable {
     /// Adds `line` to the batch: written with the next `write`, when the batch is full, or after
     /// `flushDelay`.
     package func writeBatched(_ line: String) {
-        self.writeBatched(bytes: line.utf8)
-    }
-
-    /// `writeBatched` for a line given in bytes.
-    package func writeBatched(bytes line: some Collection<UInt8>) {
-        self.writeBatched { $0.append(contentsOf: line) }
+        self.writeBatched { $0.append(contentsOf: line.utf8) }
     }
 
     /// `writeBatched` for a line `format` appends to the batch itself (the access line), under

@@ -114,6 +114,12 @@ package struct ClientIdentity: Codable, Sendable, Hashable {
             }
             return identity
         }
+        return Self.chooseAutomatically(from: identities, host: host, now: now)
+    }
+
+    /// `choose` without a requested name: the unexpired identity whose matching pattern is most
+    /// specific, the newest on a tie, or nil. Nothing to refuse, so it cannot fail.
+    package static func chooseAutomatically(from identities: [ClientIdentity], host: String, now: Date) -> ClientIdentity? {
         var best: (identity: ClientIdentity, specificity: Int)?
         for identity in identities where !identity.isExpired(at: now) {
             guard let specificity = identity.hosts.filter({ $0.matches(host) }).map(\.specificity).max() else { continue }

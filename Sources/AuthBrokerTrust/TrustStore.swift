@@ -300,10 +300,8 @@ package final class TrustStore: Sendable {
     package func automaticClientIdentity(for host: String, now: Date = Date()) -> AutomaticIdentity {
         // Read together, so the generation is the one the identities belong to.
         let (identities, generation) = self.state.withLock { ($0.identities, $0.generation) }
-        // Without a requested name `choose` has nothing to refuse.
-        let identity = try? ClientIdentity.choose(from: identities, host: host, requested: nil, now: now)
         return AutomaticIdentity(
-            identity: identity ?? nil, generation: generation,
+            identity: ClientIdentity.chooseAutomatically(from: identities, host: host, now: now), generation: generation,
             validUntil: ClientIdentity.nextValidityChange(in: identities, after: now) ?? .distantFuture
         )
     }
