@@ -242,6 +242,17 @@ where Instant.Duration == Duration {
         return action
     }
 
+    /// The space of `challenge` when it waits for an answer from `agent` (offered to it, not yet
+    /// answered), else nil. An agent's answer has side effects (a kept password, a saved trust
+    /// exception) that must happen only for a challenge the agent really holds, so the shell asks
+    /// this before it applies them and answers the queue after.
+    package func space(of challenge: ChallengeID, heldBy agent: AgentID) -> Space? {
+        guard let challenge = self.challenges[challenge], case .awaitingAgent(let offeredTo) = challenge.phase,
+            offeredTo.contains(agent)
+        else { return nil }
+        return challenge.space
+    }
+
     /// An agent answered or declined a challenge it was offered; the first word wins.
     package mutating func agentAnswered(_ agent: AgentID, challenge id: ChallengeID, _ answer: AgentAnswer) -> Action {
         guard let challenge = self.challenges[id], case .awaitingAgent(let offeredTo) = challenge.phase,

@@ -77,17 +77,22 @@ package final class AgentChallenges: Sendable {
     /// Applies an agent's reply and passes it to the broker: a credential with `session` or
     /// `permanent` persistence is kept in the vault for the challenge's space; a trust answer adds
     /// the exception or anchor before the waiting requests connect again.
+    ///
+    /// Nothing is applied unless `agent` is attached and holds `challenge` (it was offered to it and
+    /// is still unanswered): an answer naming another agent, or a challenge that is gone, is
+    /// refused before anything is kept or trusted.
     package func agentReplied(agent: UInt64, challenge: UInt64, _ reply: AgentReply) async throws(BrokerError) {
-        let space = await self.broker.pending.first(where: { $0.challenge.id == challenge })?.challenge.space
+        guard let space = await self.broker.space(of: challenge, heldBy: agent) else {
+            throw Self.notHeld(challenge, agent: agent)
+        }
         switch reply {
         case .decline:
             await self.broker.agentAnswered(agent, challenge: challenge, .decline)
         case .credential(let credential, let persistence):
-            if case .serverTrust? = space {
+            guard case .http(let protectionSpace) = space else {
                 throw Self.wrongKind(challenge, expected: "{\"challenge\", \"trust\": \"once\"|\"always\"|\"reject\"}")
             }
             if persistence != .none {
-                guard case .http(let protectionSpace)? = space else { throw Self.notPending(challenge) }
                 try await self.vault.add(
                     origin: protectionSpace.origin, realm: protectionSpace.realm, credential: credential, persistence: persistence
                 )
@@ -96,7 +101,6 @@ package final class AgentChallenges: Sendable {
                 agent, challenge: challenge, .answer(.credential(StoredAnswer(credential: credential, state: .usable)))
             )
         case .serverTrust(let trust):
-            guard let space else { throw Self.notPending(challenge) }
             guard case .serverTrust(let server) = space else {
                 throw Self.wrongKind(challenge, expected: "{\"challenge\", \"user\", \"password\", \"persistence\"}")
             }
@@ -139,10 +143,11 @@ package final class AgentChallenges: Sendable {
         )
     }
 
-    private static func notPending(_ challenge: UInt64) -> BrokerError {
+    private static func notHeld(_ challenge: UInt64, agent: UInt64) -> BrokerError {
         BrokerError(
             code: "challenge_not_found", status: .notFound, title: "No such challenge",
-            detail: "Challenge \(challenge) is no longer pending (it was answered, withdrawn or timed out)."
+            detail: "Challenge \(challenge) is not pending for agent \(agent): it was answered, withdrawn or timed out, "
+                + "or that agent is not attached. Nothing was kept or trusted; answer the challenges your agent's stream offers."
         )
     }
 

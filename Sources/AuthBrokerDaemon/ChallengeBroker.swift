@@ -90,6 +90,11 @@ package final class ChallengeBroker<Space: Hashable & Sendable, Answer: Equatabl
         self.run(self.queue.agentDetached(id))
     }
 
+    /// The space of a challenge that `agent` holds (offered to it and still unanswered).
+    package func space(of challenge: Queue.ChallengeID, heldBy agent: Queue.AgentID) -> Space? {
+        self.queue.space(of: challenge, heldBy: agent)
+    }
+
     /// An agent's answer; ignored unless that agent holds that challenge.
     package func agentAnswered(_ agent: Queue.AgentID, challenge: Queue.ChallengeID, _ answer: Queue.AgentAnswer) {
         self.run(self.queue.agentAnswered(agent, challenge: challenge, answer))

@@ -242,6 +242,55 @@ struct ServerTrustAgentTests {
         }
     }
 
+    @Test("an answer naming an agent that is not attached, or that does not hold the challenge, is refused and saves nothing")
+    func answerFromAnAgentThatDoesNotHoldTheChallenge() async throws {
+        let server = try await SelfSignedOrigin.start(name: "rogue")
+        defer { Task { await server.origin.stop() } }
+        try await withDaemon(config: server.config) { daemon in
+            let agent = try await Self.startAgent(daemon, mode: "ignore")
+            let (socketPath, url) = (daemon.socketPath, server.url)
+            // The interactive request waits for the agent (which never answers) on a thread of its own.
+            let request = Task.detached {
+                try UnixSocketConnection(path: socketPath).request("GET", url, headers: [("Authbroker-Interactive", "3")])
+            }
+            var challengeID: String?
+            for _ in 0..<200 where challengeID == nil {
+                let pending = try UnixSocketConnection(path: socketPath).request("GET", "/v1/challenges")
+                challengeID = (pending.json["challenges"] as? [[String: Any]])?.first?["id"] as? String
+                if challengeID == nil { try await Task.sleep(for: .milliseconds(10)) }
+            }
+            let challenge = try #require(challengeID)
+            let attachedAgent = try #require(
+                agent.transcript.split(separator: "\n").compactMap { line -> String? in
+                    guard line.hasPrefix("EVENT "), let data = line.dropFirst(6).data(using: .utf8),
+                        let event = try? JSONSerialization.jsonObject(with: data) as? [String: Any]
+                    else { return nil }
+                    return event["agent"] as? String
+                }.first
+            )
+            // A process of the user's that is no agent answers "always" for an agent id nobody holds.
+            let answer = #"{"challenge": "\#(challenge)", "trust": "always", "scope": "exception"}"#
+            for rogueAgent in ["999999", String((UInt64(attachedAgent) ?? 0) + 1)] {
+                let response = try UnixSocketConnection(path: socketPath).request(
+                    "POST", "/v1/agent/\(rogueAgent)/answer", headers: [("Content-Type", "application/json")], body: Array(answer.utf8)
+                )
+                #expect(response.status == 404, "\(response.text)")
+                #expect(response.json["code"] as? String == "challenge_not_found")
+                #expect(try Self.exceptions(daemon).isEmpty, "an answer from agent \(rogueAgent) saved an exception")
+            }
+            // The challenge still waits for its real agent: the request ends at its deadline, untrusted.
+            Self.expectUntrusted(try await request.value)
+            #expect(try Self.exceptions(daemon).isEmpty)
+            // And once it is gone, even the real agent's late answer saves nothing.
+            let late = try UnixSocketConnection(path: socketPath).request(
+                "POST", "/v1/agent/\(attachedAgent)/answer", headers: [("Content-Type", "application/json")], body: Array(answer.utf8)
+            )
+            #expect(late.status == 404)
+            #expect(try Self.exceptions(daemon).isEmpty)
+            _ = agent.stop()
+        }
+    }
+
     @Test("an agent that disconnects mid-challenge: the request gets the 502 at once, not at its deadline")
     func agentDisconnects() async throws {
         let server = try await SelfSignedOrigin.start(name: "gone")
