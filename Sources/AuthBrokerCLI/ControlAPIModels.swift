@@ -125,6 +125,8 @@ package struct ExceptionRecord: Codable, Sendable, Equatable {
     package var port: Int?
     package var sha256: String
     package var addedAt: Date?
+    /// nil: until removed.
+    package var expiresAt: Date?
     /// false: a "trust once" answer, kept until the daemon stops.
     package var persistent: Bool
 
@@ -137,6 +139,7 @@ package struct ExceptionRecord: Codable, Sendable, Equatable {
     enum CodingKeys: String, CodingKey {
         case host, port, sha256, persistent
         case addedAt = "added_at"
+        case expiresAt = "expires_at"
     }
 }
 
@@ -159,6 +162,8 @@ package struct RemovedException: Codable, Sendable, Equatable {
 package struct AddExceptionRequest: Codable, Sendable, Equatable {
     package var host: String
     package var sha256: String
+    /// `30d`, `12h` (`LifetimeText`); nil: until removed.
+    package var expires: String?
 }
 
 /// `POST /v1/inspect` request body.

@@ -234,9 +234,12 @@ package enum HumanFormat {
             return "No exceptions. Add one with 'authbrokerctl exceptions add HOST[:PORT] SHA256'."
         }
         let rows = exceptions.map {
-            [sanitized($0.target), sanitized($0.sha256), $0.persistent ? "always" : "once (until restart)", $0.addedAt.map(date) ?? "-"]
+            [
+                sanitized($0.target), sanitized($0.sha256), $0.persistent ? "always" : "once (until restart)",
+                $0.addedAt.map(date) ?? "-", $0.expiresAt.map(timestamp) ?? "never",
+            ]
         }
-        return table(header: ["HOST", "CERTIFICATE SHA-256", "KEPT", "ADDED"], rows: rows)
+        return table(header: ["HOST", "CERTIFICATE SHA-256", "KEPT", "ADDED", "EXPIRES"], rows: rows)
     }
 
     /// One password in a sentence (`passwords add` / `remove`).

@@ -189,7 +189,7 @@ package enum BrokerDaemon {
         )
         let service = BrokerService(
             listening: listening, displayPath: boundPath, server: server, registry: registry, pool: pool,
-            group: group, settings: settings, counters: counters, logger: logger
+            group: group, settings: settings, counters: counters, trustStore: store, logger: logger
         )
         var configuration = ServiceGroupConfiguration(
             services: [.init(service: service)],
@@ -234,6 +234,7 @@ struct BrokerService: Service, CustomStringConvertible {
     let group: any EventLoopGroup
     let settings: BrokerSettings
     let counters: BrokerCounters
+    let trustStore: TrustStore
     let logger: Logger
 
     func run() async throws {
@@ -295,6 +296,9 @@ struct BrokerService: Service, CustomStringConvertible {
             try await withThrowingDiscardingTaskGroup { group in
                 group.addTask(executorPreference: globalConcurrentExecutor) {
                     await MemoryTrimmer.run { counters.requestsTotal.current + counters.clientConnectionsAccepted.current }
+                }
+                group.addTask(executorPreference: globalConcurrentExecutor) { [trustStore] in
+                    await TrustStoreWatch.run(trustStore, logger: logger)
                 }
                 try await serverChannel.executeThenClose { connections in
                     for try await connection in connections {

@@ -331,8 +331,18 @@ package struct ControlAPI: Sendable {
         case (.POST, ["v1", "exceptions"]):
             let request = try Self.decode(ExceptionRequest.self, from: body)
             let target = try Self.mapStoreError { () throws(TrustStoreError) in try CertificateException.parseHost(request.host) }
+            var expiresAt: Date?
+            if let lifetime = request.expires {
+                do {
+                    expiresAt = Date().addingTimeInterval(TimeInterval(try LifetimeText.seconds(lifetime)))
+                } catch {
+                    throw BrokerError.badRequest(code: "invalid_lifetime", detail: "expires: \(error.message)")
+                }
+            }
             let added = try Self.mapStoreError { () throws(TrustStoreError) in
-                try self.store.addException(host: target.host, port: target.port, sha256: request.sha256, persistent: true)
+                try self.store.addException(
+                    host: target.host, port: target.port, sha256: request.sha256, persistent: true, expiresAt: expiresAt
+                )
             }
             return try Self.json(.created, ["exception": ExceptionJSON(added, persistent: true)])
         case (.DELETE, ["v1", "exceptions"]):
@@ -415,6 +425,7 @@ package struct ControlAPI: Sendable {
                 case "not_found": .notFound
                 case "ambiguous": .conflict
                 case "io_error", "corrupt_file": .internalServerError
+                case "changed_on_disk": .conflict
                 default: .badRequest
                 }
             throw BrokerError(code: error.code, status: status, title: "Trust store request failed", detail: error.description)
@@ -793,6 +804,8 @@ struct ExceptionRequest: Decodable {
     /// `host`, `host:port`, `*.example.com`, `[::1]:8443`.
     var host: String
     var sha256: String
+    /// How long the exception lasts (`30d`, `12h`; `LifetimeText`); absent: until removed.
+    var expires: String?
 }
 
 /// An exact-certificate exception; `persistent` false: a "trust once" answer, gone at restart.
@@ -801,6 +814,7 @@ struct ExceptionJSON: Encodable {
     var port: Int?
     var sha256: String
     var addedAt: Date
+    var expiresAt: Date?
     var persistent: Bool
 
     init(_ exception: CertificateException, persistent: Bool) {
@@ -808,12 +822,14 @@ struct ExceptionJSON: Encodable {
         self.port = exception.port
         self.sha256 = exception.sha256
         self.addedAt = exception.addedAt
+        self.expiresAt = exception.expiresAt
         self.persistent = persistent
     }
 
     enum CodingKeys: String, CodingKey {
         case host, port, sha256, persistent
         case addedAt = "added_at"
+        case expiresAt = "expires_at"
     }
 }
 

@@ -13,12 +13,22 @@ package struct CertificateException: Codable, Sendable, Hashable {
     /// SHA-256 of the leaf's DER: upper-case hex pairs joined by colons, as `CertificateInfo.sha256`.
     package var sha256: String
     package var addedAt: Date
+    /// When the exception stops applying (nil: never). The user's way to say "trust this
+    /// certificate while the server's owner gets a proper one".
+    package var expiresAt: Date?
 
-    package init(host: HostPattern, port: Int?, sha256: String, addedAt: Date) {
+    package init(host: HostPattern, port: Int?, sha256: String, addedAt: Date, expiresAt: Date? = nil) {
         self.host = host
         self.port = port
         self.sha256 = sha256
         self.addedAt = addedAt
+        self.expiresAt = expiresAt
+    }
+
+    /// Whether the exception has stopped applying at `now`.
+    package func isExpired(at now: Date) -> Bool {
+        guard let expiresAt else { return false }
+        return now >= expiresAt
     }
 
     /// Whether this exception covers the leaf `leafSHA256` presented by `host` on `port`
@@ -29,7 +39,7 @@ package struct CertificateException: Codable, Sendable, Hashable {
         return own == port
     }
 
-    /// Same host pattern, port and certificate (the date aside).
+    /// Same host pattern, port and certificate (the dates aside).
     package func sameTarget(as other: CertificateException) -> Bool {
         self.host == other.host && self.port == other.port && self.sha256 == other.sha256
     }
@@ -95,6 +105,7 @@ package struct CertificateException: Codable, Sendable, Hashable {
     enum CodingKeys: String, CodingKey {
         case host, port, sha256
         case addedAt = "added_at"
+        case expiresAt = "expires_at"
     }
 
     package init(from decoder: any Decoder) throws {
@@ -111,6 +122,7 @@ package struct CertificateException: Codable, Sendable, Hashable {
             throw DecodingError.dataCorruptedError(forKey: .sha256, in: container, debugDescription: error.message)
         }
         self.addedAt = try container.decode(Date.self, forKey: .addedAt)
+        self.expiresAt = try container.decodeIfPresent(Date.self, forKey: .expiresAt)
     }
 
     package func encode(to encoder: any Encoder) throws {
@@ -119,5 +131,6 @@ package struct CertificateException: Codable, Sendable, Hashable {
         try container.encodeIfPresent(self.port, forKey: .port)
         try container.encode(self.sha256, forKey: .sha256)
         try container.encode(self.addedAt, forKey: .addedAt)
+        try container.encodeIfPresent(self.expiresAt, forKey: .expiresAt)
     }
 }

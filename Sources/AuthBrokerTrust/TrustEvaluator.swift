@@ -122,7 +122,7 @@ package final class TrustEvaluator: Sendable {
             }
         }
 
-        let snapshot = self.store.snapshot()
+        let snapshot = self.store.snapshot(now: now)
         let key = DecisionCache.Key(
             chainDigest: Self.chainDigest(chainDER),
             host: host,

@@ -20,6 +20,14 @@ import Darwin
 /// (mode 0600), `fsync`, then `rename` over the old file, so a crash leaves either the old or
 /// the new store, never half of one. The parent directory is created 0700 when missing.
 /// `generation` bumps on every change so that cached trust decisions can key on it.
+///
+/// The file is the user's too: a hand edit (an anchor deleted with an editor) is picked up, not
+/// undone. The store remembers the `FileStamp` of the file as it last read or wrote it; every
+/// change first reads the file again when it is no longer that file, and applies the change to
+/// what is there now; evaluations and listings pick up the new file too (`refreshFromDisk`),
+/// and the daemon calls that once a second (`TrustStoreWatch`) so pooled connections notice. A file changed into
+/// something unreadable is never written over: changes fail with `changed_on_disk`, and the
+/// last good contents stay in force until the file is fixed.
 package final class TrustStore: Sendable {
     /// Largest PEM input `addAnchors` reads; a CA bundle of a few hundred certificates fits.
     package static let maxPEMInputBytes = 1 << 20
@@ -37,6 +45,11 @@ package final class TrustStore: Sendable {
         /// "Trust once" answers: never saved, gone when the daemon stops.
         var sessionExceptions: [CertificateException] = []
         var generation: UInt64
+        /// The file as last read or written (nil: there was none).
+        var fileStamp: FileStamp?
+        /// A version of the file that could not be read, and why: not read again until it
+        /// changes, and never written over.
+        var unreadable: (stamp: FileStamp?, error: TrustStoreError)?
     }
 
     private let state: Mutex<State>
@@ -49,6 +62,13 @@ package final class TrustStore: Sendable {
     /// one is an error naming the file and what to do.
     package init(path: String) throws(TrustStoreError) {
         self.path = path
+        self.state = Mutex(try Self.read(path: path))
+    }
+
+    /// The file's contents as a state (generation 0, no session exceptions), stamped before
+    /// it is read: a change made while it is read shows as a changed stamp next time.
+    private static func read(path: String) throws(TrustStoreError) -> State {
+        let stamp = FileStamp.of(path: path)
         let file = try Self.load(path: path)
         var certificates: [String: Certificate] = [:]
         for anchor in file.anchors {
@@ -58,11 +78,63 @@ package final class TrustStore: Sendable {
                 throw Self.corrupt(path, "anchor \(anchor.id) is not a valid certificate (\(error))")
             }
         }
-        self.state = Mutex(
-            State(
-                anchors: file.anchors, certificates: certificates, pins: file.pins, identities: file.identities ?? [],
-                exceptions: file.exceptions ?? [], generation: 0
-            )
+        return State(
+            anchors: file.anchors, certificates: certificates, pins: file.pins, identities: file.identities ?? [],
+            exceptions: file.exceptions ?? [], generation: 0, fileStamp: stamp
+        )
+    }
+
+    /// Reads the file again when it is no longer the one last read or written (a hand edit,
+    /// another tool), and makes its contents current: returns whether it did. A file that
+    /// cannot be read leaves the current contents in force and throws (it is read again only
+    /// once it changes).
+    @discardableResult
+    package func refreshFromDisk() throws(TrustStoreError) -> Bool {
+        let stamp = FileStamp.of(path: self.path)
+        let known = self.state.withLock { state -> (current: Bool, unreadable: TrustStoreError?) in
+            if stamp == state.fileStamp { return (true, nil) }
+            if let unreadable = state.unreadable, unreadable.stamp == stamp { return (true, unreadable.error) }
+            return (false, nil)
+        }
+        if let unreadable = known.unreadable { throw unreadable }
+        if known.current { return false }
+        let read: State
+        do {
+            read = try Self.read(path: self.path)
+        } catch {
+            let changed = Self.changedOnDisk(self.path, error)
+            self.state.withLock { $0.unreadable = (stamp, changed) }
+            throw changed
+        }
+        self.state.withLock { state in
+            Self.install(read, into: &state)
+            self.bumpGeneration(&state)
+        }
+        return true
+    }
+
+    /// `refreshFromDisk` for readers, which go on with the current contents when the file
+    /// cannot be read (changes say why).
+    private func refreshQuietly() {
+        _ = try? self.refreshFromDisk()
+    }
+
+    /// `read`'s contents replace `state`'s saved ones; the session ("once") exceptions stay.
+    private static func install(_ read: State, into state: inout State) {
+        state.anchors = read.anchors
+        state.certificates = read.certificates
+        state.pins = read.pins
+        state.identities = read.identities
+        state.exceptions = read.exceptions
+        state.fileStamp = read.fileStamp
+        state.unreadable = nil
+    }
+
+    private static func changedOnDisk(_ path: String, _ error: TrustStoreError) -> TrustStoreError {
+        TrustStoreError(
+            .changedOnDisk,
+            "The trust store \(path) was changed outside the broker and cannot be read now: \(error.message) "
+                + "The broker keeps using what it read before and will not write over the file: fix the file (or move it aside) and try again."
         )
     }
 
@@ -79,11 +151,13 @@ package final class TrustStore: Sendable {
     }
 
     package func anchors() -> [TrustAnchor] {
-        self.state.withLock { $0.anchors }
+        self.refreshQuietly()
+        return self.state.withLock { $0.anchors }
     }
 
     package func pins() -> [SPKIPin] {
-        self.state.withLock { $0.pins }
+        self.refreshQuietly()
+        return self.state.withLock { $0.pins }
     }
 
     /// Anchors with their parsed certificates, pins and generation, read together.
@@ -95,16 +169,31 @@ package final class TrustStore: Sendable {
         var exceptions: [CertificateException]
     }
 
-    func snapshot() -> Snapshot {
-        self.state.withLock { state in
+    /// The store at `now`: exceptions that have expired by then are left out.
+    func snapshot(now: Date = Date()) -> Snapshot {
+        self.refreshQuietly()
+        return self.state.withLock { state in
             Snapshot(
                 generation: state.generation,
                 anchors: state.anchors.compactMap { anchor in
                     state.certificates[anchor.id].map { (anchor, $0) }
                 },
                 pins: state.pins,
-                exceptions: state.exceptions + state.sessionExceptions
+                exceptions: (state.exceptions + state.sessionExceptions).filter { !$0.isExpired(at: now) }
             )
+        }
+    }
+
+    /// Removes the saved exceptions that have expired by `now`, from the file too, and returns
+    /// them. The daemon calls it once a second, so that the generation moves when one expires
+    /// and no cached decision or pooled connection outlives it.
+    @discardableResult
+    package func removeExpiredExceptions(now: Date = Date()) throws(TrustStoreError) -> [CertificateException] {
+        guard self.state.withLock({ $0.exceptions.contains { $0.isExpired(at: now) } }) else { return [] }
+        return try self.modify { state throws(TrustStoreError) in
+            let expired = state.exceptions.filter { $0.isExpired(at: now) }
+            state.exceptions.removeAll { $0.isExpired(at: now) }
+            return expired
         }
     }
 
@@ -209,26 +298,35 @@ package final class TrustStore: Sendable {
 
     /// The saved exceptions and the session ("trust once") ones.
     package func exceptions() -> (saved: [CertificateException], session: [CertificateException]) {
-        self.state.withLock { ($0.exceptions, $0.sessionExceptions) }
+        self.refreshQuietly()
+        return self.state.withLock { ($0.exceptions, $0.sessionExceptions) }
     }
 
     /// Trusts the leaf `sha256` from `host` (on `port`, or any port when nil): saved in the file
-    /// when `persistent`, else kept in memory until the daemon stops. One that exists already is
-    /// returned unchanged.
+    /// when `persistent`, else kept in memory until the daemon stops; until `expiresAt` when set.
+    /// One that exists already is returned unchanged, unless its expiry differs: then the new
+    /// expiry replaces it (adding it again with `--expires` shortens or extends it).
     @discardableResult
     package func addException(
-        host: HostPattern, port: Int?, sha256: String, persistent: Bool, now: Date = Date()
+        host: HostPattern, port: Int?, sha256: String, persistent: Bool, expiresAt: Date? = nil, now: Date = Date()
     ) throws(TrustStoreError) -> CertificateException {
         let exception = CertificateException(
             host: host, port: port, sha256: try CertificateException.canonicalFingerprint(sha256),
-            addedAt: Self.wholeSeconds(now)
+            addedAt: Self.wholeSeconds(now), expiresAt: expiresAt.map(Self.wholeSeconds)
         )
         if persistent {
-            if let existing = self.state.withLock({ $0.exceptions.first { $0.sameTarget(as: exception) } }) {
+            self.refreshQuietly()
+            if let existing = self.state.withLock({ $0.exceptions.first { $0.sameTarget(as: exception) } }),
+                existing.expiresAt == exception.expiresAt
+            {
                 return existing
             }
             return try self.modify { state throws(TrustStoreError) in
-                if let existing = state.exceptions.first(where: { $0.sameTarget(as: exception) }) { return existing }
+                if let index = state.exceptions.firstIndex(where: { $0.sameTarget(as: exception) }) {
+                    guard state.exceptions[index].expiresAt != exception.expiresAt else { return state.exceptions[index] }
+                    state.exceptions[index].expiresAt = exception.expiresAt
+                    return state.exceptions[index]
+                }
                 state.exceptions.append(exception)
                 return exception
             }
@@ -250,6 +348,7 @@ package final class TrustStore: Sendable {
         let target = CertificateException(
             host: host, port: port, sha256: try CertificateException.canonicalFingerprint(sha256), addedAt: Date()
         )
+        self.refreshQuietly()
         let removedSession = self.state.withLock { state -> CertificateException? in
             guard let index = state.sessionExceptions.firstIndex(where: { $0.sameTarget(as: target) }) else { return nil }
             self.bumpGeneration(&state)
@@ -274,7 +373,8 @@ package final class TrustStore: Sendable {
     // MARK: - Client identities
 
     package func identities() -> [ClientIdentity] {
-        self.state.withLock { $0.identities }
+        self.refreshQuietly()
+        return self.state.withLock { $0.identities }
     }
 
     /// The identity to present to `host` now (see `ClientIdentity.choose`), or nil for none.
@@ -341,17 +441,30 @@ package final class TrustStore: Sendable {
 
     // MARK: - Changing and saving
 
-    /// Applies `change` to a copy of the state, saves it, and only then publishes it.
+    /// Applies `change` to a copy of the state, saves it, and only then publishes it. When the
+    /// file is no longer the one last read or written, the change applies to what the file
+    /// holds now (a hand edit is kept, not undone); a file that cannot be read is not written over.
     private func modify<Result: Sendable>(
         _ change: (inout State) throws(TrustStoreError) -> Result
     ) throws(TrustStoreError) -> Result {
         try self.state.withLock { (state: inout State) throws(TrustStoreError) -> Result in
             var copy = state
+            let stamp = FileStamp.of(path: self.path)
+            if stamp != copy.fileStamp {
+                do throws(TrustStoreError) {
+                    Self.install(try Self.read(path: self.path), into: &copy)
+                } catch {
+                    let changed = Self.changedOnDisk(self.path, error)
+                    state.unreadable = (stamp, changed)
+                    throw changed
+                }
+            }
             let result = try change(&copy)
             try Self.save(
                 StoreFile(anchors: copy.anchors, pins: copy.pins, identities: copy.identities, exceptions: copy.exceptions),
                 path: self.path
             )
+            copy.fileStamp = FileStamp.of(path: self.path)
             self.bumpGeneration(&copy)
             state = copy
             return result

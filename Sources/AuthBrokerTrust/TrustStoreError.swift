@@ -12,6 +12,8 @@ package struct TrustStoreError: Error, CustomStringConvertible, Equatable {
         case inputTooLarge = "input_too_large"
         case invalidPin = "invalid_pin"
         case corruptFile = "corrupt_file"
+        /// The file changed outside the broker and cannot be read now: nothing is written over it.
+        case changedOnDisk = "changed_on_disk"
         case ioError = "io_error"
         case invalidIdentityName = "invalid_identity_name"
         case identityExists = "identity_exists"

@@ -21,6 +21,7 @@ struct Exceptions: AsyncParsableCommand {
             Examples:
               authbrokerctl exceptions list
               authbrokerctl exceptions add nas.home.arpa:5001 3A:1F:...:9C
+              authbrokerctl exceptions add test.example.com 3A:1F:...:9C --expires 30d
               authbrokerctl exceptions remove nas.home.arpa:5001 3A:1F:...:9C
             """,
         subcommands: [List.self, Add.self, Remove.self]
@@ -72,8 +73,13 @@ struct Exceptions: AsyncParsableCommand {
                 Compare the fingerprint with one you got from the server's owner first: \
                 'authbrokerctl anchors trust-server URL' shows what the server presents.
 
-                Example:
+                With --expires the exception ends by itself after that long (90m, 12h, 30d, \
+                2w), and is removed then; 'exceptions list' shows when. Adding the same \
+                exception again with another --expires (or none) changes its expiry.
+
+                Examples:
                   authbrokerctl exceptions add nas.home.arpa:5001 3A:1F:...:9C
+                  authbrokerctl exceptions add staging.example.com 3A:1F:...:9C --expires 7d
                 """
         )
 
@@ -81,18 +87,32 @@ struct Exceptions: AsyncParsableCommand {
         @OptionGroup var output: OutputOptions
         @OptionGroup var exception: ExceptionArguments
 
+        @Option(help: ArgumentHelp("End the exception after this long: 90m, 12h, 30d, 2w (default: never).", valueName: "lifetime"))
+        var expires: String?
+
+        func validate() throws {
+            if let expires {
+                do {
+                    _ = try LifetimeText.seconds(expires)
+                } catch {
+                    throw ValidationError(HumanFormat.sanitized(error.message))
+                }
+            }
+        }
+
         func run() async throws {
             try await CommandRunner.run {
                 let api = ControlAPI(client: try connection.client())
-                let request = try AddExceptionRequest(host: exception.host, sha256: exception.sha256).brokerJSON()
+                let request = try AddExceptionRequest(host: exception.host, sha256: exception.sha256, expires: expires).brokerJSON()
                 let (added, raw) = try await api.call(
                     .POST, "/v1/exceptions", json: request, context: "cannot add the exception", as: AddedException.self
                 )
                 if output.json {
                     Console.out(raw)
                 } else {
+                    let until = added.exception.expiresAt.map { " until \(HumanFormat.timestamp($0))" } ?? ""
                     Console.out(
-                        "Trusting the certificate \(HumanFormat.sanitized(added.exception.sha256)) from \(HumanFormat.sanitized(added.exception.target))"
+                        "Trusting the certificate \(HumanFormat.sanitized(added.exception.sha256)) from \(HumanFormat.sanitized(added.exception.target))\(until)"
                     )
                 }
             }
