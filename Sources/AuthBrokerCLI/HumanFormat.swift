@@ -150,7 +150,7 @@ package enum HumanFormat {
         }
         let rows = passwords.map { password in
             [
-                sanitized(password.url), password.realm.map(sanitized) ?? "(any)", sanitized(password.user),
+                sanitized(password.url), password.realm.map(sanitized) ?? "(any)", userName(password.user),
                 sanitized(password.persistence),
                 password.failed ? "REFUSED by the server; replace it with 'passwords add'" : "ok",
             ]
@@ -242,10 +242,15 @@ package enum HumanFormat {
         return table(header: ["HOST", "CERTIFICATE SHA-256", "KEPT", "ADDED", "EXPIRES"], rows: rows)
     }
 
+    /// A stored user name as shown: an empty one (a token sent as the password) said in words.
+    static func userName(_ user: String) -> String {
+        user.isEmpty ? "(empty user name)" : sanitized(user)
+    }
+
     /// One password in a sentence (`passwords add` / `remove`).
     package static func passwordLine(_ password: PasswordRecord) -> String {
         let realm = password.realm.map { ", realm \"\(sanitized($0))\"" } ?? ""
-        return "password for \(sanitized(password.user)) at \(sanitized(password.url))\(realm) (\(sanitized(password.persistence)))"
+        return "password for \(userName(password.user)) at \(sanitized(password.url))\(realm) (\(sanitized(password.persistence)))"
     }
 
     /// What `anchors add` (and `trust-server`) print for each anchor the daemon stored.

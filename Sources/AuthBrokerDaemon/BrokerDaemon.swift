@@ -163,6 +163,7 @@ package enum BrokerDaemon {
         )
         let control = ControlAPI(
             store: store, vault: vault, reauth: reauth, challenges: challenges, identities: identities,
+            publicSuffixes: Self.loadPublicSuffixList(path: settings.trust.publicSuffixListPath, logger: logger),
             status: {
                 StatusReport(
                     version: AuthBrokerVersion.current, pid: Int(getpid()), startedAt: startedAt,
@@ -218,6 +219,27 @@ package enum BrokerDaemon {
         if case .failure(let error) = outcome {
             throw StartupError(description: "authbrokerd: \(error)", exitCode: 1)
         }
+    }
+
+    /// The Public Suffix List at `path`; without it (not installed, unreadable) only the list's
+    /// default rule applies, and a warning says how to get the rest.
+    static func loadPublicSuffixList(path: String, logger: Logger) -> PublicSuffixList {
+        guard let handle = FileHandle(forReadingAtPath: path) else {
+            logger.warning(
+                "no Public Suffix List; only wildcards over a single label (*.com) are refused as trust scopes",
+                metadata: ["path": "\(path)", "fix": "install Debian's publicsuffix package, or set [trust] public_suffix_list"]
+            )
+            return .defaultRuleOnly
+        }
+        defer { try? handle.close() }
+        let data = (try? handle.read(upToCount: PublicSuffixList.maxBytes + 1)) ?? nil
+        guard let data, data.count <= PublicSuffixList.maxBytes else {
+            logger.warning("the Public Suffix List cannot be read, or is too large to be one; using its default rule only", metadata: ["path": "\(path)"])
+            return .defaultRuleOnly
+        }
+        let list = PublicSuffixList(parsing: Substring(String(decoding: data, as: UTF8.self)))
+        logger.debug("public suffix list loaded", metadata: ["path": "\(path)", "rules": "\(list.ruleCount)"])
+        return list
     }
 }
 

@@ -120,13 +120,16 @@ package struct ControlAPI: Sendable {
     package let identities: ClientIdentities?
     package let status: @Sendable () -> StatusReport
     package let inspect: @Sendable (CanonicalOrigin) async throws -> Inspection
+    /// Wildcards that cover one of these are refused as the scope of trust material.
+    package let publicSuffixes: PublicSuffixList
 
     package init(
         store: TrustStore, vault: PasswordVault, reauth: ReauthService? = nil, challenges: AgentChallenges? = nil,
-        identities: ClientIdentities? = nil,
+        identities: ClientIdentities? = nil, publicSuffixes: PublicSuffixList = .defaultRuleOnly,
         status: @escaping @Sendable () -> StatusReport,
         inspect: @escaping @Sendable (CanonicalOrigin) async throws -> Inspection
     ) {
+        self.publicSuffixes = publicSuffixes
         self.store = store
         self.vault = vault
         self.reauth = reauth
@@ -163,7 +166,7 @@ package struct ControlAPI: Sendable {
             return try Self.json(.ok, ["anchors": self.store.anchors().map(AnchorJSON.init)])
         case (.POST, ["v1", "anchors"]):
             let request = try Self.decode(AddAnchorRequest.self, from: body)
-            let hosts = try Self.hostPatterns(request.hosts ?? [])
+            let hosts = try self.trustScope(request.hosts ?? [])
             let added = try Self.mapStoreError { () throws(TrustStoreError) in try self.store.addAnchors(pem: request.pem, hosts: hosts) }
             return try Self.json(.created, ["anchors": added.map(AnchorJSON.init)])
         case (.DELETE, let s) where s.count == 3 && s[0] == "v1" && s[1] == "anchors":
@@ -175,9 +178,9 @@ package struct ControlAPI: Sendable {
         case (.POST, ["v1", "passwords"]):
             let request = try Self.decode(AddPasswordRequest.self, from: body)
             let origin = try Self.origin(request.url)
-            guard !request.user.isEmpty, !request.user.contains(":") else {
+            guard !request.user.contains(":") else {
                 throw BrokerError.badRequest(
-                    code: "invalid_user", detail: "The user name must not be empty or contain ':' (Basic authentication cannot carry it, RFC 7617 §2)."
+                    code: "invalid_user", detail: "The user name must not contain ':' (Basic authentication cannot carry it, RFC 7617 §2)."
                 )
             }
             let persistence = try Self.persistence(request.persistence)
@@ -200,7 +203,7 @@ package struct ControlAPI: Sendable {
             return try Self.json(.ok, ["identities": self.store.identities().map { IdentityJSON($0, now: Date()) }])
         case (.POST, ["v1", "identities"]):
             let request = try Self.decode(ImportIdentityRequest.self, from: body)
-            let hosts = try Self.hostPatterns(request.hosts ?? [])
+            let hosts = try self.trustScope(request.hosts ?? [])
             let input: IdentityImport
             if let pkcs12 = request.pkcs12Base64 {
                 guard let data = Data(base64Encoded: pkcs12) else {
@@ -331,6 +334,7 @@ package struct ControlAPI: Sendable {
         case (.POST, ["v1", "exceptions"]):
             let request = try Self.decode(ExceptionRequest.self, from: body)
             let target = try Self.mapStoreError { () throws(TrustStoreError) in try CertificateException.parseHost(request.host) }
+            try self.refuseIfCoversPublicSuffix(target.host)
             var expiresAt: Date?
             if let lifetime = request.expires {
                 do {
@@ -546,6 +550,23 @@ package struct ControlAPI: Sendable {
             )
         }
         return persistence
+    }
+
+    /// Host patterns that scope trust material (anchors, client identities): parsed, and none
+    /// may cover a public suffix.
+    private func trustScope(_ texts: [String]) throws -> [HostPattern] {
+        let patterns = try Self.hostPatterns(texts)
+        for pattern in patterns { try self.refuseIfCoversPublicSuffix(pattern) }
+        return patterns
+    }
+
+    private func refuseIfCoversPublicSuffix(_ pattern: HostPattern) throws {
+        guard let suffix = self.publicSuffixes.coveredSuffix(by: pattern) else { return }
+        throw BrokerError.badRequest(
+            code: "public_suffix_pattern",
+            detail: "'\(pattern)' covers the public suffix \(suffix) (Public Suffix List): the names under it belong to unrelated owners, "
+                + "so trust scoped to it would reach their servers too. Name your own domain instead, such as *.example.\(suffix.hasPrefix("*.") ? suffix.dropFirst(2) : Substring(suffix)) or a host name."
+        )
     }
 
     private static func hostPatterns(_ texts: [String]) throws -> [HostPattern] {

@@ -17,6 +17,10 @@ struct Passwords: AsyncParsableCommand {
             the 401. Passwords are read from the terminal without echo, or from stdin with \
             --password-stdin: never from the command line.
 
+            A password is kept in the secret store (GNOME Keyring, or the broker's encrypted \
+            file) and survives a restart; --session keeps it in the daemon's memory only, until \
+            it stops. 'passwords list' shows which.
+
             A password the server refuses is marked failed and not sent again until you \
             replace it (so a wrong password cannot lock your account).
 
@@ -56,11 +60,16 @@ struct Passwords: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Store a password for an origin (and optionally a realm).",
             discussion: """
-                Replaces a password for the same origin, realm and user, and clears its failed mark.
+                Replaces a password for the same origin, realm and user, and clears its failed mark. \
+                Kept in the secret store unless --session is given. The password may be empty, \
+                and so may the user name (an API token sent as the user name with an empty \
+                password, or as the password with an empty user name, is common with Basic).
 
                 Examples:
                   authbrokerctl passwords add https://git.corp.test --user alice
                   authbrokerctl passwords add http://printer.lan:631 --user admin --realm CUPS --password-stdin < pw.txt
+                  authbrokerctl passwords add https://scratch.corp.test --user tester --session
+                  authbrokerctl passwords add https://api.corp.test --user '' --password-stdin < token.txt
                 """
         )
 
@@ -79,11 +88,26 @@ struct Passwords: AsyncParsableCommand {
         @Flag(help: "Read the password from the first line of stdin instead of the terminal.")
         var passwordStdin = false
 
-        @Option(help: "session: kept until the daemon stops (default); permanent: kept in the secret store.")
-        var persistence: String = "session"
+        @Flag(help: "Keep the password in the daemon's memory only, until it stops (default: in the secret store).")
+        var session = false
+
+        @Option(help: "permanent: kept in the secret store (the default); session: as --session.")
+        var persistence: String?
+
+        /// What is sent: `--session` and `--persistence` say the same thing, or it is an error.
+        var chosenPersistence: String {
+            self.persistence ?? (self.session ? "session" : "permanent")
+        }
 
         func validate() throws {
-            guard !user.isEmpty else { throw ValidationError("--user must not be empty") }
+            if let persistence {
+                guard persistence == "session" || persistence == "permanent" else {
+                    throw ValidationError("--persistence must be 'permanent' or 'session', not '\(HumanFormat.sanitized(String(persistence.prefix(40))))'")
+                }
+                guard !session || persistence == "session" else {
+                    throw ValidationError("--session and --persistence \(persistence) contradict each other; give one of them")
+                }
+            }
             guard !user.contains(":") else {
                 throw ValidationError("--user must not contain ':' (Basic authentication cannot carry it, RFC 7617 §2)")
             }
@@ -93,13 +117,12 @@ struct Passwords: AsyncParsableCommand {
             try await CommandRunner.run {
                 var secret = try Self.readPassword(stdin: passwordStdin)
                 defer { for index in secret.indices { secret[index] = 0 } }
-                guard !secret.isEmpty else { throw CLIError.plain(.badRequest, "cannot add password: the password is empty") }
                 guard let password = String(validating: secret, as: UTF8.self) else {
                     throw CLIError.plain(.badRequest, "cannot add password: it is not valid UTF-8 text")
                 }
                 let api = ControlAPI(client: try connection.client())
                 let request = try AddPasswordRequest(
-                    url: url, user: user, realm: realm, password: password, persistence: persistence
+                    url: url, user: user, realm: realm, password: password, persistence: chosenPersistence
                 ).brokerJSON()
                 let (added, raw) = try await api.call(
                     .POST, "/v1/passwords", json: request, context: "cannot add password", as: AddedPassword.self

@@ -47,6 +47,9 @@ package struct BrokerSettings: Sendable, Equatable {
         package var decisionCacheSize: Int = 1024
         /// `decision_cache_seconds`: how long a cached decision stays valid.
         package var decisionCacheSeconds: Int = 300
+        /// `public_suffix_list`: the Public Suffix List; wildcard host patterns that cover a
+        /// public suffix (`*.co.uk`) are refused for anchors, identities and exceptions.
+        package var publicSuffixListPath: String = PublicSuffixList.debianPath
 
         package init() {}
     }
@@ -150,7 +153,7 @@ package struct BrokerSettings: Sendable, Equatable {
     /// The tables and keys the file may contain, in the order the sample documents them.
     package static let knownKeys: KeyValuePairs<String, [String]> = [
         "daemon": ["socket_path", "log_level", "shutdown_grace_seconds", "state_dir", "io_threads"],
-        "trust": ["system_anchors", "decision_cache_size", "decision_cache_seconds"],
+        "trust": ["system_anchors", "decision_cache_size", "decision_cache_seconds", "public_suffix_list"],
         "upstream": [
             "connect_timeout_ms", "tls_handshake_timeout_ms", "response_head_timeout_ms", "idle_timeout_ms",
             "pool_idle_timeout_ms", "max_connections_per_origin", "max_idle_connections_per_origin",
@@ -203,6 +206,7 @@ package struct BrokerSettings: Sendable, Equatable {
 
         let trust = TableReader(file: file, table: "trust", document: document)
         if let value = try trust.path("system_anchors") { settings.trust.systemAnchorsPath = value }
+        if let value = try trust.path("public_suffix_list") { settings.trust.publicSuffixListPath = value }
         if let value = try trust.integer("decision_cache_size", in: 0...1_000_000, unit: count, note: " (0 disables the cache)") {
             settings.trust.decisionCacheSize = value
         }
