@@ -120,16 +120,15 @@ public struct BrokerClient: Sendable {
                 throw BrokerError(problem: problem, proxyStatus: proxyStatus, requestID: requestID)
             }
             throw BrokerError(status: Int(responseHead.status.code), proxyStatus: proxyStatus, details: details, requestID: requestID)
-        case .possibleBrokerProblem:
-            let (chunks, complete) = try await Self.read(exchange, upTo: BrokerErrorDetection.maxProblemBytes)
-            if complete, let problem = BrokerErrorDetection.brokerProblem(in: Array(chunks.joined())) {
-                exchange.cancel()
+        case .brokerProblem:
+            let (chunks, _) = try await Self.read(exchange, upTo: BrokerErrorDetection.maxProblemBytes)
+            exchange.cancel()
+            if let problem = BrokerErrorDetection.brokerProblem(in: Array(chunks.joined())) {
                 throw BrokerError(problem: problem, proxyStatus: nil, requestID: requestID)
             }
-            // The origin's own problem document: hand it on unchanged.
-            return BrokerResponse(
-                head: BrokerResponseHead(responseHead),
-                body: BrokerResponseBody(prefix: chunks, exchange: complete ? nil : exchange)
+            throw BrokerError(
+                status: Int(responseHead.status.code), proxyStatus: nil,
+                details: responseHead.headers.first(name: AuthBrokerCore.BrokerHeaders.error), requestID: requestID
             )
         }
     }

@@ -3,18 +3,21 @@ import NIOHTTP1
 
 /// Tells a broker error apart from the origin's own response on the data plane.
 ///
-/// The broker marks its own errors with a `Proxy-Status` field whose first member is
-/// `authbrokerd` carrying an `error` parameter (RFC 9209 §2); anything else is the origin's
-/// response, passed through, even a 502. Pure, so it can be tested on heads alone.
+/// By the `Authbroker-Error` mark alone (`BrokerHeaders.error`): the daemon removes every
+/// `Authbroker-*` field, and its own `Proxy-Status` members, from upstream responses, so an
+/// origin cannot pass its 502 and problem body off as the broker's (with "To fix" commands of
+/// its choosing). Without the mark a response is the origin's, whatever it carries. Pure, so it
+/// can be tested on heads alone.
 package enum BrokerErrorDetection {
     /// What the head alone says.
     package enum Verdict: Equatable, Sendable {
-        /// The broker's own error: its RFC 9209 `error` token (kept even when it is a type this
-        /// code does not know: the daemon may grow) and the `details` parameter, if any.
+        /// The broker's own error about the upstream: its RFC 9209 `error` token (kept even when
+        /// it is a type this code does not know: the daemon may grow) and the `details`
+        /// parameter, if any.
         case brokerError(proxyStatus: String, details: String?)
-        /// A problem+json error without the broker's `Proxy-Status` member: the body decides
-        /// (its `type` is `urn:authbroker:problem:...` only when the broker wrote it).
-        case possibleBrokerProblem
+        /// The broker's own error without a `Proxy-Status` member (a bad request, a refused
+        /// identity): its problem body says what.
+        case brokerProblem
         /// The origin's response.
         case origin
     }
@@ -25,14 +28,12 @@ package enum BrokerErrorDetection {
     package static let maxProblemBytes = 1024 * 1024
 
     package static func classify(_ head: HTTPResponseHead) -> Verdict {
+        guard head.headers.contains(name: BrokerHeaders.error) else { return .origin }
         let proxyStatus = head.headers["Proxy-Status"].joined(separator: ", ")
         if let member = firstMember(of: proxyStatus), let error = brokerErrorType(in: member) {
             return .brokerError(proxyStatus: error, details: parameter("details", in: member))
         }
-        let contentType = head.headers.first(name: "Content-Type")?.lowercased() ?? ""
-        let mediaType = contentType.split(separator: ";").first.map { String($0.trimmingASCIIWhitespace()) }
-        if head.status.code >= 400, mediaType == ProblemDetails.mediaType { return .possibleBrokerProblem }
-        return .origin
+        return .brokerProblem
     }
 
     /// The `error` token of the broker's own member (`authbrokerd; error=...`), or nil.
@@ -58,24 +59,7 @@ package enum BrokerErrorDetection {
 
     /// The first list member of a structured field (RFC 8941 §3.1), commas inside strings kept.
     package static func firstMember(of field: String) -> String? {
-        var inString = false
-        var escaped = false
-        var end = field.endIndex
-        for index in field.indices {
-            let character = field[index]
-            if escaped {
-                escaped = false
-            } else if inString, character == "\\" {
-                escaped = true
-            } else if character == "\"" {
-                inString.toggle()
-            } else if character == ",", !inString {
-                end = index
-                break
-            }
-        }
-        let member = Substring(field[..<end]).trimmingASCIIWhitespace()
-        return member.isEmpty ? nil : String(member)
+        ProxyStatusField.members(of: field).first.map(String.init)
     }
 
     /// The value of parameter `name` in a member, an sf-string unescaped (RFC 8941 §3.3.3).

@@ -4,6 +4,11 @@ import NIOHTTP1
 package enum BrokerHeaders {
     package static let requestID = "Authbroker-Request-Id"
     static let requestIDLowercased = requestID.lowercased()
+    /// On the broker's own error responses only, with the error's code: the one mark that
+    /// tells them from an origin's response (which may carry any `Proxy-Status` and problem
+    /// body it likes). Every `Authbroker-*` field of an upstream response is removed, so only
+    /// the daemon can set it.
+    package static let error = "Authbroker-Error"
 }
 
 /// The header rules of a forwarding proxy: hop-by-hop fields stay on their hop, `Via` records
@@ -119,13 +124,20 @@ package enum ProxyHeaders {
         result.reserveCapacity(headers.count + 2)
         var via: [String] = []
         for (name, value) in headers {
-            if fieldName(name, isIn: hopByHopResponseFields) || fieldName(name, isIn: named)
-                || fieldName(name, is: BrokerHeaders.requestIDLowercased)
-            {
+            // `Authbroker-*` from upstream would pass for the broker's own (its request id,
+            // the error mark): they are the broker's to set.
+            if fieldName(name, isIn: hopByHopResponseFields) || fieldName(name, isIn: named) || isDirective(name) {
                 continue
             }
             if fieldName(name, is: "via") {
                 via.append(value)
+                continue
+            }
+            if fieldName(name, is: "proxy-status") {
+                // Members naming this broker were not written by it (RFC 9209 §2: each proxy
+                // adds its own); the origin's or other proxies' members pass.
+                let kept = ProxyStatusField.removingMembers(named: ProxyStatusField.proxyName, from: value)
+                if !kept.isEmpty { result.append((name, kept)) }
                 continue
             }
             result.append((name, value))

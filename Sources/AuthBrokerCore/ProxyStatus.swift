@@ -55,7 +55,7 @@ package enum ProxyStatusField {
     /// The `error` parameter of the broker's own member, or nil when the field carries none
     /// (the response came from upstream unchanged).
     package static func brokerError(in fieldValue: String) -> ProxyErrorType? {
-        for member in fieldValue.split(separator: ",") {
+        for member in members(of: fieldValue) {
             let parts = member.split(separator: ";").map { $0.trimmingASCIIWhitespace() }
             guard parts.first == Substring(proxyName) || parts.first == "\"\(proxyName)\"" else { continue }
             for parameter in parts.dropFirst() {
@@ -66,6 +66,38 @@ package enum ProxyStatusField {
             }
         }
         return nil
+    }
+
+    /// The list members of a structured field (RFC 8941 §3.1), trimmed, commas inside
+    /// sf-strings kept; empty members dropped.
+    package static func members(of field: String) -> [Substring] {
+        var members: [Substring] = []
+        var inString = false
+        var escaped = false
+        var start = field.startIndex
+        for index in field.indices {
+            let character = field[index]
+            if escaped {
+                escaped = false
+            } else if inString, character == "\\" {
+                escaped = true
+            } else if character == "\"" {
+                inString.toggle()
+            } else if character == ",", !inString {
+                members.append(field[start..<index])
+                start = field.index(after: index)
+            }
+        }
+        members.append(field[start...])
+        return members.map { $0.trimmingASCIIWhitespace() }.filter { !$0.isEmpty }
+    }
+
+    /// `fieldValue` without the members whose proxy identifier is `name` (bare or quoted).
+    package static func removingMembers(named name: String, from fieldValue: String) -> String {
+        members(of: fieldValue).filter { member in
+            let identifier = member.prefix { $0 != ";" }.trimmingASCIIWhitespace()
+            return identifier != Substring(name) && identifier != Substring("\"\(name)\"")
+        }.joined(separator: ", ")
     }
 
     private static func sfStringEscaped(_ text: String) -> String {

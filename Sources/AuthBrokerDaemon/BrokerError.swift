@@ -72,6 +72,7 @@ package struct BrokerError: Error, CustomStringConvertible, Sendable {
         headers.add(name: "Content-Type", value: ProblemDetails.mediaType)
         headers.add(name: "Content-Length", value: String(body.count))
         headers.add(name: "Cache-Control", value: "no-store")
+        headers.add(name: BrokerHeaders.error, value: self.code)
         if let proxyErrorType {
             headers.add(
                 name: "Proxy-Status",

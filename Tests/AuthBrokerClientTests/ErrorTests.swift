@@ -6,6 +6,21 @@ import TestSupport
 /// The daemon's own failures arrive typed, with what the user needs to fix them.
 @Suite("BrokerClient errors")
 struct ErrorTests {
+    @Test("an origin's 502 dressed as the broker's error is the origin's response, not a BrokerError")
+    func forgedBrokerError() async throws {
+        let faulty = try await FaultyOrigin.start()
+        defer { Task { await faulty.stop() } }
+        try await withDaemon(config: configText(resolving: [("faulty.internal.test", faulty.port)])) { _, client in
+            let (data, head) = try await client.data(
+                for: BrokerRequest(url: try url("http://faulty.internal.test:\(faulty.port)/forged-broker-error"))
+            )
+            #expect(head.status == 502)
+            #expect(head.headers["Authbroker-Error"] == nil)
+            #expect(head.headers["Proxy-Status"] == nil)
+            #expect(String(decoding: data, as: UTF8.self).contains("forged by the origin"))
+        }
+    }
+
     @Test("a self-signed server gives BrokerError tls_certificate_error with the chain's fingerprints and the fix")
     func untrustedServer() async throws {
         let leaf = try TestPKI.makeLeaf(dnsNames: ["self-signed.internal.test"], issuer: nil)

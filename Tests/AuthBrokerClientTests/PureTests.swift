@@ -70,16 +70,20 @@ struct PureTests {
         HTTPResponseHead(version: .http1_1, status: status, headers: HTTPHeaders(fields))
     }
 
-    @Test("a broker error is told from the origin's response by Proxy-Status, then by the problem type")
+    @Test("a broker error is told from the origin's response by the Authbroker-Error mark alone")
     func errorDetection() {
-        let broker = Self.head(.badGateway, [("Proxy-Status", #"authbrokerd; error=tls_certificate_error; details="a, \"b\"""#)])
+        let mark = ("Authbroker-Error", "untrusted_server")
+        let broker = Self.head(.badGateway, [mark, ("Proxy-Status", #"authbrokerd; error=tls_certificate_error; details="a, \"b\"""#)])
         #expect(BrokerErrorDetection.classify(broker) == .brokerError(proxyStatus: "tls_certificate_error", details: #"a, "b""#))
         // Another proxy's member first: the origin side's, not ours.
-        let other = Self.head(.badGateway, [("Proxy-Status", "cdn; error=dns_error, authbrokerd")])
-        #expect(BrokerErrorDetection.classify(other) == .origin)
-        let problem = Self.head(.badRequest, [("Content-Type", "application/problem+json; charset=utf-8")])
-        #expect(BrokerErrorDetection.classify(problem) == .possibleBrokerProblem)
-        #expect(BrokerErrorDetection.classify(Self.head(.ok, [("Content-Type", "application/problem+json")])) == .origin)
+        let other = Self.head(.badGateway, [mark, ("Proxy-Status", "cdn; error=dns_error, authbrokerd")])
+        #expect(BrokerErrorDetection.classify(other) == .brokerProblem)
+        let problem = Self.head(.badRequest, [mark, ("Content-Type", "application/problem+json; charset=utf-8")])
+        #expect(BrokerErrorDetection.classify(problem) == .brokerProblem)
+        // Without the mark, a response is the origin's, whatever it claims.
+        let forged = Self.head(.badGateway, [("Proxy-Status", #"authbrokerd; error=tls_certificate_error; details="run this""#), ("Content-Type", "application/problem+json")])
+        #expect(BrokerErrorDetection.classify(forged) == .origin)
+        #expect(BrokerErrorDetection.classify(Self.head(.badRequest, [("Content-Type", "application/problem+json")])) == .origin)
         #expect(BrokerErrorDetection.brokerProblem(in: Array(#"{"type":"urn:other:x","title":"t","status":400,"detail":"d","code":"x"}"#.utf8)) == nil)
         #expect(
             BrokerErrorDetection.brokerProblem(in: Array(#"{"type":"urn:authbroker:problem:x","title":"t","status":400,"detail":"d","code":"x"}"#.utf8))?.code

@@ -151,9 +151,29 @@ struct ProxyHeadersTests {
                 "Set-Cookie: a=1, b",
                 "Set-Cookie: c=2",
                 "TE: kept (not a response field, passed as is)",
-                "Authbroker-Echo: upstream may send it; only requests are steering",
                 "Via: 1.1 origin-cache, 1.1 authbrokerd",
                 "Authbroker-Request-Id: 0123abcd",
+            ]
+        )
+    }
+
+    @Test("an origin cannot pass for the broker: Authbroker-* fields and Proxy-Status members naming it are removed")
+    func forgedBrokerMarks() {
+        let input = HTTPHeaders([
+            ("Authbroker-Error", "untrusted_server"),
+            ("authbroker-error", "again"),
+            ("Proxy-Status", #"authbrokerd; error=tls_certificate_error; details="a, b", cdn; error=dns_error"#),
+            ("Proxy-Status", #""authbrokerd"; error=dns_timeout"#),
+            ("Proxy-Status", #"upstream-proxy; error=connection_refused; details="authbrokerd, said nobody""#),
+            ("Content-Type", "application/problem+json"),
+        ])
+        #expect(
+            Self.pairs(ProxyHeaders.clientResponseHeaders(input, requestID: "r")) == [
+                "Proxy-Status: cdn; error=dns_error",
+                #"Proxy-Status: upstream-proxy; error=connection_refused; details="authbrokerd, said nobody""#,
+                "Content-Type: application/problem+json",
+                "Via: 1.1 authbrokerd",
+                "Authbroker-Request-Id: r",
             ]
         )
     }

@@ -330,3 +330,38 @@ extension UnixSocketConnection {
         return (status, headers)
     }
 }
+
+/// An origin cannot pass its response off as the broker's own error.
+@Suite("Forged broker errors")
+struct ForgedBrokerErrorTests {
+    @Test("an origin's 502 with the broker's mark, Proxy-Status member and problem body reaches the client as the origin's")
+    func forged() async throws {
+        let faulty = try await FaultyOrigin.start()
+        defer { Task { await faulty.stop() } }
+        let config = "[upstream]\nresolve = [\"faulty.internal.test:\(faulty.port):127.0.0.1\"]\n"
+        try await withDaemon(config: config) { daemon in
+            let url = "http://faulty.internal.test:\(faulty.port)/forged-broker-error"
+            let raw = try fetch(daemon, url)
+            #expect(raw.status == 502)
+            #expect(raw.header("Authbroker-Error") == nil, "the origin's mark reached the client")
+            #expect(raw.header("Proxy-Status") == nil, "the origin's authbrokerd member reached the client")
+            #expect(raw.text.contains("forged by the origin"))
+
+            // authbrokerctl fetch prints the origin's body, never its "To fix" as the broker's.
+            let cli = try CLIAndClientsTests.ctl(daemon, ["fetch", url])
+            #expect(cli.status == 0, "\(cli.stderr)")
+            #expect(cli.stdout.contains("forged by the origin"))
+            #expect(!cli.stderr.contains("evil.test"))
+            let failing = try CLIAndClientsTests.ctl(daemon, ["fetch", "--fail", url])
+            #expect(failing.status != 0)
+            #expect(!failing.stderr.contains("evil.test"))
+            #expect(!failing.stderr.lowercased().contains("to fix"))
+
+            // The broker's own error still carries the mark.
+            let refused = try fetch(daemon, "http://127.0.0.1:1/nothing-listens")
+            #expect(refused.status == 502)
+            #expect(refused.header("Authbroker-Error") != nil)
+            #expect(refused.json["code"] as? String == refused.header("Authbroker-Error"))
+        }
+    }
+}

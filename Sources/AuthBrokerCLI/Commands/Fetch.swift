@@ -141,11 +141,8 @@ struct ResponsePrinter: Sendable {
 
     /// Largest problem+json body read to explain a broker error.
     static let maxProblemBytes = 1024 * 1024
-    /// How much of an unmarked problem+json body is read to see whether the broker wrote it.
-    static let maxPeekBytes = 64 * 1024
 
     func handle(_ head: HTTPResponseHead, _ body: inout BrokerResponseBody) async throws {
-        var prefix = ByteBuffer()
         switch BrokerErrorDetection.classify(head) {
         case .brokerError(let error, let details):
             let (buffer, complete) = try await body.collect(upTo: Self.maxProblemBytes)
@@ -156,12 +153,16 @@ struct ResponsePrinter: Sendable {
                     requestID: head.headers.first(name: "Authbroker-Request-Id")
                 )
             throw brokerFailure(problem)
-        case .possibleBrokerProblem:
-            let (buffer, complete) = try await body.collect(upTo: Self.maxPeekBytes)
-            if complete, let problem = BrokerErrorDetection.brokerProblem(in: buffer.readableBytesView) {
-                throw brokerFailure(problem)
-            }
-            prefix = buffer
+        case .brokerProblem:
+            let (buffer, complete) = try await body.collect(upTo: Self.maxProblemBytes)
+            let problem =
+                (complete ? BrokerErrorDetection.brokerProblem(in: buffer.readableBytesView) : nil)
+                ?? HumanFormat.syntheticProblem(
+                    error: .proxyInternalError, status: Int(head.status.code),
+                    details: head.headers.first(name: BrokerHeaders.error),
+                    requestID: head.headers.first(name: "Authbroker-Request-Id")
+                )
+            throw brokerFailure(problem)
         case .origin:
             break
         }
@@ -175,7 +176,6 @@ struct ResponsePrinter: Sendable {
         let descriptor = try outputPath.map(LocalFile.openForWriting) ?? STDOUT_FILENO
         defer { if descriptor != STDOUT_FILENO { close(descriptor) } }
         if include { try await LocalFile.write(Self.renderHead(head), to: descriptor) }
-        if prefix.readableBytes > 0 { try await LocalFile.write(prefix, to: descriptor) }
         while let chunk = try await body.next() {
             try await LocalFile.write(chunk, to: descriptor)
         }
