@@ -81,8 +81,18 @@ public func fuzzRequestTarget(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt
     )
     Fuzz.check(toClient[canonicalForm: BrokerHeaders.requestID].count == 1, "more than one request id in a response")
     Fuzz.check(toClient.dropLast().last?.name == "Via", "Via is not just before the request id in a response")
-    for (name, _) in toClient {
+    for (name, value) in toClient {
         Fuzz.check(name.lowercased() != "transfer-encoding" && name.lowercased() != "connection", "a hop-by-hop field reaches the client: \(name)")
+        Fuzz.check(
+            !name.lowercased().hasPrefix("authbroker-") || name == BrokerHeaders.requestID,
+            "an upstream Authbroker-* field reaches the client: \(name)"
+        )
+        if name.lowercased() == "proxy-status" {
+            Fuzz.check(
+                ProxyStatusField.brokerError(in: value) == nil && !value.isEmpty,
+                "an upstream Proxy-Status member naming the broker reaches the client"
+            )
+        }
     }
 
     let directives = BrokerDirectives(headers: headers)
