@@ -4,10 +4,12 @@
 /// Servers lock accounts after a few failures, so a broker that retried a refused password in a
 /// loop (or on every request) would lock the user out. The rules, for one request:
 ///
-/// 1. A stored credential is sent at most once per request in answer to a challenge, plus at
-///    most one retry after `stale=true`, which says the credential was right. (A preemptive
-///    Digest authorization from a remembered nonce comes before that and does not count, since
-///    its refusal may only mean the nonce expired; see `LastAttempt.preemptiveDigest`.)
+/// 1. A stored credential is sent at most once per request, up front (Basic under a known
+///    directory, Digest with a remembered nonce) or in answer to a challenge, plus at most one
+///    retry after `stale=true`, which says the credential was right. A refused preemptive
+///    Digest answer counts like any other: a server whose nonce merely expired says
+///    `stale=true` (RFC 7616 §3.3); a plain 401 means the password was refused, and sending it
+///    again to the fresh challenge would be a second failed login on the user's account.
 /// 2. If the server refuses it (a non-stale challenge), it is marked failed, and a credential
 ///    marked failed is never sent again, by any request, until the user changes it (the store
 ///    clears the mark on change).
@@ -40,9 +42,8 @@ package enum AuthAttemptPolicy {
         /// The broker sent the stored credential in answer to a challenge (or Basic preemptively).
         case storedCredential
         /// The broker sent a Digest authorization computed from a remembered nonce, before any
-        /// challenge: a refusal may only mean the nonce had expired on a server that does not
-        /// say `stale=true`, so the credential gets one answer to the fresh challenge before it
-        /// counts as refused.
+        /// challenge. Decided like `storedCredential` (a refusal without `stale=true` is a
+        /// refusal); kept apart for the log and the tests that say so.
         case preemptiveDigest
         /// The client sent its own.
         case clientCredential
@@ -80,7 +81,7 @@ package enum AuthAttemptPolicy {
         switch lastAttempt {
         case .clientCredential:
             return .passToClient
-        case .storedCredential:
+        case .storedCredential, .preemptiveDigest:
             if challengeIsStale {
                 // The credential was right; one fresh nonce is all a correct server needs.
                 return staleRetries == 0 && stored == .usable ? .answerFromStore : .passToClient
@@ -88,15 +89,6 @@ package enum AuthAttemptPolicy {
             if acceptedSinceSent {
                 // The password is right (the server just took it); the refusal was about the
                 // nonce or count. Never a mark; a bounded number of fresh answers.
-                return retriesAfterAcceptance < Self.maxRetriesAfterAcceptance && stored == .usable ? .answerFromStore : .passToClient
-            }
-            return .markStoredFailedAndPassToClient
-        case .preemptiveDigest:
-            if challengeIsStale {
-                return staleRetries == 0 && stored == .usable ? .answerFromStore : .passToClient
-            }
-            if previousFailures == 0, stored == .usable { return .answerFromStore }
-            if acceptedSinceSent {
                 return retriesAfterAcceptance < Self.maxRetriesAfterAcceptance && stored == .usable ? .answerFromStore : .passToClient
             }
             return .markStoredFailedAndPassToClient

@@ -253,10 +253,12 @@ struct AuthAttemptPolicyTests {
             // Stale: one retry, then the client decides; the credential is not marked failed.
             (1, .storedCredential, .usable, true, 0, .answerFromStore),
             (2, .storedCredential, .usable, true, 1, .passToClient),
-            // A preemptive Digest refusal gets one answer to the fresh challenge.
-            (0, .preemptiveDigest, .usable, false, 0, .answerFromStore),
-            (0, .preemptiveDigest, .usable, true, 0, .answerFromStore),
+            // A preemptive Digest answer refused without stale=true: the password was refused,
+            // and is not sent again to the fresh challenge (one failed login, not two).
+            (0, .preemptiveDigest, .usable, false, 0, .markStoredFailedAndPassToClient),
             (1, .preemptiveDigest, .usable, false, 0, .markStoredFailedAndPassToClient),
+            // With stale=true the nonce had expired: one answer to the fresh challenge.
+            (0, .preemptiveDigest, .usable, true, 0, .answerFromStore),
             // The client's own credential is never replaced.
             (1, .clientCredential, .usable, false, 0, .passToClient),
             (0, .clientCredential, .usable, true, 0, .passToClient),
@@ -283,7 +285,7 @@ struct AuthAttemptPolicyTests {
     func refusalContradictedByAcceptance() {
         for last in [P.LastAttempt.storedCredential, .preemptiveDigest] {
             var retries = 0
-            var failures = last == .preemptiveDigest ? 1 : 0
+            var failures = 0
             var decisions: [P.Decision] = []
             for _ in 0..<10 {
                 let decision = P.decide(
@@ -344,6 +346,8 @@ struct AuthAttemptPolicyTests {
             }
             #expect(ended)
             #expect(storedSends <= 3)
+            // A wrong password is sent once per request, up front or as an answer, never twice.
+            if !alwaysStale { #expect(storedSends == 1) }
             #expect(stored == (alwaysStale ? .usable : .markedFailed))
             #expect(!P.mayPreempt(stored: stored) || alwaysStale)
         }

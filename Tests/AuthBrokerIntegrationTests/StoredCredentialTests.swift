@@ -180,6 +180,25 @@ struct StoredCredentialTests {
         }
     }
 
+    @Test("a right password replaced by a wrong one is sent once (preemptively, with the known nonce), not again after the 401")
+    func wrongReplacementSentOnce() async throws {
+        let origin = try await TestAuthOrigin.start(name: "replaced", user: Self.user, password: Self.password)
+        defer { Task { await origin.stop() } }
+        try await withDaemon(config: Self.config(origin)) { daemon in
+            try Self.store(daemon, url: Self.base(origin))
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            #expect(try connection.request("GET", Self.base(origin) + "/digest/SHA-256/auth/x").status == 200)
+            #expect(origin.stats.failures == 0)
+
+            try Self.store(daemon, url: Self.base(origin), password: "replaced-by-a-wrong-one")
+            let refused = try connection.request("GET", Self.base(origin) + "/digest/SHA-256/auth/x")
+            #expect(refused.status == 401)
+            #expect(origin.stats.failures == 1, "the wrong password was sent \(origin.stats.failures) times for one request")
+            #expect(try connection.request("GET", Self.base(origin) + "/digest/SHA-256/auth/x").status == 401)
+            #expect(origin.stats.failures == 1, "a password marked failed was sent again")
+        }
+    }
+
     @Test("a credential the app sends itself is forwarded untouched and never replaced")
     func clientCredential() async throws {
         let origin = try await TestAuthOrigin.start(name: "client", user: Self.user, password: Self.password)
