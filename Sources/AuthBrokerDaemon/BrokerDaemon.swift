@@ -101,7 +101,8 @@ package enum BrokerDaemon {
 
         let vault = PasswordVault(
             permanent: SecretStorePasswords(store: selected.store),
-            failuresPath: (stateDirectory as NSString).appendingPathComponent("password-failures.json")
+            failuresPath: (stateDirectory as NSString).appendingPathComponent("password-failures.json"),
+            digestOnlyPath: (stateDirectory as NSString).appendingPathComponent("password-digest-only.json")
         )
         let audit: AuditLog
         do {

@@ -121,6 +121,7 @@ package final class HTTPAuthenticator: Sendable {
             let answer = self.vault.cachedCredential(for: known.space), AuthAttemptPolicy.mayPreempt(stored: answer.state)
         else { return }
         let space = known.space
+        if space.authScheme == "basic", self.vault.isDigestOnly(space: space, user: answer.credential.user) { return }
         do {
             if space.authScheme == "basic" {
                 state.authorization = try BasicAuthorization.headerValue(for: answer.credential)
@@ -192,8 +193,12 @@ package final class HTTPAuthenticator: Sendable {
         )
         let answer: StoredAnswer? = if case .answered(.credential(let answer)) = resolution { answer } else { nil }
         let acceptedSinceSent = state.space == space && self.acceptanceCount(space) > state.acceptancesWhenSent
+        // A challenge for another space than the one this request's credential was sent for (a
+        // preemptive Digest answer met by a Basic challenge, another realm) says nothing about
+        // that credential: it is a first challenge for this space.
+        let lastAttempt = state.space == nil || state.space == space ? state.lastAttempt : .noCredentials
         let decision = AuthAttemptPolicy.decide(
-            previousFailures: state.previousFailures, lastAttempt: state.lastAttempt, stored: answer?.state ?? .none,
+            previousFailures: state.previousFailures, lastAttempt: lastAttempt, stored: answer?.state ?? .none,
             challengeIsStale: stale, staleRetries: state.staleRetries, acceptedSinceSent: acceptedSinceSent,
             retriesAfterAcceptance: state.retriesAfterAcceptance
         )
@@ -217,6 +222,15 @@ package final class HTTPAuthenticator: Sendable {
             return false
         case .answerFromStore:
             guard let answer, let body = resendableBody else { return false }
+            if case .basic = choice, self.vault.isDigestOnly(space: space, user: answer.credential.user) {
+                // A downgrade: the server (or someone on the path) now offers only Basic for a
+                // password it took as a Digest answer before. Basic would send it in the clear.
+                self.logger.warning(
+                    "not sending as Basic a password that was answered with Digest before; the client gets the 401",
+                    metadata: ["space": "\(space)", "user": "\(answer.credential.user)"]
+                )
+                return false
+            }
             do {
                 switch choice {
                 case .basic(let challenge):
@@ -290,6 +304,9 @@ package final class HTTPAuthenticator: Sendable {
             }
         }
         if space.authScheme == "digest" {
+            if let user = state.user, state.lastAttempt == .storedCredential || state.lastAttempt == .preemptiveDigest {
+                self.vault.noteAnsweredWithDigest(space: space, user: user)
+            }
             self.digestSessions.withLockedValue { sessions in
                 if let fresh = state.freshDigestSession { sessions[space] = fresh }
                 if !info.isEmpty { sessions[space]?.accept(authenticationInfo: AuthenticationInfo(parsing: info)) }

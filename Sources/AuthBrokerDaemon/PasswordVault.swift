@@ -31,7 +31,10 @@ package struct StoredPasswordInfo: Sendable, Equatable {
 /// the same realm wins over one for any realm. `session` ones live in memory; `permanent` ones in
 /// the secret store (read on first need and cached, so repeat requests never wait on a keyring).
 /// A password the server refused is marked failed and not offered again until it is replaced
-/// (`AuthAttemptPolicy`). Secrets stay in `PasswordCredential`, whose descriptions are redacted.
+/// (`AuthAttemptPolicy`). A password a server accepted as a Digest answer is marked Digest-only:
+/// never sent as Basic afterwards (in cleartext, to a server, or someone on the path, that offers
+/// only Basic), until it is replaced. Both marks survive restarts. Secrets stay in
+/// `PasswordCredential`, whose descriptions are redacted.
 package final class PasswordVault: Sendable {
     private struct Entry: Sendable {
         var info: StoredPasswordInfo
@@ -44,58 +47,79 @@ package final class PasswordVault: Sendable {
         var user: String
     }
 
-    /// A refused mark as kept on disk, so a password the server refused is not sent again
-    /// after a restart either (a lockout counts across restarts too).
-    private struct FailedMark: Codable {
+    /// A mark as kept on disk (refused, or Digest-only), so it holds after a restart too (a
+    /// lockout counts across restarts, and so does a downgrade).
+    private struct KeyRecord: Codable {
         var url: String
         var realm: String?
         var user: String
     }
 
+    /// One set of marks and the file that keeps it (nil: memory only).
+    private struct MarkFile: Sendable {
+        let path: String?
+        let keys: NIOLockedValueBox<Set<Key>>
+
+        /// Reads the marks at `path`; an unreadable file starts empty.
+        init(path: String?) {
+            self.path = path
+            var keys: Set<Key> = []
+            if let path, let data = FileManager.default.contents(atPath: path),
+                let records = try? JSONDecoder().decode([KeyRecord].self, from: data)
+            {
+                keys = Set(
+                    records.compactMap { record -> Key? in
+                        guard let origin = try? CanonicalOrigin(parsing: record.url) else { return nil }
+                        return Key(origin: origin, realm: record.realm, user: record.user)
+                    }
+                )
+            }
+            self.keys = NIOLockedValueBox(keys)
+        }
+
+        func contains(_ key: Key) -> Bool { self.keys.withLockedValue { $0.contains(key) } }
+        var all: Set<Key> { self.keys.withLockedValue { $0 } }
+
+        /// Changes the marks and, when they changed, writes them (temp file, then rename: never
+        /// half a file).
+        func update(_ change: (inout Set<Key>) -> Void) {
+            let (before, after) = self.keys.withLockedValue { keys -> (Set<Key>, Set<Key>) in
+                let before = keys
+                change(&keys)
+                return (before, keys)
+            }
+            guard before != after, let path = self.path else { return }
+            let records = after.map { KeyRecord(url: $0.origin.description, realm: $0.realm, user: $0.user) }
+            guard let data = try? JSONEncoder().encode(records.sorted { ($0.url, $0.user) < ($1.url, $1.user) }) else { return }
+            let temporary = path + ".tmp"
+            guard FileManager.default.createFile(atPath: temporary, contents: data, attributes: [.posixPermissions: 0o600]) else { return }
+            _ = rename(temporary, path)
+        }
+    }
+
     private let session = NIOLockedValueBox<[Entry]>([])
     /// Permanent credentials read from the store so far.
     private let permanentCache = NIOLockedValueBox<[Key: PasswordCredential]>([:])
-    private let failed = NIOLockedValueBox<Set<Key>>([])
+    /// Refused passwords: not sent again until replaced.
+    private let failed: MarkFile
+    /// Passwords a server accepted as a Digest answer: never sent as Basic until replaced.
+    private let digestOnly: MarkFile
     private let permanent: SecretStorePasswords?
     private let pool: NIOThreadPool
-    /// Where refused marks are kept (`password-failures.json` in the state directory); nil: memory only.
-    private let failuresPath: String?
 
     /// - Parameters:
     ///   - permanent: the secret store for `permanent` passwords; nil: session only.
-    ///   - failuresPath: where refused marks survive restarts; an unreadable file starts empty.
-    package init(permanent: SecretStorePasswords? = nil, failuresPath: String? = nil, pool: NIOThreadPool = .singleton) {
+    ///   - failuresPath: where refused marks survive restarts (`password-failures.json` in the
+    ///     state directory); an unreadable file starts empty.
+    ///   - digestOnlyPath: the same for Digest-only marks (`password-digest-only.json`).
+    package init(
+        permanent: SecretStorePasswords? = nil, failuresPath: String? = nil, digestOnlyPath: String? = nil,
+        pool: NIOThreadPool = .singleton
+    ) {
         self.permanent = permanent
         self.pool = pool
-        self.failuresPath = failuresPath
-        if let failuresPath, let data = FileManager.default.contents(atPath: failuresPath),
-            let marks = try? JSONDecoder().decode([FailedMark].self, from: data)
-        {
-            let keys = marks.compactMap { mark -> Key? in
-                guard let origin = try? CanonicalOrigin(parsing: mark.url) else { return nil }
-                return Key(origin: origin, realm: mark.realm, user: mark.user)
-            }
-            self.failed.withLockedValue { $0 = Set(keys) }
-        }
-    }
-
-    /// Writes the refused marks (temp file, then rename: never half a file).
-    private func saveFailures(_ keys: Set<Key>) {
-        guard let path = self.failuresPath else { return }
-        let marks = keys.map { FailedMark(url: $0.origin.description, realm: $0.realm, user: $0.user) }
-        guard let data = try? JSONEncoder().encode(marks.sorted { ($0.url, $0.user) < ($1.url, $1.user) }) else { return }
-        let temporary = path + ".tmp"
-        guard FileManager.default.createFile(atPath: temporary, contents: data, attributes: [.posixPermissions: 0o600]) else { return }
-        _ = rename(temporary, path)
-    }
-
-    /// Changes the refused marks and keeps them on disk.
-    private func updateFailed(_ change: (inout Set<Key>) -> Void) {
-        let keys = self.failed.withLockedValue { failed -> Set<Key> in
-            change(&failed)
-            return failed
-        }
-        self.saveFailures(keys)
+        self.failed = MarkFile(path: failuresPath)
+        self.digestOnly = MarkFile(path: digestOnlyPath)
     }
 
     /// Adds a password, replacing one for the same origin, realm and user (and clearing its failed mark).
@@ -117,7 +141,9 @@ package final class PasswordVault: Sendable {
             try await self.blocking { try store.add(origin: origin, realm: realm, credential: credential) }
             self.permanentCache.withLockedValue { $0[key] = credential }
         }
-        self.updateFailed { _ = $0.remove(key) }
+        // A new password starts afresh: not refused, and no scheme seen for it yet.
+        self.failed.update { _ = $0.remove(key) }
+        self.digestOnly.update { _ = $0.remove(key) }
     }
 
     /// Removes the password for `origin`, `realm` and `user` (session and permanent); returns what was removed.
@@ -135,7 +161,8 @@ package final class PasswordVault: Sendable {
                 removed = StoredPasswordInfo(origin: origin, realm: realm, user: user, persistence: .permanent, failed: false)
             }
         }
-        self.updateFailed { _ = $0.remove(key) }
+        self.failed.update { _ = $0.remove(key) }
+        self.digestOnly.update { _ = $0.remove(key) }
         guard let removed else {
             throw Self.notFound(origin: origin, realm: realm, user: user)
         }
@@ -144,7 +171,7 @@ package final class PasswordVault: Sendable {
 
     /// Session passwords, then permanent ones (metadata only).
     package func list() async throws(BrokerError) -> [StoredPasswordInfo] {
-        let failed = self.failed.withLockedValue { $0 }
+        let failed = self.failed.all
         var infos = self.session.withLockedValue { $0.map(\.info) }.map { info in
             var info = info
             info.failed = failed.contains(Key(origin: info.origin, realm: info.realm, user: info.user))
@@ -199,14 +226,14 @@ package final class PasswordVault: Sendable {
         let credential = PasswordCredential(user: found.user, password: found.password)
         let key = Key(origin: origin, realm: found.realm, user: found.user)
         self.permanentCache.withLockedValue { $0[key] = credential }
-        let isFailed = self.failed.withLockedValue { $0.contains(key) }
+        let isFailed = self.failed.contains(key)
         return StoredAnswer(credential: credential, state: isFailed ? .markedFailed : .usable)
     }
 
     /// From memory only (session passwords and permanent ones already read): for preemptive
     /// answers, which must not wait on a keyring.
     package func cachedCredential(for space: ProtectionSpace) -> StoredAnswer? {
-        let failed = self.failed.withLockedValue { $0 }
+        let failed = self.failed.all
         let sessionMatch = self.session.withLockedValue { entries -> Entry? in
             let candidates = entries.filter { $0.info.origin == space.origin && ($0.info.realm == nil || $0.info.realm == space.realm) }
             return candidates.first(where: { $0.info.realm != nil }) ?? candidates.first
@@ -226,11 +253,26 @@ package final class PasswordVault: Sendable {
     /// The server refused `user`'s password for `space`: do not send it again until it changes.
     package func markFailed(space: ProtectionSpace, user: String) {
         let keys = [Key(origin: space.origin, realm: space.realm, user: user), Key(origin: space.origin, realm: nil, user: user)]
-        self.updateFailed { $0.formUnion(keys) }
+        self.failed.update { $0.formUnion(keys) }
+    }
+
+    /// A server accepted `user`'s password for `space` as a Digest answer: from now on it is
+    /// never sent as Basic, for this realm or (through a password stored for any realm) another,
+    /// until it is replaced.
+    package func noteAnsweredWithDigest(space: ProtectionSpace, user: String) {
+        let keys = [Key(origin: space.origin, realm: space.realm, user: user), Key(origin: space.origin, realm: nil, user: user)]
+        self.digestOnly.update { $0.formUnion(keys) }
+    }
+
+    /// Whether `user`'s password for `space` must not be sent as Basic (it was answered with
+    /// Digest before).
+    package func isDigestOnly(space: ProtectionSpace, user: String) -> Bool {
+        self.digestOnly.contains(Key(origin: space.origin, realm: space.realm, user: user))
+            || self.digestOnly.contains(Key(origin: space.origin, realm: nil, user: user))
     }
 
     package var failedCount: Int {
-        self.failed.withLockedValue { $0.count }
+        self.failed.all.count
     }
 
     private static func notFound(origin: CanonicalOrigin, realm: String?, user: String) -> BrokerError {

@@ -17,8 +17,11 @@ struct StoredCredentialTests {
 
     /// Stores a password through the control API (session persistence).
     @discardableResult
-    static func store(_ daemon: DaemonProcess, url: String, user: String = user, password: String = password, realm: String? = nil) throws -> TestResponse {
-        var body: [String: Any] = ["url": url, "user": user, "password": password, "persistence": "session"]
+    static func store(
+        _ daemon: DaemonProcess, url: String, user: String = user, password: String = password, realm: String? = nil,
+        persistence: String = "session"
+    ) throws -> TestResponse {
+        var body: [String: Any] = ["url": url, "user": user, "password": password, "persistence": persistence]
         if let realm { body["realm"] = realm }
         let connection = try UnixSocketConnection(path: daemon.socketPath)
         return try connection.request("POST", "/v1/passwords", headers: [("Content-Type", "application/json")], body: jsonBody(body))
@@ -196,6 +199,52 @@ struct StoredCredentialTests {
             #expect(origin.stats.failures == 1, "the wrong password was sent \(origin.stats.failures) times for one request")
             #expect(try connection.request("GET", Self.base(origin) + "/digest/SHA-256/auth/x").status == 401)
             #expect(origin.stats.failures == 1, "a password marked failed was sent again")
+        }
+    }
+
+    @Test("a password answered with Digest is never sent as Basic afterwards, in another realm either, not after a restart")
+    func noDowngradeToBasic() async throws {
+        let origin = try await TestAuthOrigin.start(name: "downgrade", user: Self.user, password: Self.password)
+        defer { Task { await origin.stop() } }
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try await withDaemon(config: Self.config(origin), directory: directory, keepDirectory: true) { daemon in
+            // Stored for any realm at this http:// origin, and answered with Digest.
+            try Self.store(daemon, url: Self.base(origin))
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            #expect(try connection.request("GET", Self.base(origin) + "/digest/SHA-256/auth/x").status == 200)
+            let successes = origin.stats.successes
+
+            // Now the server (or whoever is on the path) offers only Basic, in another realm.
+            let downgraded = try connection.request("GET", Self.base(origin) + "/basic/x")
+            #expect(downgraded.status == 401, "the password was sent as Basic after a Digest answer")
+            #expect(downgraded.header("WWW-Authenticate")?.hasPrefix("Basic") == true)
+            #expect(origin.stats.successes == successes)
+            #expect(origin.stats.failures == 0)
+            await daemon.stop()  // the log is written in batches: all of it is there once stopped
+            #expect(daemon.log.contains("not sending as Basic"))
+        }
+        try await withDaemon(config: Self.config(origin), directory: directory, keepDirectory: true) { daemon in
+            // The mark is kept with the password: a restarted daemon (session password gone,
+            // stored again the same) still refuses the downgrade.
+            try Self.store(daemon, url: Self.base(origin), persistence: "permanent")
+            #expect(try fetch(daemon, Self.base(origin) + "/digest/MD5/auth/x").status == 200)
+            await daemon.stop()
+        }
+        try await withDaemon(config: Self.config(origin), directory: directory, keepDirectory: true) { daemon in
+            let downgraded = try fetch(daemon, Self.base(origin) + "/basic/x")
+            #expect(downgraded.status == 401, "after a restart the password was sent as Basic")
+        }
+    }
+
+    @Test("a password never answered with Digest is still sent as Basic")
+    func basicStaysBasic() async throws {
+        let origin = try await TestAuthOrigin.start(name: "basic-only", user: Self.user, password: Self.password)
+        defer { Task { await origin.stop() } }
+        try await withDaemon(config: Self.config(origin)) { daemon in
+            try Self.store(daemon, url: Self.base(origin))
+            #expect(try fetch(daemon, Self.base(origin) + "/basic/x").status == 200)
+            #expect(try fetch(daemon, Self.base(origin) + "/digest/SHA-256/auth/x").status == 200)
         }
     }
 
