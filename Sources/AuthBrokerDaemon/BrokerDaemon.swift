@@ -289,7 +289,7 @@ struct BrokerService: Service, CustomStringConvertible {
                     throw PeerRejected(credentials: credentials)
                 }
                 counters.clientConnectionsAccepted.add(1)
-                return try AcceptedClientConnection.configure(channel, relay: relay)
+                return try AcceptedClientConnection.configure(channel, relay: relay, peer: ConnectionPeer(credentials: credentials))
             }
         }
 

@@ -95,10 +95,12 @@ package struct AcceptedClientConnection: Sendable {
     package var connection: NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>
     package var registration: RegisteredClientConnection
     package var relay: DirectRelayLink
+    /// The process that connected, read at accept (see `ConnectionPeer`).
+    package var peer: ConnectionPeer?
 
     /// Sets up an accepted channel's pipeline and registers it; on the channel's event loop.
     /// - Throws: `ClientConnectionRefused` while the daemon drains (the channel is then closed).
-    package static func configure(_ channel: any Channel, relay: DirectRelay) throws -> AcceptedClientConnection {
+    package static func configure(_ channel: any Channel, relay: DirectRelay, peer: ConnectionPeer? = nil) throws -> AcceptedClientConnection {
         guard let registration = relay.registry.register(channel) else { throw ClientConnectionRefused() }
         let registry = relay.registry
         channel.closeFuture.whenComplete { _ in registry.unregister(registration) }
@@ -120,7 +122,8 @@ package struct AcceptedClientConnection: Sendable {
             wrappingChannelSynchronously: channel
         )
         return AcceptedClientConnection(
-            connection: connection, registration: registration, relay: DirectRelayLink(handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), adopted: adopted)
+            connection: connection, registration: registration,
+            relay: DirectRelayLink(handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), adopted: adopted), peer: peer
         )
     }
 }
@@ -150,8 +153,9 @@ package struct ClientConnectionServer: Sendable {
             channel.close(mode: .output).whenComplete { _ in channel.close(promise: nil) }
         }
         let abortClient: @Sendable () -> Void = { channel.close(promise: nil) }
-        // Who is on the other end, for grants that belong to one process (PAM re-authentication).
-        let peer = (try? await channel.peerCredentials().get()).map(ConnectionPeer.init)
+        // Who is on the other end, for grants that belong to one process (PAM re-authentication):
+        // read at accept, while the pid could only name the process that connected.
+        let peer = accepted.peer
         let registry = self.registry
         let draining: @Sendable () -> Bool = { registry.isDraining }
         let closeFuture = channel.closeFuture

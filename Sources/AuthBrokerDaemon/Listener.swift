@@ -106,41 +106,26 @@ package struct PeerCredentials: Sendable {
     package var pid: Int32
     package var uid: UInt32
 
-    /// The process as agents and the audit log show it: pid, uid and executable.
-    package var requester: Requester {
-        let executable = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(self.pid)/exe")
-        return Requester(pid: self.pid, uid: self.uid, executable: executable)
-    }
 }
 
-/// The process behind one client connection, read from `/proc` on first use and kept: most
-/// connections never need it (only PAM grants, challenges and the audit log do), so accepting
-/// one costs no `/proc` reads.
+/// The process behind one client connection: uid and pid from `SO_PEERCRED`, start time and
+/// executable from `/proc`, all read at accept. Read later (at the first control request, as
+/// before), a pid recycled while another process held the connection would name that other
+/// process, and a re-authentication grant would follow the pid to it.
 package final class ConnectionPeer: Sendable {
     package let credentials: PeerCredentials
-    private let identityCache = NIOLockedValueBox<PeerIdentity?>(nil)
-    private let requesterCache = NIOLockedValueBox<Requester?>(nil)
+    /// uid, pid, start time and executable, for grants that belong to one process; nil when
+    /// the process was gone before it could be read (such a peer gets no grant).
+    package let identity: PeerIdentity?
 
     package init(credentials: PeerCredentials) {
         self.credentials = credentials
-    }
-
-    /// uid, pid and start time, for grants that belong to one process.
-    package var identity: PeerIdentity? {
-        self.identityCache.withLockedValue { cached in
-            if cached == nil { cached = PeerIdentity.read(uid: self.credentials.uid, pid: self.credentials.pid) }
-            return cached
-        }
+        self.identity = PeerIdentity.read(uid: credentials.uid, pid: credentials.pid)
     }
 
     /// pid, uid and executable, as agents and the audit log show them.
     package var requester: Requester {
-        self.requesterCache.withLockedValue { cached in
-            if let cached { return cached }
-            let requester = self.credentials.requester
-            cached = requester
-            return requester
-        }
+        Requester(pid: self.credentials.pid, uid: self.credentials.uid, executable: self.identity?.executable)
     }
 }
 

@@ -300,6 +300,27 @@ struct PersistAndAuditTests {
         }
     }
 
+    @Test("the process is the one that connected: one that exec'd another program on the connection is logged as the first")
+    func peerReadAtAccept() async throws {
+        let origin = try await TestAuthOrigin.start(name: "exec", user: "alice", password: StoredCredentialTests.password)
+        defer { Task { await origin.stop() } }
+        try await withDaemon(config: StoredCredentialTests.config(origin)) { daemon in
+            try StoredCredentialTests.store(daemon, url: StoredCredentialTests.base(origin))
+            // Python connects, then (once the daemon has had time to accept) becomes perl (same
+            // pid, same start time), which sends the request on the inherited connection.
+            let perl = #"open(my $s, "+<&=", $ARGV[0]) or die; binmode $s; syswrite($s, "GET $ARGV[1] HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"); my $b; while (sysread($s, $b, 65536)) { print $b; }"#
+            let python = #"import os, socket, sys, time; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); time.sleep(0.5); fd = s.detach(); os.set_inheritable(fd, True); os.execv("/usr/bin/perl", ["perl", "-e", sys.argv[3], str(fd), sys.argv[2]])"#
+            let run = try CLIAndClientsTests.run(
+                "/usr/bin/env", ["python3", "-c", python, daemon.socketPath, StoredCredentialTests.base(origin) + "/digest/MD5/auth/exec", perl]
+            )
+            #expect(run.stdout.hasPrefix("HTTP/1.1 200"), "\(run.stdout) \(run.stderr)")
+            let text = try String(contentsOfFile: daemon.directory + "/state/authbroker/audit.jsonl", encoding: .utf8)
+            let executable = text.split(separator: "\n").compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }
+                .last?["executable"] as? String
+            #expect(executable?.contains("python") == true, "the peer was read after it exec'd: \(executable ?? "none")")
+        }
+    }
+
     @Test("the audit log records which process used which stored credential for which server, never the secret")
     func auditLog() async throws {
         let origin = try await TestAuthOrigin.start(name: "audit", user: "alice", password: StoredCredentialTests.password)

@@ -26,6 +26,34 @@ struct ReauthGrantsTests {
     let reusedPid = PeerIdentity(uid: 1000, pid: 4242, startTime: 99_000)
     let bob = PeerIdentity(uid: 1001, pid: 5000, startTime: 20_000)
 
+    @Test("a grant belongs to one process: not to the same pid and start time running another executable")
+    func grantFollowsTheExecutable() {
+        var grants = Grants()
+        let python = PeerIdentity(uid: 1000, pid: 777, startTime: 5_000, executable: "/usr/bin/python3.11")
+        let sameProcessOtherProgram = PeerIdentity(uid: 1000, pid: 777, startTime: 5_000, executable: "/tmp/evil")
+        let unreadable = PeerIdentity(uid: 1000, pid: 777, startTime: 5_000, executable: nil)
+        #expect(grants.beginAttempt(python, now: .at(0)) == .allowed)
+        grants.recordSuccess(python, now: .at(1))
+        #expect(grants.hasGrant(python, now: .at(2)))
+        #expect(!grants.hasGrant(sameProcessOtherProgram, now: .at(2)))
+        #expect(!grants.hasGrant(unreadable, now: .at(2)))
+    }
+
+    @Test("the peer is read from /proc at once: it still names the process after that process is gone")
+    func identityReadAtOnce() throws {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/bin/sleep")
+        process.arguments = ["30"]
+        try process.run()
+        let pid = process.processIdentifier
+        let identity = try #require(PeerIdentity.read(uid: getuid(), pid: pid))
+        #expect(identity.executable == "/usr/bin/sleep" || identity.executable == "/bin/sleep")
+        kill(pid, SIGKILL)  // not SIGTERM: the test runner's children inherit it blocked
+        process.waitUntilExit()
+        #expect(PeerIdentity.read(uid: getuid(), pid: pid) == nil, "a gone process still reads")
+        #expect(identity.pid == pid && identity.startTime > 0)
+    }
+
     @Test("a grant holds for its TTL and not a moment longer")
     func grantWithinTTL() {
         var grants = Grants()
