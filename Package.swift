@@ -31,10 +31,12 @@ let package = Package(
         .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift.git", from: "0.2.0"),
     ],
     targets: [
-        // Pure values and state machines: no sockets, no files, no NIOPosix.
+        // Pure values and state machines, plus the few file and socket-peer checks every target
+        // shares (PrivateFiles, SocketPeer); no NIOPosix.
         .target(
             name: "AuthBrokerCore",
             dependencies: [
+                "CAuthBrokerSystem",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
             ],

@@ -28,6 +28,8 @@ package enum BrokerClientError: Error, Sendable, Equatable {
     case responseTooLarge(limit: Int)
     /// The request body could not be read or changed size while it was sent.
     case requestBody(reason: String)
+    /// The process listening on the socket is not the user's own: nothing was sent.
+    case foreignListener(ForeignListener)
 }
 
 /// The body of a request to the daemon.
@@ -175,7 +177,20 @@ package struct BrokerSocketClient: Sendable {
 
     // MARK: Connection
 
+    /// Connects, then checks who listens before a byte is sent (`verifyListenerIsOwnUser`).
     private func connect() async throws -> NIOAsyncChannel<HTTPClientResponsePart, HTTPClientRequestPart> {
+        let channel = try await connectSocket()
+        do {
+            try await channel.channel.verifyListenerIsOwnUser(socketPath: socketPath)
+        } catch {
+            // Closed through the async channel, which must be finished before it goes away.
+            try? await channel.executeThenClose { _, _ in }
+            throw BrokerClientError.foreignListener(error)
+        }
+        return channel
+    }
+
+    private func connectSocket() async throws -> NIOAsyncChannel<HTTPClientResponsePart, HTTPClientRequestPart> {
         do {
             return try await ClientBootstrap(group: group)
                 .connect(unixDomainSocketPath: socketPath) { channel in

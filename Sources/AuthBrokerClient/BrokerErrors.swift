@@ -2,6 +2,10 @@ import AuthBrokerCore
 import Foundation
 import NIOHTTP1
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// A failure the daemon itself reported: it could not (or would not) fetch, or a control
 /// request was refused. Built from the `Proxy-Status` field (RFC 9209) and the
 /// `application/problem+json` body (RFC 9457) the daemon sends.
@@ -106,6 +110,9 @@ public enum BrokerClientError: Error, Sendable, Hashable, CustomStringConvertibl
     case permissionDenied(socketPath: String)
     /// The socket path cannot be used (too long, not a socket, ...).
     case unusableSocket(socketPath: String, reason: String)
+    /// The process listening on the socket runs as another user (`listenerUID`, nil when the
+    /// kernel could not say), so it is not the user's daemon: nothing was sent to it.
+    case foreignListener(socketPath: String, listenerUID: UInt32?)
     /// The daemon closed the connection before the response was complete.
     case connectionClosed
     /// The daemon's bytes were not a valid HTTP/1.1 response.
@@ -125,6 +132,8 @@ public enum BrokerClientError: Error, Sendable, Hashable, CustomStringConvertibl
             "authbrokerd is not running: nothing listens on \(path). Start it with `systemctl --user start authbrokerd.socket` (or `authbrokerd`)."
         case .permissionDenied(let path): "permission denied connecting to \(path): the socket belongs to another user"
         case .unusableSocket(let path, let reason): "cannot use the socket \(path): \(reason)"
+        case .foreignListener(let path, let uid):
+            ForeignListener(socketPath: path, listenerUID: uid, ownUID: UInt32(geteuid())).message
         case .connectionClosed: "authbrokerd closed the connection before the response was complete"
         case .protocolError(let reason): "authbrokerd's response was not valid HTTP/1.1: \(reason)"
         case .invalidRequest(let reason): "invalid request: \(reason)"

@@ -1,3 +1,4 @@
+import AuthBrokerCore
 import NIOCore
 import NIOHTTP1
 import NIOPosix
@@ -112,7 +113,23 @@ final class BrokerExchange: Sendable {
 
     // MARK: Connection
 
+    /// Connects, then checks who listens before a byte is sent: a socket another user planted
+    /// where the daemon's should be must not receive a password.
     private static func connect(
+        socketPath: String, group: any EventLoopGroup
+    ) async throws -> NIOAsyncChannel<HTTPClientResponsePart, HTTPClientRequestPart> {
+        let channel = try await connectSocket(socketPath: socketPath, group: group)
+        do {
+            try await channel.channel.verifyListenerIsOwnUser(socketPath: socketPath)
+        } catch {
+            // Closed through the async channel, which must be finished before it goes away.
+            try? await channel.executeThenClose { _, _ in }
+            throw BrokerClientError.foreignListener(socketPath: socketPath, listenerUID: error.listenerUID)
+        }
+        return channel
+    }
+
+    private static func connectSocket(
         socketPath: String, group: any EventLoopGroup
     ) async throws -> NIOAsyncChannel<HTTPClientResponsePart, HTTPClientRequestPart> {
         do {

@@ -22,22 +22,29 @@ package struct BrokerPaths: Sendable {
     ///
     /// Precedence: `explicit` (a command-line flag) > `$AUTHBROKER_SOCKET` > `configured`
     /// (`socket_path` in the file) > `$XDG_RUNTIME_DIR/authbroker/authbroker.sock` >
-    /// `/tmp/authbroker-<uid>/authbroker.sock`. The runtime directory is the XDG choice because
+    /// `$TMPDIR/authbroker-<uid>/authbroker.sock` (`/tmp` without `$TMPDIR`). The runtime directory is the XDG choice because
     /// it is owned by the user, mode 0700, and removed at logout (XDG Base Directory
     /// §"$XDG_RUNTIME_DIR"); the spec asks applications to fall back to a replacement directory
     /// with similar properties when it is unset, which the `/tmp` fallback is.
     ///
-    /// - Warning: the `/tmp` fallback lives in a world-writable directory. Whoever creates the
-    ///   socket must create `/tmp/authbroker-<uid>` with mode 0700, or, if it exists, refuse it
-    ///   unless it is a real directory (not a symlink) owned by `uid` with mode 0700.
+    /// - Warning: the fallback lives in a world-writable directory. Whoever creates the socket
+    ///   must create the fallback directory with mode 0700, or, if it exists, refuse it unless it
+    ///   is a real directory (not a symlink) owned by `uid` with mode 0700
+    ///   (`PrivateFiles.ensureDirectory`); clients check who listens (`ListenerCheck`).
     package static func socketPath(explicit: String?, configured: String?, environment: [String: String], uid: UInt32) -> String {
         if let explicit = nonEmpty(explicit) { return explicit }
         if let fromEnvironment = nonEmpty(environment[socketEnvironmentVariable]) { return fromEnvironment }
         if let configured = nonEmpty(configured) { return configured }
+        return defaultSocketPath(environment: environment, uid: uid)
+    }
+
+    /// The socket when nobody chose one: in the broker's own directory, which the daemon
+    /// creates private (0700) and refuses to use otherwise.
+    package static func defaultSocketPath(environment: [String: String], uid: UInt32) -> String {
         if let runtime = xdgDirectory("XDG_RUNTIME_DIR", in: environment) {
             return join(runtime, applicationDirectoryName, socketFileName)
         }
-        return join(fallbackDirectory(uid: uid), socketFileName)
+        return join(fallbackDirectory(uid: uid, environment: environment), socketFileName)
     }
 
     /// The configuration file to read (it need not exist).
@@ -62,7 +69,7 @@ package struct BrokerPaths: Sendable {
     ///
     /// Precedence: `configured` (`state_dir`) > `$XDG_STATE_HOME/authbroker` >
     /// `$HOME/.local/state/authbroker` (the spec's default for an unset `$XDG_STATE_HOME`) >
-    /// `/tmp/authbroker-<uid>/state` when even `$HOME` is unusable.
+    /// `$TMPDIR/authbroker-<uid>/state` when even `$HOME` is unusable.
     ///
     /// - Warning: the last fallback does not survive a reboot, and lives under a
     ///   world-writable directory; the same ownership checks as for the socket apply.
@@ -74,7 +81,7 @@ package struct BrokerPaths: Sendable {
         if let home = xdgDirectory("HOME", in: environment) {
             return join(home, ".local", "state", applicationDirectoryName)
         }
-        return join(fallbackDirectory(uid: uid), "state")
+        return join(fallbackDirectory(uid: uid, environment: environment), "state")
     }
 
     /// The directory for the encrypted secrets file: `$XDG_DATA_HOME/authbroker` >
@@ -86,12 +93,14 @@ package struct BrokerPaths: Sendable {
         if let home = xdgDirectory("HOME", in: environment) {
             return join(home, ".local", "share", applicationDirectoryName)
         }
-        return join(fallbackDirectory(uid: uid), "data")
+        return join(fallbackDirectory(uid: uid, environment: environment), "data")
     }
 
-    /// `/tmp/authbroker-<uid>`: the per-user directory used when the XDG directories are missing.
-    package static func fallbackDirectory(uid: UInt32) -> String {
-        "/tmp/\(applicationDirectoryName)-\(uid)"
+    /// `$TMPDIR/authbroker-<uid>` (`/tmp/authbroker-<uid>` without an absolute `$TMPDIR`): the
+    /// per-user directory used when the XDG directories are missing. Everything in it must be
+    /// private to the user (`PrivateFiles`), because other users can create names beside it.
+    package static func fallbackDirectory(uid: UInt32, environment: [String: String]) -> String {
+        join(xdgDirectory("TMPDIR", in: environment) ?? "/tmp", "\(applicationDirectoryName)-\(uid)")
     }
 
     /// The variable's value if it is set to an absolute path; XDG Base Directory: "If an

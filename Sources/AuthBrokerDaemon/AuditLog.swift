@@ -40,14 +40,14 @@ package final class AuditLog: Sendable {
     private let descriptor: NIOLockedValueBox<Int32>
     private let logger: Logger
 
-    /// Opens (creating, 0600) the log for appending.
+    /// Opens (creating, 0600) the log for appending; never through a symlink, and only a file
+    /// of the user's that nobody else can write (`PrivateFiles.openForAppending`).
     package init(path: String, logger: Logger) throws {
-        let fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o600)
-        guard fd >= 0 else {
-            throw StartupError(
-                description: "authbrokerd: cannot open the audit log \(path): \(String(cString: strerror(errno))). Check the state directory's permissions.",
-                exitCode: 1
-            )
+        let fd: CInt
+        do {
+            fd = try PrivateFiles.openForAppending(path, what: "the audit log")
+        } catch {
+            throw StartupError(description: "authbrokerd: \(error)", exitCode: 1)
         }
         self.path = path
         self.descriptor = NIOLockedValueBox(fd)

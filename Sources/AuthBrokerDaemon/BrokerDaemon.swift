@@ -62,6 +62,16 @@ package enum BrokerDaemon {
         let stateDirectory = BrokerPaths.stateDirectory(
             configured: settings.daemon.stateDirectory, environment: environment, uid: uid
         )
+        // Checked before anything in it is read: under the /tmp fallback another user could have
+        // made the directory first, or planted a trust.json in it.
+        do {
+            try PrivateFiles.ensureDirectory(
+                stateDirectory, what: "the state directory",
+                fallbackRoot: BrokerPaths.fallbackDirectory(uid: uid, environment: environment)
+            )
+        } catch {
+            throw StartupError(description: "authbrokerd: \(error)", exitCode: 1)
+        }
         let store: TrustStore
         do {
             store = try TrustStore(path: (stateDirectory as NSString).appendingPathComponent("trust.json"))
@@ -77,7 +87,9 @@ package enum BrokerDaemon {
         let listening = ListeningSocket.choose(socketPath: socketPath, environment: environment)
         if case .path(let path) = listening {
             do {
-                try ListeningSocket.prepare(path: path)
+                try ListeningSocket.prepare(
+                    path: path, privateDirectory: path == BrokerPaths.defaultSocketPath(environment: environment, uid: uid)
+                )
             } catch {
                 throw StartupError(description: "authbrokerd: \(error)", exitCode: 1)
             }
@@ -106,9 +118,6 @@ package enum BrokerDaemon {
         )
         let audit: AuditLog
         do {
-            try FileManager.default.createDirectory(
-                atPath: stateDirectory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700]
-            )
             audit = try AuditLog(path: (stateDirectory as NSString).appendingPathComponent("audit.jsonl"), logger: logger)
         } catch let error as StartupError {
             throw error

@@ -39,41 +39,26 @@ package enum ListeningSocket: Sendable {
         return .path(socketPath)
     }
 
-    /// Makes `path` ready to bind: the parent directory created 0700 when missing (an existing
-    /// one is checked, never changed), no live daemon on it, a stale socket file removed.
-    package static func prepare(path: String) throws(ListenerError) {
+    /// Makes `path` ready to bind: its directory checked (or created 0700), no live daemon on
+    /// it, a stale socket file removed.
+    ///
+    /// In the broker's own directory (`privateDirectory`: the default location, under
+    /// `$XDG_RUNTIME_DIR` or the `/tmp` fallback) the directory must be a real directory owned by
+    /// the user with mode 0700, examined with `lstat`: a symlink planted by another user (to
+    /// `/tmp`, say) or a directory they made first is refused. A directory the user named
+    /// (`--socket`, `socket_path`) is never changed; it must be theirs, not a symlink, and not
+    /// writable by others unless sticky and root's (like `/tmp`, where nobody else can remove or
+    /// rename our socket).
+    package static func prepare(path: String, privateDirectory: Bool) throws(ListenerError) {
         let directory = (path as NSString).deletingLastPathComponent
-        var owner: uid_t = 0
-        var mode: UInt32 = 0
-        if cab_file_owner_mode(directory, 1, &owner, &mode) != 0 {
-            let oldMask = umask(0o077)
-            defer { umask(oldMask) }
+        if privateDirectory {
             do {
-                try FileManager.default.createDirectory(
-                    atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700]
-                )
+                try PrivateFiles.ensureDirectory(directory, what: "the socket directory", rule: .privateToUser)
             } catch {
-                throw ListenerError(
-                    description: "cannot create the socket directory \(directory): \(error.localizedDescription). Check that its parent exists and is writable, or choose another path with --socket."
-                )
+                throw ListenerError(description: error.description)
             }
-            guard cab_file_owner_mode(directory, 1, &owner, &mode) == 0 else {
-                throw ListenerError(description: "cannot read the socket directory \(directory) after creating it.")
-            }
-        }
-        // An existing directory is never changed (it may be /tmp, or shared): it must only be
-        // such that no other user can replace the socket in it. A sticky directory (like /tmp)
-        // lets nobody else remove or rename our file.
-        let sticky = mode & UInt32(S_ISVTX) != 0
-        guard owner == getuid() || (owner == 0 && sticky) else {
-            throw ListenerError(
-                description: "the socket directory \(directory) belongs to uid \(owner), not to you (uid \(getuid())); another user could replace the socket. Remove it or choose another path with --socket."
-            )
-        }
-        guard mode & 0o022 == 0 || sticky else {
-            throw ListenerError(
-                description: "the socket directory \(directory) is writable by other users, who could replace the socket. Run `chmod go-w \(directory)` or choose another path with --socket."
-            )
+        } else {
+            try checkChosenDirectory(directory)
         }
 
         var existingOwner: uid_t = 0
@@ -101,11 +86,48 @@ package enum ListeningSocket: Sendable {
     }
 }
 
-/// The credentials `SO_PEERCRED` reports for a connected Unix socket.
-package struct PeerCredentials: Sendable {
-    package var pid: Int32
-    package var uid: UInt32
-
+extension ListeningSocket {
+    /// The directory of a socket path the user chose: created 0700 when missing, else examined
+    /// without following a symlink and never changed.
+    fileprivate static func checkChosenDirectory(_ directory: String) throws(ListenerError) {
+        var owner: uid_t = 0
+        var mode: UInt32 = 0
+        if cab_file_owner_mode(directory, 0, &owner, &mode) != 0 {
+            let oldMask = umask(0o077)
+            defer { umask(oldMask) }
+            do {
+                try FileManager.default.createDirectory(
+                    atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700]
+                )
+            } catch {
+                throw ListenerError(
+                    description: "cannot create the socket directory \(directory): \(error.localizedDescription). Check that its parent exists and is writable, or choose another path with --socket."
+                )
+            }
+            guard cab_file_owner_mode(directory, 0, &owner, &mode) == 0 else {
+                throw ListenerError(description: "cannot read the socket directory \(directory) after creating it.")
+            }
+        }
+        guard mode & UInt32(S_IFMT) != UInt32(S_IFLNK) else {
+            throw ListenerError(
+                description: "the socket directory \(directory) is a symbolic link, which the broker does not follow (whoever owns the link chooses where the socket goes). Name the real directory with --socket."
+            )
+        }
+        guard mode & UInt32(S_IFMT) == UInt32(S_IFDIR) else {
+            throw ListenerError(description: "the socket directory \(directory) is not a directory. Choose another path with --socket.")
+        }
+        let sticky = mode & UInt32(S_ISVTX) != 0
+        guard owner == getuid() || (owner == 0 && sticky) else {
+            throw ListenerError(
+                description: "the socket directory \(directory) belongs to uid \(owner), not to you (uid \(getuid())); another user could replace the socket. Remove it or choose another path with --socket."
+            )
+        }
+        guard mode & 0o022 == 0 || sticky else {
+            throw ListenerError(
+                description: "the socket directory \(directory) is writable by other users, who could replace the socket. Run `chmod go-w \(directory)` or choose another path with --socket."
+            )
+        }
+    }
 }
 
 /// The process behind one client connection: uid and pid from `SO_PEERCRED`, start time and
@@ -134,17 +156,3 @@ package struct PeerRejected: Error {
     package var credentials: PeerCredentials?
 }
 
-extension Channel {
-    /// The peer's pid and uid, read with `SO_PEERCRED` before anything is read from it.
-    package func peerCredentials() -> EventLoopFuture<PeerCredentials> {
-        guard let provider = self as? any SocketOptionProvider else {
-            return self.eventLoop.makeFailedFuture(PeerRejected(credentials: nil))
-        }
-        let level = SocketOptionLevel(cab_sol_socket())
-        let name = SocketOptionName(cab_so_peercred())
-        let future: EventLoopFuture<cab_ucred> = provider.unsafeGetSocketOption(level: level, name: name)
-        return future.map { PeerCredentials(pid: $0.pid, uid: $0.uid) }
-    }
-}
-
-extension cab_ucred: @retroactive @unchecked Sendable {}  // plain integers; the C import just lacks the annotation

@@ -1,4 +1,5 @@
 import AuthBrokerCore
+import Foundation
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -14,25 +15,15 @@ enum FileIO {
         String(cString: strerror(code))
     }
 
-    /// Creates `directory` (and missing parents) with mode 0700.
+    /// Creates `directory` (and missing parents) with mode 0700, or checks the existing one: a
+    /// real directory of the user's that nobody else can write, and 0700 under the `/tmp`
+    /// fallback, where another user could have made it first.
     static func makeDirectory(_ directory: String) throws(SecretStoreError) {
-        var info = stat()
-        if stat(directory, &info) == 0 {
-            guard (info.st_mode & S_IFMT) == S_IFDIR else {
-                throw SecretStoreError(.io, "\(directory) is not a directory. Move it aside so the broker can create its directory there.")
-            }
-            return
-        }
-        let parent = AtomicFile.directory(of: directory)
-        if parent != directory && parent != "." && parent != "/" {
-            try makeDirectory(parent)
-        }
-        if mkdir(directory, 0o700) != 0 && errno != EEXIST {
-            let code = errno
-            throw SecretStoreError(
-                .io,
-                "Cannot create the directory \(directory): \(errorText(code)). Check the permissions of \(parent)."
-            )
+        let fallbackRoot = BrokerPaths.fallbackDirectory(uid: geteuid(), environment: ProcessInfo.processInfo.environment)
+        do {
+            try PrivateFiles.ensureDirectory(directory, what: "the directory", fallbackRoot: fallbackRoot)
+        } catch {
+            throw SecretStoreError(error.kind == .io ? .io : .permission, error.description)
         }
     }
 
@@ -43,55 +34,17 @@ enum FileIO {
     /// `requirePrivate: false` skips the owner and mode checks (a systemd credential belongs to
     /// the service manager's choice of owner).
     static func readPrivateFile(_ path: String, what: String, maxBytes: Int, requirePrivate: Bool = true) throws(SecretStoreError) -> [UInt8]? {
-        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
-        if fd < 0 {
-            let code = errno
-            if code == ENOENT { return nil }
-            if code == ELOOP {
-                throw SecretStoreError(.permission, "The \(what) \(path) is a symbolic link; the broker reads only a regular file there. Replace the link with the file itself.")
-            }
-            throw SecretStoreError(.io, "Cannot open the \(what) \(path): \(errorText(code)). Check that it is readable by you.")
-        }
-        defer { close(fd) }
-        var info = stat()
-        guard fstat(fd, &info) == 0 else {
-            let code = errno
-            throw SecretStoreError(.io, "Cannot examine the \(what) \(path): \(errorText(code)).")
-        }
-        guard (info.st_mode & S_IFMT) == S_IFREG else {
-            throw SecretStoreError(.permission, "The \(what) \(path) is not a regular file. Move it aside.")
-        }
-        guard !requirePrivate || info.st_uid == geteuid() else {
-            throw SecretStoreError(
-                .permission,
-                "The \(what) \(path) belongs to uid \(info.st_uid), not to you (uid \(geteuid())). Move it aside; the broker uses only files you own."
+        do {
+            return try PrivateFiles.readOwnedFile(
+                path, what: "the \(what)", maxBytes: maxBytes, forbiddenModeBits: 0o077, requireOwnership: requirePrivate
             )
-        }
-        guard !requirePrivate || (info.st_mode & 0o077) == 0 else {
-            throw SecretStoreError(
-                .permission,
-                "The \(what) \(path) has mode \(String(info.st_mode & 0o777, radix: 8)), so others may read it. Run: chmod 600 '\(path)' (and consider the secrets exposed if others did read it)."
-            )
-        }
-        let size = Int(info.st_size)
-        guard size <= maxBytes else {
-            throw SecretStoreError(.corrupt, "The \(what) \(path) is \(size) bytes, more than it can be (\(maxBytes)). Move it aside (mv '\(path)' '\(path).bad').")
-        }
-        var bytes = [UInt8](repeating: 0, count: size)
-        var done = 0
-        while done < size {
-            let n = bytes.withUnsafeMutableBytes { read(fd, $0.baseAddress! + done, size - done) }  // baseAddress: size > 0 here
-            if n < 0 {
-                if errno == EINTR { continue }
-                let code = errno
-                SecretValue.wipe(&bytes)
-                throw SecretStoreError(.io, "Cannot read the \(what) \(path): \(errorText(code)).")
+        } catch {
+            switch error.kind {
+            case .untrusted: throw SecretStoreError(.permission, error.description)
+            case .io: throw SecretStoreError(.io, error.description)
+            case .tooLarge: throw SecretStoreError(.corrupt, error.description)
             }
-            if n == 0 { break }
-            done += n
         }
-        if done < size { bytes.removeLast(size - done) }
-        return bytes
     }
 
     /// Writes `bytes` to `path` atomically (`AtomicFile.write`). With `exclusive`, an existing

@@ -483,27 +483,25 @@ package final class TrustStore: Sendable {
     }
 
     private static func load(path: String) throws(TrustStoreError) -> StoreFile {
-        let data: Data
+        // O_NOFOLLOW and an owner check: under the /tmp fallback another user could plant a
+        // trust.json whose anchor would then be trusted for every host.
+        let bytes: [UInt8]
         do {
-            let attributes = try FileManager.default.attributesOfItem(atPath: path)
-            if let size = attributes[.size] as? NSNumber, size.intValue > Self.maxFileBytes {
-                throw corrupt(
-                    path,
-                    "it is \(size.intValue) bytes, more than a trust store can be (\(Self.maxFileBytes))"
-                )
-            }
-            data = try Data(contentsOf: URL(fileURLWithPath: path))
-        } catch let error as TrustStoreError {
-            throw error
-        } catch {
-            if !FileManager.default.fileExists(atPath: path) {
+            guard let read = try PrivateFiles.readOwnedFile(path, what: "the trust store", maxBytes: Self.maxFileBytes) else {
                 return StoreFile(anchors: [], pins: [])
             }
-            throw TrustStoreError(
-                .ioError,
-                "Cannot read the trust store \(path): \(error.localizedDescription). Check that the file is readable by you."
-            )
+            bytes = read
+        } catch {
+            switch error.kind {
+            case .tooLarge:
+                throw corrupt(path, "it is larger than a trust store can be (\(Self.maxFileBytes) bytes)")
+            case .untrusted:
+                throw TrustStoreError(.ioError, "\(error.description) The trust store was not loaded.")
+            case .io:
+                throw TrustStoreError(.ioError, error.description)
+            }
         }
+        let data = Data(bytes)
         let file: StoreFile
         do {
             file = try BrokerJSON.decoder().decode(StoreFile.self, from: data)

@@ -95,6 +95,34 @@ struct ErrorTests {
         }
     }
 
+    @Test(
+        "another user's socket where the daemon's should be: .foreignListener, and it receives nothing",
+        .enabled(if: TestUser.canCreate, "making the attacker user needs root")
+    )
+    func foreignListener() async throws {
+        let attacker = try TestUser.ensure(name: "abtestother", password: "attacker-\(UInt32.random(in: 0...UInt32.max))")
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try attacker.own(directory)
+        let path = directory + "/authbroker.sock"
+        let impostor = try ImpostorListener(user: attacker, socketPath: path, recordDirectory: directory)
+        defer { impostor.stop() }
+        let client = BrokerClient(socketPath: path)
+        let refused = BrokerClientError.foreignListener(socketPath: path, listenerUID: attacker.uid)
+        var request = BrokerRequest(url: try url("https://example.com/"), method: "POST", body: .data(Data("password=hunter2".utf8)))
+        request.headers.add("Authorization", "Basic aHVudGVyMg==")
+        await #expect(throws: refused) {
+            _ = try await client.send(request)
+        }
+        await #expect(throws: refused) {
+            _ = try await client.status()
+        }
+        #expect(try await impostor.receivedPerConnection(waitingFor: 2) == [0, 0])
+        #expect(impostor.received.isEmpty)
+        #expect(refused.description.contains("uid \(attacker.uid)"))
+        #expect(refused.description.contains("nothing was sent"))
+    }
+
     @Test("the socket is found like authbrokerctl finds it")
     func socketDiscovery() {
         #expect(BrokerClient.defaultSocketPath(environment: ["AUTHBROKER_SOCKET": "/x/y.sock", "XDG_RUNTIME_DIR": "/run/user/7"]) == "/x/y.sock")

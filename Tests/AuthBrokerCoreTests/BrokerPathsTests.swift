@@ -55,7 +55,18 @@ struct BrokerPathsTests {
             BrokerPaths.socketPath(explicit: nil, configured: nil, environment: [:], uid: 4_294_967_294)
                 == "/tmp/authbroker-4294967294/authbroker.sock"
         )
-        #expect(BrokerPaths.fallbackDirectory(uid: 1000) == "/tmp/authbroker-1000")
+        #expect(BrokerPaths.fallbackDirectory(uid: 1000, environment: [:]) == "/tmp/authbroker-1000")
+    }
+
+    @Test func fallbackHonoursAnAbsoluteTMPDIR() {
+        #expect(BrokerPaths.fallbackDirectory(uid: 7, environment: ["TMPDIR": "/var/tmp/u/"]) == "/var/tmp/u/authbroker-7")
+        #expect(BrokerPaths.fallbackDirectory(uid: 7, environment: ["TMPDIR": "relative"]) == "/tmp/authbroker-7")
+        #expect(BrokerPaths.fallbackDirectory(uid: 7, environment: ["TMPDIR": ""]) == "/tmp/authbroker-7")
+        #expect(
+            BrokerPaths.socketPath(explicit: nil, configured: nil, environment: ["TMPDIR": "/t"], uid: 7) == "/t/authbroker-7/authbroker.sock"
+        )
+        #expect(BrokerPaths.stateDirectory(configured: nil, environment: ["TMPDIR": "/t"], uid: 7) == "/t/authbroker-7/state")
+        #expect(BrokerPaths.dataDirectory(environment: ["TMPDIR": "/t"], uid: 7) == "/t/authbroker-7/data")
     }
 
     @Test(arguments: [

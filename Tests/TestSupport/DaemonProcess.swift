@@ -55,9 +55,12 @@ package final class DaemonProcess: @unchecked Sendable {  // mutable only in sta
     ///   - config: the text of `config.toml` (written to `$XDG_CONFIG_HOME/authbroker/config.toml`).
     ///   - directory: reuse a directory (and so the state) of an earlier daemon.
     ///   - user: run as this (test) user through `setpriv`; the directory is handed to it.
+    ///   - removingEnvironment: variables to unset after the test's own are set (to make the
+    ///     daemon fall back as it does without `XDG_RUNTIME_DIR` or `HOME`).
     package static func start(
         config: String = "", directory: String? = nil, extraArguments: [String] = [],
-        extraEnvironment: [String: String] = [:], user: TestUser? = nil, socket: String? = nil
+        extraEnvironment: [String: String] = [:], removingEnvironment: [String] = [], user: TestUser? = nil,
+        socket: String? = nil
     ) async throws -> DaemonProcess {
         let directory = try directory ?? makeTemporaryDirectory()
         let runtime = directory + "/run"
@@ -69,7 +72,6 @@ package final class DaemonProcess: @unchecked Sendable {  // mutable only in sta
         // store: the test keyring is shared by every test in the run.
         let isolated = config.contains("[secrets]") ? config : config + "\n[secrets]\nstore = \"file\"\n"
         try isolated.write(toFile: configPath, atomically: true, encoding: .utf8)
-        let socketPath = socket ?? runtime + "/authbroker/authbroker.sock"
         let logPath = directory + "/daemon.log"
         guard FileManager.default.createFile(atPath: logPath, contents: nil) else {
             throw TestSupportError("cannot create \(logPath)")
@@ -85,6 +87,10 @@ package final class DaemonProcess: @unchecked Sendable {  // mutable only in sta
         environment["XDG_DATA_HOME"] = directory + "/data"
         environment["HOME"] = directory
         environment.merge(extraEnvironment) { _, new in new }
+        for key in removingEnvironment { environment.removeValue(forKey: key) }
+        // Where the daemon puts its socket when nobody names one (BrokerPaths.defaultSocketPath).
+        let fallbackSocket = "\(environment["TMPDIR"] ?? "/tmp")/authbroker-\(user?.uid ?? getuid())/authbroker.sock"
+        let socketPath = socket ?? (environment["XDG_RUNTIME_DIR"] == nil ? fallbackSocket : runtime + "/authbroker/authbroker.sock")
 
         let process = Process()
         let arguments = ["--log-level", "debug"] + (socket.map { ["--socket", $0] } ?? []) + extraArguments

@@ -132,6 +132,8 @@ extension CLIError {
             self = .plain(.failure, "the daemon's answer is larger than \(limit / (1024 * 1024)) MiB; use --json and a filter, or report this as a bug")
         case .requestBody(let reason):
             self = .plain(.failure, "cannot send the request body: \(reason)")
+        case .foreignListener(let listener):
+            self = .plain(.failure, listener.message)
         }
     }
 }

@@ -418,10 +418,17 @@ package struct BrokerSettings: Sendable, Equatable {
         do {
             let handle = try FileHandle(forReadingFrom: URL(fileURLWithPath: path))
             defer { try? handle.close() }
+            do {
+                try PrivateFiles.checkConfigurationFile(handle.fileDescriptor, path: path)
+            } catch {
+                throw ConfigError(.unreadable, file: path, message: error.description)
+            }
             // One byte more than the limit tells "too large" apart without reading a huge file.
             data = try handle.read(upToCount: TOMLSubset.maxInputBytes + 1) ?? Data()
         } catch let error as CocoaError where error.code == .fileReadNoSuchFile || error.code == .fileNoSuchFile {
             return nil  // Removed between the check and the open: same as absent.
+        } catch let error as ConfigError {
+            throw error
         } catch {
             throw ConfigError(
                 .unreadable, file: path,
