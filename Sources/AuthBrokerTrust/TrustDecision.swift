@@ -25,6 +25,10 @@ package enum TrustFailure: Sendable, Hashable {
     case malformedCertificate(String)
     /// A Verifier reason the evaluator could not classify, verbatim.
     case other(String)
+    /// A certificate below the trust anchor is signed with SHA-1, MD5 or older: anyone who can
+    /// forge such a signature (practical for MD5, demonstrated for SHA-1) can impersonate.
+    /// `certificate` names it for a sentence: "The certificate 'CN=…'" or its place in the chain.
+    case weakSignature(certificate: String, algorithm: String)
 
     /// A stable snake_case code for scripts and for the problem+json body.
     package var code: String {
@@ -38,6 +42,7 @@ package enum TrustFailure: Sendable, Hashable {
         case .pinMismatch: "pin_mismatch"
         case .malformedCertificate: "malformed_certificate"
         case .other: "other"
+        case .weakSignature: "weak_signature"
         }
     }
 
@@ -69,6 +74,9 @@ package enum TrustFailure: Sendable, Hashable {
             return detail
         case .other(let detail):
             return "The server's chain failed validation: \(detail)"
+        case .weakSignature(let certificate, let algorithm):
+            return
+                "\(certificate) is signed with \(algorithm), which can be forged; the broker refuses such chains. Ask the server's operator for a certificate signed with SHA-256 or better."
         }
     }
 

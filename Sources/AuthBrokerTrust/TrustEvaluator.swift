@@ -113,9 +113,13 @@ package final class TrustEvaluator: Sendable {
                 certificates.append(certificate)
                 infos.append(CertificateInfo(certificate, der: der))
             } catch {
+                // swift-certificates cannot parse what it cannot verify (MD5, MD2): say why.
+                let weak = StrongSignaturePolicy.weakAlgorithmName(derEncoded: der).map {
+                    TrustFailure.weakSignature(certificate: position, algorithm: $0)
+                }
                 return TrustDecision(
                     isTrusted: false,
-                    failures: [.malformedCertificate("\(position) could not be parsed: \(error).")],
+                    failures: [weak ?? .malformedCertificate("\(position) could not be parsed: \(error).")],
                     chain: infos,
                     fromCache: false
                 )
@@ -211,6 +215,7 @@ package final class TrustEvaluator: Sendable {
         var verifier = Verifier(rootCertificates: scopedRoots) {
             RFC5280Policy(fixedExpiryValidationTime: now)
             ServerIdentityPolicy(serverHostname: isIP ? nil : host, serverIP: isIP ? host : nil)
+            StrongSignaturePolicy()
         }
         let result = await verifier.validate(leaf: leaf, intermediates: intermediates)
         let verifierReasons: [String]
@@ -249,6 +254,14 @@ package final class TrustEvaluator: Sendable {
                 failures.append(.unknownIssuer(issuer: Self.topIssuer(certificates).description))
             }
         }
+        // A weak signature comes first: it is the reason, even where the chain would build (SHA-1)
+        // or cannot (MD5, which the verifier does not check at all). Below a found path's root;
+        // else in what was presented, apart from self-signed certificates (roots).
+        let signed = timeChain.count > 1 && timeChain != certificates ? Array(timeChain.dropLast()) : certificates
+        failures.insert(
+            contentsOf: signed.filter { !CertificateDigests.isSelfSigned($0) || $0 == leaf }.compactMap(StrongSignaturePolicy.failure(of:)),
+            at: 0
+        )
         if !(await Self.hostnameMatches(leaf, host: host, isIP: isIP, criticalExtensions: criticalExtensions)) {
             failures.append(Self.hostnameMismatch(leaf, host: host))
         }
@@ -405,6 +418,58 @@ package final class TrustEvaluator: Sendable {
         }
         logger.debug("loaded system trust anchors", metadata: ["path": "\(path)", "count": "\(roots.count)"])
         return roots
+    }
+}
+
+/// Refuses a chain in which any certificate but the root (trusted as itself, whatever signed it)
+/// is signed with SHA-1, MD5, MD4 or MD2: CA/Browser Forum Baseline Requirements §7.1.3.2 allow
+/// none of them, and browsers refuse them.
+struct StrongSignaturePolicy: VerifierPolicy {
+    let verifyingCriticalExtensions: [ASN1ObjectIdentifier] = []
+
+    /// Signature algorithm OIDs refused, with their names for the error.
+    static let weakAlgorithms: [ASN1ObjectIdentifier: String] = [
+        [1, 2, 840, 113_549, 1, 1, 2]: "MD2 with RSA",
+        [1, 2, 840, 113_549, 1, 1, 3]: "MD4 with RSA",
+        [1, 2, 840, 113_549, 1, 1, 4]: "MD5 with RSA",
+        [1, 2, 840, 113_549, 1, 1, 5]: "SHA-1 with RSA",
+        [1, 3, 14, 3, 2, 29]: "SHA-1 with RSA",
+        [1, 2, 840, 10045, 4, 1]: "ECDSA with SHA-1",
+        [1, 2, 840, 10040, 4, 3]: "DSA with SHA-1",
+    ]
+
+    func chainMeetsPolicyRequirements(chain: UnverifiedCertificateChain) -> PolicyEvaluationResult {
+        for certificate in chain.dropLast() {
+            if case .weakSignature(let name, let algorithm)? = Self.failure(of: certificate) {
+                return .failsToMeetPolicy(reason: "\(name) is signed with \(algorithm)")
+            }
+        }
+        return .meetsPolicy
+    }
+
+    /// The failure for `certificate` when its signature algorithm is a weak one.
+    static func failure(of certificate: Certificate) -> TrustFailure? {
+        var serializer = DER.Serializer()
+        guard (try? serializer.serialize(certificate)) != nil, let name = Self.weakAlgorithmName(derEncoded: serializer.serializedBytes)
+        else { return nil }
+        return .weakSignature(certificate: "The certificate '\(certificate.subject)'", algorithm: name)
+    }
+
+    /// The name of the certificate's signature algorithm if it is a weak one, read from the
+    /// outer `signatureAlgorithm` (RFC 5280 §4.1.1.2) of the DER, since swift-certificates names
+    /// (and parses) only the algorithms it can verify.
+    static func weakAlgorithmName(derEncoded der: [UInt8]) -> String? {
+        Self.signatureAlgorithmOID(derEncoded: der).flatMap { Self.weakAlgorithms[$0] }
+    }
+
+    private static func signatureAlgorithmOID(derEncoded der: [UInt8]) -> ASN1ObjectIdentifier? {
+        guard let root = try? DER.parse(der), case .constructed(let parts) = root.content else { return nil }
+        var iterator = parts.makeIterator()
+        _ = iterator.next()  // tbsCertificate
+        guard let algorithm = iterator.next(), case .constructed(let fields) = algorithm.content,
+            let first = fields.first(where: { _ in true })
+        else { return nil }
+        return try? ASN1ObjectIdentifier(derEncoded: first)
     }
 }
 
