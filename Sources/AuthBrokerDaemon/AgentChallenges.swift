@@ -19,11 +19,11 @@ package final class AgentChallenges: Sendable {
     private let store: TrustStore
     private let logger: Logger
 
-    package init(vault: PasswordVault, store: TrustStore, evaluator: TrustEvaluator, logger: Logger) {
+    package init(vault: PasswordVault, store: TrustStore, evaluator: TrustEvaluator, agentEventBuffer: Int = 1024, logger: Logger) {
         self.vault = vault
         self.store = store
         self.logger = logger
-        self.broker = ChallengeBroker { space in
+        self.broker = ChallengeBroker(agentEventBuffer: agentEventBuffer) { space in
             switch space {
             case .http(let protectionSpace):
                 return await vault.credential(for: protectionSpace).map(ChallengeAnswer.credential)

@@ -14,6 +14,8 @@ package final class BrokerCounters: Sendable {
     package let clientConnectionsAccepted = BrokerCounter()
     package let clientConnectionsRefused = BrokerCounter()
     package let clientConnectionsOpen = BrokerCounter()
+    /// Closed by the request-head or idle timeout.
+    package let clientConnectionsTimedOut = BrokerCounter()
     package let requestsTotal = BrokerCounter()
     package let requestsInFlight = BrokerCounter()
     /// Of `requestsTotal`, those the client connection's direct relay answered by itself.
@@ -30,6 +32,7 @@ package final class BrokerCounters: Sendable {
             "client_connections_accepted": self.clientConnectionsAccepted.current,
             "client_connections_refused": self.clientConnectionsRefused.current,
             "client_connections_open": self.clientConnectionsOpen.current,
+            "client_connections_timed_out": self.clientConnectionsTimedOut.current,
             "requests_total": self.requestsTotal.current,
             "requests_in_flight": self.requestsInFlight.current,
             "requests_relayed_directly": self.requestsRelayedDirectly.current,

@@ -124,8 +124,12 @@ package enum BrokerDaemon {
         } catch {
             throw StartupError(description: "authbrokerd: \(error)", exitCode: 1)
         }
-        let challenges = AgentChallenges(vault: vault, store: store, evaluator: evaluator, logger: logger)
-        let authenticator = HTTPAuthenticator(vault: vault, challenges: challenges, audit: audit, logger: logger)
+        let challenges = AgentChallenges(
+            vault: vault, store: store, evaluator: evaluator, agentEventBuffer: settings.limits.agentEventBuffer, logger: logger
+        )
+        let authenticator = HTTPAuthenticator(
+            vault: vault, challenges: challenges, audit: audit, maxAuthSpaces: settings.limits.maxAuthSpaces, logger: logger
+        )
         // The daemon's own group, sized by `io_threads`, rather than NIO's singleton (one loop per
         // core): its size is a setting, and it is shut down with the daemon.
         let group = MultiThreadedEventLoopGroup(numberOfThreads: settings.daemon.ioThreadCount)
@@ -273,7 +277,10 @@ struct BrokerService: Service, CustomStringConvertible {
         let ownUID = getuid()
         let logger = self.logger
         let counters = self.counters
-        let maxConnections = self.settings.limits.maxClientConnections
+        let limits = self.settings.limits
+        let maxConnections = limits.maxClientConnections
+        let reservedConnections = limits.reservedControlConnections
+        let registry = self.registry
         let bootstrap = ServerBootstrap(group: self.group)
             .serverChannelOption(.backlog, value: 256)
         // Shared by every connection's direct relay (the one place that knows challenged origins).
@@ -289,16 +296,29 @@ struct BrokerService: Service, CustomStringConvertible {
                     )
                     throw PeerRejected(credentials: credentials)
                 }
-                guard counters.clientConnectionsOpen.current < maxConnections else {
+                // Past the limit, a few more are let in for /v1/ requests only (ClientConnectionTerms).
+                let open = registry.count
+                guard open < maxConnections + reservedConnections else {
                     counters.clientConnectionsRefused.add(1)
                     logger.warning(
                         "refused a connection: too many open client connections",
-                        metadata: ["limit": "\(maxConnections)", "peer_pid": "\(credentials.pid)"]
+                        metadata: ["limit": "\(maxConnections)", "reserved": "\(reservedConnections)", "peer_pid": "\(credentials.pid)"]
                     )
                     throw PeerRejected(credentials: credentials)
                 }
                 counters.clientConnectionsAccepted.add(1)
-                return try AcceptedClientConnection.configure(channel, relay: relay, peer: ConnectionPeer(credentials: credentials))
+                let terms = ClientConnectionTerms(limits: limits, controlOnly: open >= maxConnections)
+                let pid = credentials.pid
+                return try AcceptedClientConnection.configure(
+                    channel, relay: relay, peer: ConnectionPeer(credentials: credentials), terms: terms
+                ) { deadline in
+                    counters.clientConnectionsTimedOut.add(1)
+                    if deadline == .head {
+                        logger.notice("closed a client connection: request head not complete in time", metadata: ["peer_pid": "\(pid)"])
+                    } else {
+                        logger.debug("closed an idle client connection", metadata: ["peer_pid": "\(pid)"])
+                    }
+                }
             }
         }
 
@@ -322,7 +342,6 @@ struct BrokerService: Service, CustomStringConvertible {
         _ = cab_sd_notify("READY=1\nSTATUS=Listening on \(self.displayPath)")
 
         let graceSeconds = self.settings.daemon.shutdownGraceSeconds
-        let registry = self.registry
         let executors = EventLoopTaskExecutor.executors(for: self.group)
         try await withGracefulShutdownHandler {
             try await withThrowingDiscardingTaskGroup { group in

@@ -134,6 +134,23 @@ extension BrokerError {
         )
     }
 
+    package static func requestHeadTimeout(milliseconds: Int) -> BrokerError {
+        BrokerError(
+            code: "request_head_timeout", status: .requestTimeout, title: "Request not received in time",
+            detail:
+                "The request line and headers did not all arrive within \(milliseconds) ms of their first byte, so the connection was closed. Send the whole head at once, or raise [limits] request_head_timeout_ms in config.toml."
+        )
+    }
+
+    package static func clientConnectionsFull() -> BrokerError {
+        BrokerError(
+            code: "client_connections_full", status: .serviceUnavailable, title: "Too many client connections",
+            detail:
+                "Every connection slot for requests is taken (see [limits] max_client_connections); this one was kept for /v1/ control requests only. Close connections your apps hold idle, or raise the limit.",
+            retryAfterSeconds: 1
+        )
+    }
+
     package static func connectNotSupported(host: String, port: Int) -> BrokerError {
         BrokerError(
             code: "connect_not_supported", status: .notImplemented, title: "CONNECT is not supported",

@@ -28,9 +28,14 @@ package final class ChallengeBroker<Space: Hashable & Sendable, Answer: Equatabl
     private var timerDeadline: ContinuousClock.Instant?
     private let clock = ContinuousClock()
     private let lookUp: @Sendable (Space) async -> Answer?
+    private let agentEventBuffer: Int
 
-    /// - Parameter lookUp: the store's answer for a space, or nil. Runs off the main actor.
-    package nonisolated init(lookUp: @escaping @Sendable (Space) async -> Answer?) {
+    /// - Parameters:
+    ///   - agentEventBuffer: events queued for an agent that does not read them; one more and
+    ///     the agent is detached (as if it went away), so it cannot grow memory.
+    ///   - lookUp: the store's answer for a space, or nil. Runs off the main actor.
+    package nonisolated init(agentEventBuffer: Int = 1024, lookUp: @escaping @Sendable (Space) async -> Answer?) {
+        self.agentEventBuffer = max(1, agentEventBuffer)
         self.lookUp = lookUp
     }
 
@@ -75,7 +80,10 @@ package final class ChallengeBroker<Space: Hashable & Sendable, Answer: Equatabl
     package func attachAgent() -> (id: Queue.AgentID, events: AsyncStream<AgentEvent>) {
         let id = self.nextAgentID
         self.nextAgentID += 1
-        let (stream, continuation) = AsyncStream<AgentEvent>.makeStream(bufferingPolicy: .unbounded)
+        let (stream, continuation) = AsyncStream<AgentEvent>.makeStream(
+            // Room for the offers of everything pending now, which arrive before it can read.
+            bufferingPolicy: .bufferingOldest(self.agentEventBuffer + self.queue.pending.count)
+        )
         continuation.onTermination = { _ in
             Task { @MainActor in self.detachAgent(id) }
         }
@@ -121,18 +129,25 @@ package final class ChallengeBroker<Space: Hashable & Sendable, Answer: Equatabl
         for resume in action.resume {
             self.waiting.removeValue(forKey: resume.request)?.resume(returning: resume.resolution)
         }
+        var overflowing: Set<Queue.AgentID> = []
         for offer in action.offer {
             for agent in offer.agents {
-                self.agentStreams[agent]?.yield(
+                let result = self.agentStreams[agent]?.yield(
                     .offered(challenge: offer.challenge, space: offer.space, requester: self.requesters[offer.challenge])
                 )
+                if case .dropped? = result { overflowing.insert(agent) }
             }
         }
         for withdraw in action.withdraw {
             for agent in withdraw.agents {
-                self.agentStreams[agent]?.yield(.withdrawn(challenge: withdraw.challenge))
+                if case .dropped? = self.agentStreams[agent]?.yield(.withdrawn(challenge: withdraw.challenge)) {
+                    overflowing.insert(agent)
+                }
             }
         }
+        // An agent that stopped reading would miss what was dropped: it is detached, and sees
+        // its stream end (the daemon's events have been lost; reattaching gets the full state).
+        for agent in overflowing.sorted() { self.detachAgent(agent) }
         // Requesters of challenges that ended are forgotten.
         if !action.resume.isEmpty || !action.withdraw.isEmpty {
             self.requesters = self.requesters.filter { self.queue.isPending($0.key) }

@@ -100,7 +100,10 @@ package struct AcceptedClientConnection: Sendable {
 
     /// Sets up an accepted channel's pipeline and registers it; on the channel's event loop.
     /// - Throws: `ClientConnectionRefused` while the daemon drains (the channel is then closed).
-    package static func configure(_ channel: any Channel, relay: DirectRelay, peer: ConnectionPeer? = nil) throws -> AcceptedClientConnection {
+    package static func configure(
+        _ channel: any Channel, relay: DirectRelay, peer: ConnectionPeer? = nil, terms: ClientConnectionTerms,
+        onTimeout: @escaping @Sendable (ClientWaitState.Deadline) -> Void
+    ) throws -> AcceptedClientConnection {
         guard let registration = relay.registry.register(channel) else { throw ClientConnectionRefused() }
         let registry = relay.registry
         channel.closeFuture.whenComplete { _ in registry.unregister(registration) }
@@ -111,6 +114,11 @@ package struct AcceptedClientConnection: Sendable {
         try channel.pipeline.syncOperations.configureHTTPServerPipeline(
             withPipeliningAssistance: false, withErrorHandling: false
         )
+        // Head and idle timeouts: bytes are seen before the decoder, heads and ends after it.
+        let timeoutState = ClientTimeoutState()
+        let timeouts = ClientTimeoutHandler(terms: terms, state: timeoutState, onTimeout: onTimeout)
+        try channel.pipeline.syncOperations.addHandler(ClientBytesObserver(state: timeoutState, timeouts: timeouts), position: .first)
+        try channel.pipeline.syncOperations.addHandler(timeouts)
         // Room for a few upstream reads on their way to the client before reading from the origin
         // pauses: with NIO's default 64 KiB the direct relay paused a fast download after nearly
         // every read (a relayed 1 GiB download: about 1090 MiB/s with it, 1360 with this).

@@ -85,20 +85,31 @@ package final class HTTPAuthenticator: Sendable {
     private let vault: PasswordVault
     /// Where challenges the store may answer, or an agent, are resolved (shared with server trust).
     private let challenges: AgentChallenges
-    private let digestSessions = NIOLockedValueBox<[ProtectionSpace: DigestSession]>([:])
+    // Each table holds at most `maxAuthSpaces` entries (`[limits] max_auth_spaces`), the least
+    // recently used forgotten first: an origin that varies its realm on every response must not
+    // grow them without bound. Forgetting costs only a fresh challenge round trip.
+    private let digestSessions: NIOLockedValueBox<BoundedTable<ProtectionSpace, DigestSession>>
     /// Per space, how many responses accepted a credential the broker sent: a refusal sent before
     /// a later acceptance is not evidence of a wrong password (`AuthAttemptPolicy`).
-    private let acceptances = NIOLockedValueBox<[ProtectionSpace: UInt64]>([:])
-    private let knownSpaces = NIOLockedValueBox<[Authority: [KnownSpace]]>([:])
+    private let acceptances: NIOLockedValueBox<BoundedTable<ProtectionSpace, UInt64>>
+    private let knownSpaces: NIOLockedValueBox<BoundedTable<Authority, [KnownSpace]>>
     /// The Basic space whose 401 last went to the client, per origin: a credential the client
     /// then sends with `Authbroker-Persist` is kept for that realm.
-    private let offeredToClient = NIOLockedValueBox<[CanonicalOrigin: ProtectionSpace]>([:])
-    /// Origins remembered in `offeredToClient` at most (the oldest entries are dropped).
-    static let maxOfferedOrigins = 256
+    private let offeredToClient: NIOLockedValueBox<BoundedTable<CanonicalOrigin, ProtectionSpace>>
     private let audit: AuditLog?
     private let logger: Logger
 
-    package init(vault: PasswordVault, challenges: AgentChallenges, audit: AuditLog? = nil, logger: Logger) {
+    /// Entries per table by default (`[limits] max_auth_spaces`).
+    package static let defaultMaxAuthSpaces = BrokerSettings.Limits().maxAuthSpaces
+
+    package init(
+        vault: PasswordVault, challenges: AgentChallenges, audit: AuditLog? = nil,
+        maxAuthSpaces: Int = HTTPAuthenticator.defaultMaxAuthSpaces, logger: Logger
+    ) {
+        self.digestSessions = NIOLockedValueBox(BoundedTable(capacity: maxAuthSpaces))
+        self.acceptances = NIOLockedValueBox(BoundedTable(capacity: maxAuthSpaces))
+        self.knownSpaces = NIOLockedValueBox(BoundedTable(capacity: maxAuthSpaces))
+        self.offeredToClient = NIOLockedValueBox(BoundedTable(capacity: maxAuthSpaces))
         self.vault = vault
         self.challenges = challenges
         self.audit = audit
@@ -205,10 +216,7 @@ package final class HTTPAuthenticator: Sendable {
         switch decision {
         case .passToClient:
             if space.authScheme == "basic", !isProxy {
-                self.offeredToClient.withLockedValue { offered in
-                    if offered.count >= Self.maxOfferedOrigins { offered.removeAll() }
-                    offered[origin] = space
-                }
+                self.offeredToClient.withLockedValue { $0[origin] = space }
             }
             return false
         case .markStoredFailedAndPassToClient:
@@ -312,7 +320,7 @@ package final class HTTPAuthenticator: Sendable {
                 if !info.isEmpty { sessions[space]?.accept(authenticationInfo: AuthenticationInfo(parsing: info)) }
             }
         }
-        self.acceptances.withLockedValue { $0[space, default: 0] &+= 1 }
+        self.acceptances.withLockedValue { $0.update(space, default: 0) { $0 &+= 1 } }
         // A proxy's credentials are for every request through it (RFC 9110 §11.7.2).
         let prefix = space.isProxy ? "" : space.authScheme == "basic" ? Self.directory(of: uri) : "/"
         let authority = Authority(origin: origin, isProxy: space.isProxy)
@@ -346,8 +354,16 @@ package final class HTTPAuthenticator: Sendable {
 
     // MARK: - Helpers
 
+    /// How many entries each remembered table holds now (for `/v1/status`-style checks and tests).
+    package var rememberedCounts: (digestSessions: Int, acceptances: Int, authorities: Int, offeredToClient: Int) {
+        (
+            self.digestSessions.withLockedValue { $0.count }, self.acceptances.withLockedValue { $0.count },
+            self.knownSpaces.withLockedValue { $0.count }, self.offeredToClient.withLockedValue { $0.count }
+        )
+    }
+
     private func acceptanceCount(_ space: ProtectionSpace) -> UInt64 {
-        self.acceptances.withLockedValue { $0[space] ?? 0 }
+        self.acceptances.withLockedValue { $0.peek(space) ?? 0 }
     }
 
     /// The known space whose prefix covers `uri` most narrowly.
@@ -361,7 +377,11 @@ package final class HTTPAuthenticator: Sendable {
     private func forget(_ space: ProtectionSpace) {
         self.digestSessions.withLockedValue { $0[space] = nil }
         self.knownSpaces.withLockedValue { known in
-            known[Authority(origin: space.origin, isProxy: space.isProxy)]?.removeAll { $0.space == space }
+            let authority = Authority(origin: space.origin, isProxy: space.isProxy)
+            if var list = known.peek(authority) {
+                list.removeAll { $0.space == space }
+                known[authority] = list
+            }
         }
     }
 

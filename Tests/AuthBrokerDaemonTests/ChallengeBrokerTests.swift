@@ -35,6 +35,42 @@ struct ChallengeBrokerTests {
         #expect(broker.pending.isEmpty)
     }
 
+    @Test("an agent that stops reading is detached once its buffer is full: memory stays bounded, its requests go on")
+    func agentEventBufferIsBounded() async throws {
+        let broker = Broker(agentEventBuffer: 8) { _ in nil }
+        let agent = broker.attachAgent()
+        let waiters = Task {
+            await withTaskGroup(of: Broker.Resolution.self) { group in
+                for index in 0..<50 {
+                    group.addTask { await broker.resolve("realm-\(index)", interactive: true, timeout: .seconds(3)) }
+                }
+                var results: [Broker.Resolution] = []
+                for await result in group { results.append(result) }
+                return results
+            }
+        }
+        // The agent reads nothing until the broker has given up on it.
+        let giveUp = ContinuousClock.now + .seconds(20)
+        while broker.agentCount > 0 {
+            guard ContinuousClock.now < giveUp else {
+                Issue.record("the agent that never reads was not detached")
+                broker.detachAgent(agent.id)
+                return
+            }
+            try await Task.sleep(for: .milliseconds(5))
+        }
+        // What was buffered is still delivered, then the stream ends.
+        var delivered = 0
+        for await _ in agent.events { delivered += 1 }
+        #expect(delivered == 8)
+        #expect(broker.agentCount == 0)
+        // As for an agent that went away: the requests it held go on without an answer at once
+        // (the rest wait for another agent until their deadline); none hangs.
+        let results = await waiters.value
+        #expect(results.count == 50)
+        #expect(results.filter { $0 == .unanswered(.agentDisconnected) }.count >= 9)
+    }
+
     @Test("1000 interactive requests wait on one offer; one agent answer releases them all")
     func oneAgentAnswerForMany() async throws {
         let broker = Broker { _ in nil }

@@ -143,6 +143,20 @@ package final class UnixSocketConnection: @unchecked Sendable {  // one test tas
         return self.buffer
     }
 
+    /// True when the peer closes the connection within `milliseconds` (bytes that arrive
+    /// meanwhile are kept for later reads).
+    package func peerClosedWithin(milliseconds: Int32) -> Bool {
+        var poller = pollfd(fd: self.fd, events: Int16(POLLIN), revents: 0)
+        let deadline = ContinuousClock.now + .milliseconds(Int(milliseconds))
+        while ContinuousClock.now < deadline {
+            let remaining = (deadline - ContinuousClock.now).components
+            let left = Int32(max(1, remaining.seconds * 1000 + remaining.attoseconds / 1_000_000_000_000_000))
+            guard poll(&poller, 1, left) > 0 else { continue }
+            guard (try? self.fill()) == true else { return true }
+        }
+        return false
+    }
+
     /// True when the peer has closed the connection (reads end of stream with nothing pending).
     package func peerClosed() -> Bool {
         guard self.buffer.isEmpty else { return false }

@@ -111,6 +111,19 @@ package struct BrokerSettings: Sendable, Equatable {
         package var requestBodyBufferBytes: Int = 1_048_576
         /// `max_client_connections`: open connections on the daemon's socket.
         package var maxClientConnections: Int = 256
+        /// `reserved_control_connections`: connections accepted beyond `max_client_connections`
+        /// for `/v1/` control requests only, so `authbrokerctl` answers while apps hold the rest.
+        package var reservedControlConnections: Int = 8
+        /// `request_head_timeout_ms`: from a request's first byte until its head is complete.
+        package var requestHeadTimeoutMilliseconds: Int = 20_000
+        /// `client_idle_timeout_ms`: how long a client connection may wait between requests.
+        package var clientIdleTimeoutMilliseconds: Int = 120_000
+        /// `max_auth_spaces`: protection spaces (origin, realm, scheme) the daemon remembers for
+        /// preemptive answers and Digest sessions, per table; the least recently used go first.
+        package var maxAuthSpaces: Int = 4096
+        /// `agent_event_buffer`: events queued for an agent that is not reading; past it the
+        /// agent is detached as if it had gone away, and must reattach.
+        package var agentEventBuffer: Int = 1024
 
         package init() {}
     }
@@ -159,7 +172,11 @@ package struct BrokerSettings: Sendable, Equatable {
             "pool_idle_timeout_ms", "max_connections_per_origin", "max_idle_connections_per_origin",
             "max_pending_requests_per_origin", "resolve", "proxy", "no_proxy",
         ],
-        "limits": ["max_request_head_bytes", "max_response_head_bytes", "request_body_buffer_bytes", "max_client_connections"],
+        "limits": [
+            "max_request_head_bytes", "max_response_head_bytes", "request_body_buffer_bytes", "max_client_connections",
+            "reserved_control_connections", "request_head_timeout_ms", "client_idle_timeout_ms", "max_auth_spaces",
+            "agent_event_buffer",
+        ],
         "security": ["reauth_grant_seconds", "pam_service", "pam_config_dir"],
         "secrets": ["store"],
     ]
@@ -274,6 +291,21 @@ package struct BrokerSettings: Sendable, Equatable {
         }
         if let value = try limits.integer("max_client_connections", in: 1...65_536, unit: count) {
             settings.limits.maxClientConnections = value
+        }
+        if let value = try limits.integer("reserved_control_connections", in: 0...1024, unit: count) {
+            settings.limits.reservedControlConnections = value
+        }
+        if let value = try limits.integer("request_head_timeout_ms", in: 1...hour, unit: milliseconds, note: timeoutNote) {
+            settings.limits.requestHeadTimeoutMilliseconds = value
+        }
+        if let value = try limits.integer("client_idle_timeout_ms", in: 1...(24 * hour), unit: milliseconds, note: " (1 ms to 24 hours)") {
+            settings.limits.clientIdleTimeoutMilliseconds = value
+        }
+        if let value = try limits.integer("max_auth_spaces", in: 16...1_048_576, unit: count) {
+            settings.limits.maxAuthSpaces = value
+        }
+        if let value = try limits.integer("agent_event_buffer", in: 16...1_048_576, unit: count) {
+            settings.limits.agentEventBuffer = value
         }
 
         let security = TableReader(file: file, table: "security", document: document)
