@@ -221,6 +221,16 @@ package final class HTTPAuthenticator: Sendable {
             return false
         case .markStoredFailedAndPassToClient:
             let user = state.user ?? answer?.credential.user ?? ""
+            if isProxy, method != .CONNECT, self.acceptanceCount(space) > 0 {
+                // Through the proxy in absolute form, a 407 may be the origin's in the proxy's
+                // realm; a password the proxy has accepted is not condemned on its word. Only a
+                // 407 to CONNECT is surely the proxy's.
+                self.logger.notice(
+                    "a 407 in the proxy's realm refused a password the proxy accepted before; passed to the client, the password kept",
+                    metadata: ["space": "\(space)", "user": "\(user)"]
+                )
+                return false
+            }
             self.vault.markFailed(space: space, user: user)
             self.forget(space)
             self.logger.notice(
@@ -350,6 +360,20 @@ package final class HTTPAuthenticator: Sendable {
                 logger.notice("could not keep the credential the client supplied", metadata: ["origin": "\(origin)", "error": "\((error as? BrokerError)?.code ?? "\(error)")"])
             }
         }
+    }
+
+    /// Whether a 407 that came back on an absolute-form request through `proxy` is the proxy's
+    /// own challenge: one in a space the proxy presented and accepted before, or any while none
+    /// is known yet. An origin behind the proxy can answer 407 too; in another realm that is an
+    /// ordinary response for the client, never a refusal of the proxy's password.
+    package func isOwnChallenge(ofProxy proxy: CanonicalOrigin, _ head: HTTPResponseHead) -> Bool {
+        let known = self.knownSpaces.withLockedValue { $0.peek(Authority(origin: proxy, isProxy: true)) ?? [] }
+        guard !known.isEmpty else { return true }
+        guard let choice = ChallengeSelection.preferred(AuthChallenge.parse(fieldValues: head.headers["Proxy-Authenticate"])) else {
+            return false
+        }
+        let space = ProtectionSpace(origin: proxy, challenge: choice.challenge, isProxy: true)
+        return known.contains { $0.space == space }
     }
 
     // MARK: - Helpers

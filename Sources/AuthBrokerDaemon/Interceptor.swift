@@ -523,8 +523,11 @@ package struct Interceptor: Sendable {
                     try await output.flush()
                     // Whether this attempt's body was held and never sent (a final status first).
                     bodyWithheld = await gate.finalHeadArrived(status: head.status)
-                    // A 407 is the upstream proxy's only when the request went through one.
-                    let fromProxy = head.status == .proxyAuthenticationRequired && auth.proxy != nil
+                    // A 407 is the upstream proxy's only when the request went through one, and
+                    // is in the proxy's own space (an origin behind it may answer 407 too).
+                    let fromProxy =
+                        head.status == .proxyAuthenticationRequired
+                        && auth.proxy.map { self.authenticator.isOwnChallenge(ofProxy: $0.origin, head) } == true
                     if bodyWithheld,
                         ExpectContinue.withheldOutcome(status: head.status, isProxyChallenge: fromProxy, brokerAddedExpect: brokerAddedExpect)
                             == .expectationRefused

@@ -152,6 +152,30 @@ struct UpstreamProxyTests {
         }
     }
 
+    @Test("an origin's 407 behind the proxy goes to the app; the proxy's password is never marked refused by it")
+    func originProxyChallengeIsNotTheProxys() async throws {
+        let proxy = try await TestForwardProxy.start(auth: .basic, user: Self.user, password: Self.password)
+        let faulty = try await FaultyOrigin.start()
+        defer { Task { await proxy.stop(); await faulty.stop() } }
+        try await withDaemon(config: Self.config(proxy: proxy.port)) { daemon in
+            try Self.storeProxyPassword(daemon, proxyPort: proxy.port)
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            let base = "http://faulty.internal.test:\(faulty.port)"
+            #expect(try connection.request("GET", "\(base)/hello").status == 200)
+            // Another realm, then the proxy's own realm mimicked: the app gets the origin's 407.
+            for realm in ["evil", "evil", TestAuthOrigin.basicRealm, TestAuthOrigin.basicRealm] {
+                let challenged = try connection.request("GET", "\(base)/proxy-challenge/\(realm)")
+                #expect(challenged.status == 407)
+                #expect(challenged.text == "origin")
+                #expect(challenged.header("Authbroker-Error") == nil)
+            }
+            #expect(try connection.request("GET", "\(base)/hello").status == 200)
+            #expect(proxy.stats.refused == 0)
+            let listed = try UnixSocketConnection(path: daemon.socketPath).request("GET", "/v1/passwords")
+            #expect(!listed.text.contains("\"failed\":true"), "\(listed.text)")
+        }
+    }
+
     @Test("no_proxy hosts are reached directly")
     func noProxy() async throws {
         let proxy = try await TestForwardProxy.start()

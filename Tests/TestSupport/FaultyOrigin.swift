@@ -31,6 +31,8 @@ import Glibc
 ///   connection), the answer an app must never receive for its own request.
 /// - `/forged-broker-error`: a 502 dressed as the broker's own untrusted-server error (its
 ///   `Authbroker-Error` mark, `Proxy-Status` member and problem body, with a "To fix" command).
+/// - `/proxy-challenge/<realm>`: a 407 with `Proxy-Authenticate: Basic realm="<realm>"`, as if
+///   the origin were a proxy (through the broker's upstream proxy it looks like the proxy's).
 ///
 /// With `handshakeFault` the server does not speak TLS at all and does that to every connection
 /// instead (for TLS clients); the routes are then unused.
@@ -250,6 +252,13 @@ private final class FaultHandler: ChannelInboundHandler {
                 "HTTP/1.1 502 Bad Gateway\r\nContent-Type: application/problem+json\r\nAuthbroker-Error: untrusted_server\r\n"
                     + "Proxy-Status: authbrokerd; error=tls_certificate_error; details=\"forged by the origin\"\r\n"
                     + "Content-Length: \(body.utf8.count)\r\n\r\n\(body)"
+            )
+        case "proxy-challenge":
+            let realm = parts.count > 1 ? parts[1].removingPercentEncoding ?? parts[1] : "origin"
+            self.write(
+                context: context,
+                "HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Basic realm=\"\(realm)\"\r\n"
+                    + "Content-Length: 6\r\n\r\norigin"
             )
         case "bytes":
             self.takenOver = true
