@@ -29,6 +29,9 @@ package enum TrustFailure: Sendable, Hashable {
     /// forge such a signature (practical for MD5, demonstrated for SHA-1) can impersonate.
     /// `certificate` names it for a sentence: "The certificate 'CN=…'" or its place in the chain.
     case weakSignature(certificate: String, algorithm: String)
+    /// A certificate of the chain is not one a TLS server may use: made for other uses (extended
+    /// key usage), a CA as the leaf, names that disagree (`ServerUsagePolicy`, `ServerNamePolicy`).
+    case unfitForServer(certificate: String, reason: String)
 
     /// A stable snake_case code for scripts and for the problem+json body.
     package var code: String {
@@ -43,6 +46,7 @@ package enum TrustFailure: Sendable, Hashable {
         case .malformedCertificate: "malformed_certificate"
         case .other: "other"
         case .weakSignature: "weak_signature"
+        case .unfitForServer: "unfit_for_server"
         }
     }
 
@@ -74,6 +78,8 @@ package enum TrustFailure: Sendable, Hashable {
             return detail
         case .other(let detail):
             return "The server's chain failed validation: \(detail)"
+        case .unfitForServer(let certificate, let reason):
+            return "\(certificate) cannot identify a TLS server: \(reason)."
         case .weakSignature(let certificate, let algorithm):
             return
                 "\(certificate) is signed with \(algorithm), which can be forged; the broker refuses such chains. Ask the server's operator for a certificate signed with SHA-256 or better."

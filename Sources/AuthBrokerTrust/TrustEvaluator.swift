@@ -9,8 +9,9 @@ import Synchronization
 /// Decides whether a server's certificate chain is trusted for a host.
 ///
 /// The root store for a host is the system roots plus the user's anchors that apply to it.
-/// Validation is swift-certificates' `Verifier` with `RFC5280Policy` at `now` and
-/// `ServerIdentityPolicy` (RFC 6125 §6) for the host; NIOSSL's custom verification callback
+/// Validation is swift-certificates' `Verifier` with `RFC5280Policy` at `now`, then our stricter
+/// server rules (`ServerNamePolicy` instead of swift-certificates' `ServerIdentityPolicy`,
+/// `ServerUsagePolicy`, `ExactValidityPolicy`, `StrongSignaturePolicy`); NIOSSL's custom verification callback
 /// skips BoringSSL's own checks, so this is the only check the chain gets. Pins then restrict
 /// the validated chain further. An exact-certificate exception for the host (and port) trusts the
 /// leaf it names despite any failure but a pin's. Decisions are cached per (chain, host, port,
@@ -185,7 +186,6 @@ package final class TrustEvaluator: Sendable {
         guard let leaf = certificates.first else {
             return [.malformedCertificate("The server presented no certificate.")]
         }
-        let isIP = HostPattern.ipAddressBytes(host) != nil
         let intermediates = CertificateStore(certificates.dropFirst())
         let systemRoots = self.systemRoots.withLock { $0 }
         let inScope = snapshot.anchors.filter { $0.anchor.applies(to: host) }
@@ -202,8 +202,12 @@ package final class TrustEvaluator: Sendable {
             // The user trusts this exact certificate: RFC5280Policy would refuse it as a root
             // when it is not marked CA (most self-signed server certificates), so check what
             // still matters for it: its validity period and its names.
+            // The user trusts the certificate, not any use of it: usage and name rules still hold.
             failures += Self.timeFailures(of: [leaf], now: now)
-            if !(await Self.hostnameMatches(leaf, host: host, isIP: isIP, criticalExtensions: criticalExtensions)) {
+            failures += ServerUsagePolicy.failures(chain: [leaf], leafIsAnchor: true)
+            if let inconsistent = ServerNamePolicy.consistencyFailure(leaf) {
+                failures.insert(inconsistent, at: 0)
+            } else if ServerNamePolicy.nameFailure(leaf, host: host) != nil {
                 failures.insert(Self.hostnameMismatch(leaf, host: host), at: 0)
             }
             if failures.isEmpty {
@@ -214,7 +218,9 @@ package final class TrustEvaluator: Sendable {
 
         var verifier = Verifier(rootCertificates: scopedRoots) {
             RFC5280Policy(fixedExpiryValidationTime: now)
-            ServerIdentityPolicy(serverHostname: isIP ? nil : host, serverIP: isIP ? host : nil)
+            ExactValidityPolicy(now: now)
+            ServerNamePolicy(host: host)
+            ServerUsagePolicy()
             StrongSignaturePolicy()
         }
         let result = await verifier.validate(leaf: leaf, intermediates: intermediates)
@@ -262,7 +268,10 @@ package final class TrustEvaluator: Sendable {
             contentsOf: signed.filter { !CertificateDigests.isSelfSigned($0) || $0 == leaf }.compactMap(StrongSignaturePolicy.failure(of:)),
             at: 0
         )
-        if !(await Self.hostnameMatches(leaf, host: host, isIP: isIP, criticalExtensions: criticalExtensions)) {
+        failures += ServerUsagePolicy.failures(chain: timeChain)
+        if let inconsistent = ServerNamePolicy.consistencyFailure(leaf) {
+            failures.append(inconsistent)
+        } else if ServerNamePolicy.nameFailure(leaf, host: host) != nil {
             failures.append(Self.hostnameMismatch(leaf, host: host))
         }
         failures += Self.timeFailures(of: timeChain, now: now)
@@ -297,23 +306,6 @@ package final class TrustEvaluator: Sendable {
             return chain
         }
         return nil
-    }
-
-    /// `ServerIdentityPolicy` alone on the leaf (rooting the leaf at itself).
-    private static func hostnameMatches(
-        _ leaf: Certificate,
-        host: String,
-        isIP: Bool,
-        criticalExtensions: [ASN1ObjectIdentifier]
-    ) async -> Bool {
-        var verifier = Verifier(rootCertificates: CertificateStore([leaf])) {
-            AnyChainPolicy(verifyingCriticalExtensions: criticalExtensions)
-            ServerIdentityPolicy(serverHostname: isIP ? nil : host, serverIP: isIP ? host : nil)
-        }
-        if case .validCertificate = await verifier.validate(leaf: leaf, intermediates: CertificateStore()) {
-            return true
-        }
-        return false
     }
 
     private static func hostnameMismatch(_ leaf: Certificate, host: String) -> TrustFailure {

@@ -1,0 +1,197 @@
+import AuthBrokerCore
+import Foundation
+import SwiftASN1
+import X509
+
+// Rules for a chain that authenticates a TLS server, stricter than swift-certificates'
+// `ServerIdentityPolicy` and `RFC5280Policy` where those follow older or looser readings. Each
+// policy also explains itself (`failures(…)`) so that the broker's error names the rule and the
+// certificate in the user's words. The user's own anchors relax none of them; an exception for
+// the one certificate is the way to accept a server that breaks one.
+
+/// The host name rules of RFC 6125 §6.4 as browsers apply them (CA/Browser Forum Baseline
+/// Requirements §7.1.2.7.12, §7.1.4.3):
+/// - the names are the subjectAltName's DNS names and IP addresses only; the subject CN is never
+///   a fallback (RFC 6125 §6.4.4 allowed it, RFC 9525 §6.3 removed it; swift-certificates still
+///   falls back, hence this policy);
+/// - a wildcard is only a whole left-most label (`*.example.com`), matches exactly one label, and
+///   needs two labels after it (`*` and `*.com` match nothing; `ba*.example.com` is not a wildcard
+///   at all: RFC 9525 §6.3 drops the partial-label form);
+/// - a subject CN, when present, must be one of those names.
+struct ServerNamePolicy: VerifierPolicy {
+    let verifyingCriticalExtensions: [ASN1ObjectIdentifier] = [.X509ExtensionID.subjectAlternativeName]
+    let host: String
+
+    func chainMeetsPolicyRequirements(chain: UnverifiedCertificateChain) -> PolicyEvaluationResult {
+        guard let leaf = chain.first else { return .failsToMeetPolicy(reason: "empty chain") }
+        if let failure = Self.nameFailure(leaf, host: self.host) { return .failsToMeetPolicy(reason: failure) }
+        if let failure = Self.consistencyFailure(leaf) { return .failsToMeetPolicy(reason: failure.summary) }
+        return .meetsPolicy
+    }
+
+    /// Why `leaf` is not for `host`, or nil when one of its names matches.
+    static func nameFailure(_ leaf: Certificate, host: String) -> String? {
+        let names: (dns: [String], ip: [[UInt8]])
+        do {
+            names = try Self.names(of: leaf)
+        } catch {
+            return "its subjectAltName cannot be read"
+        }
+        if let address = HostPattern.ipAddressBytes(host) {
+            return names.ip.contains(address) ? nil : "no IP address of it is \(host)"
+        }
+        let wanted = Self.normalized(host)
+        return names.dns.contains { Self.matches(pattern: Self.normalized($0), host: wanted) } ? nil : "no name of it matches \(host)"
+    }
+
+    /// The subject CN is not one of the subjectAltName's names (or there are none).
+    static func consistencyFailure(_ leaf: Certificate) -> TrustFailure? {
+        guard let names = try? Self.names(of: leaf) else {
+            return .unfitForServer(certificate: Self.describe(leaf), reason: "its subjectAltName extension is malformed")
+        }
+        if names.dns.isEmpty && names.ip.isEmpty {
+            return .unfitForServer(
+                certificate: Self.describe(leaf),
+                reason: "it has no subjectAltName, so it names no host (its subject CN is not used as a host name)"
+            )
+        }
+        let sanTexts = Set(names.dns.map(Self.normalized) + names.ip.compactMap { HostPattern.ipAddressText($0) })
+        for commonName in Self.commonNames(of: leaf) where !sanTexts.contains(Self.normalized(commonName)) {
+            return .unfitForServer(
+                certificate: Self.describe(leaf),
+                reason: "its subject CN '\(commonName)' is not one of the names in its subjectAltName"
+            )
+        }
+        return nil
+    }
+
+    /// Whether a normalised subjectAltName DNS entry matches a normalised host.
+    static func matches(pattern: String, host: String) -> Bool {
+        guard !pattern.isEmpty, !host.isEmpty else { return false }
+        guard pattern.contains("*") else { return pattern == host }
+        // Only "*." followed by at least two labels, with no other asterisk.
+        guard pattern.hasPrefix("*."), !pattern.dropFirst().contains("*") else { return false }
+        let suffix = pattern.dropFirst(2)
+        guard suffix.split(separator: ".", omittingEmptySubsequences: false).count >= 2,
+            !suffix.split(separator: ".", omittingEmptySubsequences: false).contains(where: \.isEmpty),
+            HostPattern.ipAddressBytes(host) == nil
+        else { return false }
+        guard let dot = host.firstIndex(of: "."), dot != host.startIndex else { return false }
+        return host[host.index(after: dot)...] == suffix
+    }
+
+    private static func normalized(_ name: String) -> String {
+        var name = name.lowercased()
+        if name.hasSuffix(".") { name.removeLast() }
+        return name
+    }
+
+    static func names(of leaf: Certificate) throws -> (dns: [String], ip: [[UInt8]]) {
+        var dns: [String] = []
+        var ip: [[UInt8]] = []
+        guard let alternativeNames = try leaf.extensions.subjectAlternativeNames else { return (dns, ip) }
+        for name in alternativeNames {
+            switch name {
+            case .dnsName(let value): dns.append(value)
+            case .ipAddress(let octets): ip.append(Array(octets.bytes))
+            default: continue
+            }
+        }
+        return (dns, ip)
+    }
+
+    static func commonNames(of certificate: Certificate) -> [String] {
+        certificate.subject.flatMap { $0 }.filter { $0.type == .RDNAttributeType.commonName }.map {
+            String($0.value) ?? $0.value.description
+        }
+    }
+
+    static func describe(_ certificate: Certificate) -> String {
+        "The certificate '\(certificate.subject)'"
+    }
+}
+
+/// What a server's chain may be used for (RFC 5280 §4.2.1.3, §4.2.1.9, §4.2.1.12; CA/Browser
+/// Forum BR §7.1.2.7.10): the leaf's extended key usage, when present, includes serverAuth (or
+/// anyExtendedKeyUsage); an empty one allows nothing; an intermediate restricted by extended key
+/// usage includes serverAuth too (as browsers chain it); the leaf is not a CA (basicConstraints
+/// CA:TRUE) and may not sign certificates (keyCertSign). swift-certificates' RFC5280Policy does
+/// not look at extended key usage at all.
+struct ServerUsagePolicy: VerifierPolicy {
+    let verifyingCriticalExtensions: [ASN1ObjectIdentifier] = [.X509ExtensionID.extendedKeyUsage]
+
+    func chainMeetsPolicyRequirements(chain: UnverifiedCertificateChain) -> PolicyEvaluationResult {
+        if let failure = Self.failures(chain: Array(chain)).first { return .failsToMeetPolicy(reason: failure.summary) }
+        return .meetsPolicy
+    }
+
+    /// Every usage failure of `chain` (leaf first; its last element, the root, is not judged).
+    /// `leafIsAnchor`: the user trusts this very certificate (a self-signed server's, which
+    /// `openssl req -x509` marks CA:TRUE by default); only its extended key usage is judged.
+    static func failures(chain: [Certificate], leafIsAnchor: Bool = false) -> [TrustFailure] {
+        guard let leaf = chain.first else { return [] }
+        var failures: [TrustFailure] = []
+        let describe = ServerNamePolicy.describe
+        do {
+            if let usage = try leaf.extensions.extendedKeyUsage {
+                if !usage.contains(.serverAuth) && !usage.contains(.any) {
+                    let allowed = usage.map(Self.name).joined(separator: ", ")
+                    failures.append(
+                        .unfitForServer(
+                            certificate: describe(leaf),
+                            reason: allowed.isEmpty
+                                ? "its extended key usage is empty, which allows no use at all"
+                                : "it is for \(allowed) only, not for TLS servers"
+                        )
+                    )
+                }
+            }
+            if leafIsAnchor {
+                // Trusted as itself: whether it may also sign others does not matter here.
+            } else if case .isCertificateAuthority = try leaf.extensions.basicConstraints {
+                failures.append(.unfitForServer(certificate: describe(leaf), reason: "it is a CA certificate (basicConstraints CA:TRUE), not a server's"))
+            } else if try leaf.extensions.keyUsage?.keyCertSign == true {
+                failures.append(.unfitForServer(certificate: describe(leaf), reason: "its key usage allows signing certificates, which a server's must not"))
+            }
+        } catch {
+            failures.append(.unfitForServer(certificate: describe(leaf), reason: "an extension of it is malformed (\(error))"))
+        }
+        for intermediate in chain.dropFirst().dropLast() {
+            guard let usage = try? intermediate.extensions.extendedKeyUsage else { continue }
+            if !usage.contains(.serverAuth) && !usage.contains(.any) {
+                failures.append(
+                    .unfitForServer(certificate: describe(intermediate), reason: "this intermediate CA is restricted to other uses than TLS servers")
+                )
+            }
+        }
+        return failures
+    }
+
+    private static func name(_ usage: ExtendedKeyUsage.Usage) -> String {
+        switch usage {
+        case .clientAuth: "client authentication"
+        case .codeSigning: "code signing"
+        case .emailProtection: "e-mail"
+        case .timeStamping: "time stamping"
+        case .ocspSigning: "OCSP signing"
+        case .serverAuth: "TLS servers"
+        case .any: "any use"
+        default: "\(usage)"
+        }
+    }
+}
+
+/// Validity at the exact instant, not rounded to the second: RFC 5280 §4.1.2.5 makes a
+/// certificate valid from notBefore, and a chain checked a fraction of a second earlier is not
+/// yet valid.
+struct ExactValidityPolicy: VerifierPolicy {
+    let verifyingCriticalExtensions: [ASN1ObjectIdentifier] = []
+    let now: Date
+
+    func chainMeetsPolicyRequirements(chain: UnverifiedCertificateChain) -> PolicyEvaluationResult {
+        for certificate in chain where now < certificate.notValidBefore || now > certificate.notValidAfter {
+            return .failsToMeetPolicy(reason: "'\(certificate.subject)' is not valid at \(now)")
+        }
+        return .meetsPolicy
+    }
+}
