@@ -1,5 +1,6 @@
 import AuthBrokerCore
 import Foundation
+import _CryptoExtras
 import SwiftASN1
 import X509
 
@@ -193,5 +194,149 @@ struct ExactValidityPolicy: VerifierPolicy {
             return .failsToMeetPolicy(reason: "'\(certificate.subject)' is not valid at \(now)")
         }
         return .meetsPolicy
+    }
+}
+
+/// The certificate profile of RFC 5280 that swift-certificates' RFC5280Policy leaves unchecked,
+/// for every certificate of a server's chain:
+/// - every extension the broker knows decodes as DER (a malformed one is refused, not skipped);
+/// - an RSA key's modulus is a whole number of bytes;
+/// - the leaf carries an authority key identifier (§4.2.1.1) and no name constraints (§4.2.1.10:
+///   CA certificates only); a subject that is empty goes with a critical subjectAltName, a
+///   subject that is not with a non-critical one (§4.2.1.6);
+/// - an intermediate has both key identifiers (§4.2.1.1, §4.2.1.2), a critical basicConstraints
+///   saying CA (§4.2.1.9), keyCertSign when it has a key usage (§4.2.1.3), and a subject (§4.1.2.6);
+/// - the root, when it is one of the user's anchors (system roots are the system's business),
+///   is judged as an intermediate apart from the authority key identifier;
+/// - name constraints are well formed (at least one subtree; no DNS constraint with a leading
+///   period), and a wildcard subjectAltName may not cover a name an excluded subtree forbids
+///   (`*.example.com` against an excluded `bad.example.com`): swift-certificates compares the
+///   wildcard as a literal name.
+struct CertificateProfilePolicy: VerifierPolicy {
+    let verifyingCriticalExtensions: [ASN1ObjectIdentifier] = []
+    /// The user's anchors: a root among them is judged; a system root is not.
+    let userRoots: [Certificate]
+
+    func chainMeetsPolicyRequirements(chain: UnverifiedCertificateChain) -> PolicyEvaluationResult {
+        let certificates = Array(chain)
+        let judgeRoot = certificates.count > 1 && certificates.last.map { self.userRoots.contains($0) } == true
+        if let failure = Self.failures(chain: certificates, judgeRoot: judgeRoot).first {
+            return .failsToMeetPolicy(reason: failure.summary)
+        }
+        return .meetsPolicy
+    }
+
+    /// Every profile failure of `chain` (leaf first, root last when it was found).
+    static func failures(chain: [Certificate], judgeRoot: Bool) -> [TrustFailure] {
+        guard let leaf = chain.first else { return [] }
+        var failures: [TrustFailure] = []
+        func fail(_ certificate: Certificate, _ reason: String) {
+            failures.append(.unfitForServer(certificate: ServerNamePolicy.describe(certificate), reason: reason))
+        }
+        for certificate in chain {
+            if let broken = Self.undecodableExtension(certificate) {
+                fail(certificate, "its \(broken) extension is not valid DER")
+            }
+            if let rsa = _RSA.Signing.PublicKey(certificate.publicKey), rsa.keySizeInBits % 8 != 0 {
+                fail(certificate, "its RSA modulus is not a whole number of bytes")
+            }
+        }
+        guard failures.isEmpty else { return failures }
+
+        let extensions = leaf.extensions
+        if chain.count > 1, (try? extensions.authorityKeyIdentifier) == nil {
+            fail(leaf, "it has no authority key identifier")
+        }
+        if extensions[oid: .X509ExtensionID.nameConstraints] != nil {
+            fail(leaf, "it carries name constraints, which only a CA may")
+        }
+        if let san = extensions[oid: .X509ExtensionID.subjectAlternativeName] {
+            let emptySubject = leaf.subject.isEmpty
+            if emptySubject && !san.critical {
+                fail(leaf, "its subject is empty, so its subjectAltName must be critical, and it is not")
+            } else if !emptySubject && san.critical {
+                fail(leaf, "its subjectAltName is critical although it has a subject")
+            }
+        }
+
+        let judged = judgeRoot ? Array(chain.dropFirst()) : Array(chain.dropFirst().dropLast())
+        for (index, authority) in judged.enumerated() {
+            let isRoot = judgeRoot && index == judged.count - 1
+            let caExtensions = authority.extensions
+            if (try? caExtensions.subjectKeyIdentifier) == nil { fail(authority, "this CA has no subject key identifier") }
+            if !isRoot, (try? caExtensions.authorityKeyIdentifier) == nil {
+                fail(authority, "this intermediate CA has no authority key identifier")
+            }
+            if let constraints = caExtensions[oid: .X509ExtensionID.basicConstraints] {
+                if !constraints.critical { fail(authority, "this CA's basicConstraints is not critical") }
+                if case .notCertificateAuthority? = try? caExtensions.basicConstraints {
+                    fail(authority, "it signs certificates but its basicConstraints says it is not a CA")
+                }
+            } else {
+                fail(authority, "this CA has no basicConstraints")
+            }
+            if let usage = try? caExtensions.keyUsage, !usage.keyCertSign {
+                fail(authority, "this CA's key usage does not allow signing certificates")
+            }
+            if authority.subject.isEmpty { fail(authority, "this CA has an empty subject") }
+        }
+
+        // Name constraints of every CA above the leaf, presented or anchored.
+        let wildcards = ((try? ServerNamePolicy.names(of: leaf))?.dns ?? []).filter { $0.hasPrefix("*.") }.map {
+            String($0.dropFirst(2)).lowercased()
+        }
+        for authority in chain.dropFirst() {
+            guard authority.extensions[oid: .X509ExtensionID.nameConstraints] != nil,
+                let constraints = try? authority.extensions.nameConstraints
+            else { continue }
+            if constraints.permittedSubtrees.isEmpty && constraints.excludedSubtrees.isEmpty {
+                fail(authority, "its name constraints have neither permitted nor excluded subtrees")
+                continue
+            }
+            let dnsConstraints = Array(constraints.permittedDNSDomains) + Array(constraints.excludedDNSDomains)
+            if let bad = dnsConstraints.first(where: { $0.hasPrefix(".") }) {
+                fail(authority, "its name constraint '\(bad)' starts with a period, which a DNS name constraint may not")
+                continue
+            }
+            for excluded in constraints.excludedDNSDomains {
+                let forbidden = excluded.lowercased()
+                for wildcard in wildcards where forbidden == wildcard || forbidden.hasSuffix("." + wildcard) {
+                    fail(leaf, "its name '*.\(wildcard)' covers '\(excluded)', which the name constraints of '\(authority.subject)' exclude")
+                }
+            }
+        }
+        return failures
+    }
+
+    /// The first known extension of `certificate` that does not decode, by name.
+    private static func undecodableExtension(_ certificate: Certificate) -> String? {
+        let extensions = certificate.extensions
+        let checks: [(String, () throws -> Void)] = [
+            ("basicConstraints", { _ = try extensions.basicConstraints }),
+            ("keyUsage", { _ = try extensions.keyUsage }),
+            ("extendedKeyUsage", { _ = try extensions.extendedKeyUsage }),
+            ("subjectAltName", { _ = try extensions.subjectAlternativeNames }),
+            ("nameConstraints", { _ = try extensions.nameConstraints }),
+            ("authorityKeyIdentifier", { _ = try extensions.authorityKeyIdentifier }),
+            ("subjectKeyIdentifier", { _ = try extensions.subjectKeyIdentifier }),
+        ]
+        for (name, check) in checks {
+            do { try check() } catch { return name }
+        }
+        return nil
+    }
+
+    /// Whether checking `leaf`'s names against the constraints of `chain` is bounded work: a
+    /// crafted chain with thousands of names and subtrees made swift-certificates' check run for
+    /// seconds. Chrome and Go cap the same product.
+    static let maxNameConstraintChecks = 65_536
+
+    static func nameConstraintWork(leaf: Certificate, authorities: [Certificate]) -> Int {
+        let names = (try? leaf.extensions.subjectAlternativeNames.map { Array($0).count }) ?? 0
+        let subtrees = authorities.reduce(0) { total, authority in
+            guard let constraints = try? authority.extensions.nameConstraints else { return total }
+            return total + constraints.permittedSubtrees.count + constraints.excludedSubtrees.count
+        }
+        return (names + 1) * subtrees
     }
 }

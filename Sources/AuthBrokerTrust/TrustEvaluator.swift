@@ -216,8 +216,19 @@ package final class TrustEvaluator: Sendable {
             return failures
         }
 
+        // Bounded work before any name-constraint check (see `maxNameConstraintChecks`).
+        let constraintWork = CertificateProfilePolicy.nameConstraintWork(leaf: leaf, authorities: Array(certificates.dropFirst()))
+        guard constraintWork <= CertificateProfilePolicy.maxNameConstraintChecks else {
+            return [
+                .malformedCertificate(
+                    "The server's chain would need \(constraintWork) name-constraint comparisons (its names times its CAs' constraints), more than the \(CertificateProfilePolicy.maxNameConstraintChecks) the broker does; no real server needs that many."
+                )
+            ]
+        }
+        let userRoots = inScope.map(\.certificate)
         var verifier = Verifier(rootCertificates: scopedRoots) {
             RFC5280Policy(fixedExpiryValidationTime: now)
+            CertificateProfilePolicy(userRoots: userRoots)
             ExactValidityPolicy(now: now)
             ServerNamePolicy(host: host)
             ServerUsagePolicy()
@@ -241,6 +252,8 @@ package final class TrustEvaluator: Sendable {
             criticalExtensions: criticalExtensions
         ) {
             timeChain = Array(path)
+            let judgeRoot = timeChain.count > 1 && timeChain.last.map { userRoots.contains($0) } == true
+            failures += CertificateProfilePolicy.failures(chain: timeChain, judgeRoot: judgeRoot)
         } else {
             var allPath: [Certificate]? = nil
             if !outOfScope.isEmpty {

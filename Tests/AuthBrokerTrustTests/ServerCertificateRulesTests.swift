@@ -18,14 +18,23 @@ struct ServerCertificateRulesTests {
         var der: [UInt8]
     }
 
-    /// A certificate with exactly `extensions`, signed by `issuer` (nil: self-signed).
+    /// A certificate with `extensions` plus its key identifiers (unless `keyIDs` is false),
+    /// signed by `issuer` (nil: self-signed).
     static func make(
-        commonName: String?, issuer: Made?, notBefore: Date = .now - 3600, extensions: Certificate.Extensions
+        commonName: String?, issuer: Made?, notBefore: Date = .now - 3600, emptySubject: Bool = false, keyIDs: Bool = true,
+        extensions: Certificate.Extensions
     ) throws -> Made {
         let key = P256.Signing.PrivateKey()
-        let subject = try DistinguishedName {
+        let subject = emptySubject ? DistinguishedName() : try DistinguishedName {
             OrganizationName("AuthBroker Rules Test")
             if let commonName { CommonName(commonName) }
+        }
+        var extensions = extensions
+        if keyIDs {
+            try extensions.append(Certificate.Extension(SubjectKeyIdentifier(keyIdentifier: Self.keyID(key)), critical: false))
+            if let issuer {
+                try extensions.append(Certificate.Extension(AuthorityKeyIdentifier(keyIdentifier: Self.keyID(issuer.key)), critical: false))
+            }
         }
         let certificate = try Certificate(
             version: .v3, serialNumber: Certificate.SerialNumber(), publicKey: Certificate.PublicKey(key.publicKey),
@@ -38,13 +47,25 @@ struct ServerCertificateRulesTests {
         return Made(certificate: certificate, key: key, der: serializer.serializedBytes)
     }
 
-    static func makeCA(_ name: String, issuer: Made? = nil, usage: [ExtendedKeyUsage.Usage]? = nil) throws -> Made {
+    static func keyID(_ key: P256.Signing.PrivateKey) -> ArraySlice<UInt8> {
+        ArraySlice(Insecure.SHA1.hash(data: key.publicKey.x963Representation))
+    }
+
+    static func makeCA(
+        _ name: String, issuer: Made? = nil, usage: [ExtendedKeyUsage.Usage]? = nil, keyIDs: Bool = true,
+        criticalBasicConstraints: Bool = true, emptySubject: Bool = false, constraints: NameConstraints? = nil
+    ) throws -> Made {
         try make(
-            commonName: name, issuer: issuer,
+            commonName: name, issuer: issuer, emptySubject: emptySubject, keyIDs: keyIDs,
             extensions: try Certificate.Extensions {
-                Critical(BasicConstraints.isCertificateAuthority(maxPathLength: nil))
+                if criticalBasicConstraints {
+                    Critical(BasicConstraints.isCertificateAuthority(maxPathLength: nil))
+                } else {
+                    BasicConstraints.isCertificateAuthority(maxPathLength: nil)
+                }
                 Critical(KeyUsage(keyCertSign: true, cRLSign: true))
                 if let usage { try ExtendedKeyUsage(usage) }
+                if let constraints { Critical(constraints) }
             }
         )
     }
@@ -56,19 +77,26 @@ struct ServerCertificateRulesTests {
     /// The usual leaf extensions with `usage`, `names`, and the CA bits as given.
     static func leaf(
         _ commonName: String?, names: [String]?, issuer: Made, usage: [ExtendedKeyUsage.Usage]? = [.serverAuth],
-        isCA: Bool = false, keyCertSign: Bool = false, notBefore: Date = .now - 3600
+        isCA: Bool = false, keyCertSign: Bool = false, notBefore: Date = .now - 3600, keyIDs: Bool = true,
+        emptySubject: Bool = false, criticalNames: Bool = false, constraints: NameConstraints? = nil,
+        rawBasicConstraints: [UInt8]? = nil
     ) throws -> Made {
         try make(
-            commonName: commonName, issuer: issuer, notBefore: notBefore,
+            commonName: commonName, issuer: issuer, notBefore: notBefore, emptySubject: emptySubject, keyIDs: keyIDs,
             extensions: try Certificate.Extensions {
-                if isCA {
+                if let rawBasicConstraints {
+                    Certificate.Extension(oid: .X509ExtensionID.basicConstraints, critical: true, value: ArraySlice(rawBasicConstraints))
+                } else if isCA {
                     Critical(BasicConstraints.isCertificateAuthority(maxPathLength: nil))
                 } else {
                     Critical(BasicConstraints.notCertificateAuthority)
                 }
                 Critical(KeyUsage(digitalSignature: true, keyCertSign: keyCertSign))
                 if let usage { try ExtendedKeyUsage(usage) }
-                if let names { Self.sans(names) }
+                if let names {
+                    if criticalNames { Critical(Self.sans(names)) } else { Self.sans(names) }
+                }
+                if let constraints { Critical(constraints) }
             }
         )
     }
@@ -84,6 +112,9 @@ struct ServerCertificateRulesTests {
     enum Case: String, CaseIterable, CustomTestStringConvertible {
         case clientAuthOnly, emptyUsage, leafIsCA, leafSignsCertificates, noSubjectAltName, commonNameNotInSAN
         case partialLabelWildcard, bareWildcard, wildcardOverOneLabel, intermediateForClientsOnly
+        case leafWithoutAuthorityKeyID, intermediateWithoutSubjectKeyID, anchorBasicConstraintsNotCritical
+        case intermediateWithEmptySubject, leafWithNameConstraints, wildcardCoversExcludedName
+        case constraintWithLeadingPeriod, constraintsWithNoSubtrees, emptySubjectNonCriticalNames, malformedExtension
 
         var testDescription: String { rawValue }
     }
@@ -128,6 +159,51 @@ struct ServerCertificateRulesTests {
             let intermediate = try Self.makeCA("Clients Only Intermediate", issuer: root, usage: [.clientAuth])
             chain = [try Self.leaf(host, names: [host], issuer: intermediate), intermediate]
             expected = ("unfit_for_server", "restricted to other uses")
+        case .leafWithoutAuthorityKeyID:
+            chain = [try Self.leaf(host, names: [host], issuer: root, keyIDs: false)]
+            expected = ("unfit_for_server", "no authority key identifier")
+        case .intermediateWithoutSubjectKeyID:
+            let intermediate = try Self.makeCA("No Key ID Intermediate", issuer: root, keyIDs: false)
+            chain = [try Self.leaf(host, names: [host], issuer: intermediate), intermediate]
+            expected = ("unfit_for_server", "no subject key identifier")
+        case .anchorBasicConstraintsNotCritical:
+            let anchor = try Self.makeCA("Lax Root", criticalBasicConstraints: false)
+            let decision = try await Self.evaluate([try Self.leaf(host, names: [host], issuer: anchor)], root: anchor, host: host)
+            #expect(!decision.isTrusted)
+            #expect(decision.reasons.contains { $0.contains("basicConstraints is not critical") }, "\(decision.reasons)")
+            return
+        case .intermediateWithEmptySubject:
+            let intermediate = try Self.makeCA("", issuer: root, emptySubject: true)
+            chain = [try Self.leaf(host, names: [host], issuer: intermediate), intermediate]
+            expected = ("unfit_for_server", "empty subject")
+        case .leafWithNameConstraints:
+            chain = [try Self.leaf(host, names: [host], issuer: root, constraints: NameConstraints(permittedDNSDomains: ["rules.test"]))]
+            expected = ("unfit_for_server", "name constraints")
+        case .wildcardCoversExcludedName:
+            let intermediate = try Self.makeCA(
+                "Constrained Intermediate", issuer: root, constraints: NameConstraints(excludedDNSDomains: ["secret.rules.test"])
+            )
+            chain = [try Self.leaf(nil, names: ["*.rules.test"], issuer: intermediate), intermediate]
+            expected = ("unfit_for_server", "covers 'secret.rules.test'")
+        case .constraintWithLeadingPeriod:
+            let intermediate = try Self.makeCA(
+                "Period Intermediate", issuer: root, constraints: NameConstraints(permittedDNSDomains: [".rules.test"])
+            )
+            chain = [try Self.leaf(host, names: [host], issuer: intermediate), intermediate]
+            expected = ("unfit_for_server", "starts with a period")
+        case .constraintsWithNoSubtrees:
+            let intermediate = try Self.makeCA("Empty Constraints Intermediate", issuer: root, constraints: NameConstraints())
+            chain = [try Self.leaf(host, names: [host], issuer: intermediate), intermediate]
+            // swift-certificates already refuses to decode an empty NameConstraints; either way it
+            // is refused, and the reason names the extension.
+            expected = ("unfit_for_server", "nameConstraints extension is not valid DER")
+        case .emptySubjectNonCriticalNames:
+            chain = [try Self.leaf(nil, names: [host], issuer: root, emptySubject: true)]
+            expected = ("unfit_for_server", "must be critical")
+        case .malformedExtension:
+            // basicConstraints with cA TRUE encoded as 0x01: BER, not DER (which requires 0xFF).
+            chain = [try Self.leaf(host, names: [host], issuer: root, rawBasicConstraints: [0x30, 0x03, 0x01, 0x01, 0x01])]
+            expected = ("unfit_for_server", "not valid DER")
         }
         let decision = try await Self.evaluate(chain, root: root, host: host)
         #expect(!decision.isTrusted, "\(test) was trusted")
@@ -159,5 +235,17 @@ struct ServerCertificateRulesTests {
         #expect(!early.isTrusted)
         #expect(early.failures.map(\.code).contains("not_yet_valid"), "\(early.failures)")
         #expect(try await Self.evaluate([leaf], root: root, host: "www.rules.test", now: start + 0.3).isTrusted)
+    }
+
+    @Test("a chain crafted to need millions of name-constraint comparisons is refused at once, not evaluated")
+    func nameConstraintWorkIsBounded() async throws {
+        let root = try Self.makeCA("Rules Root")
+        let excluded = (0..<400).map { "excluded\($0).rules.test" }
+        let intermediate = try Self.makeCA("Many Constraints", issuer: root, constraints: NameConstraints(excludedDNSDomains: excluded))
+        let names = (0..<400).map { "name\($0).rules.test" }
+        let leaf = try Self.leaf("name0.rules.test", names: names, issuer: intermediate)
+        let decision = try await Self.evaluate([leaf, intermediate], root: root, host: "name0.rules.test")
+        #expect(!decision.isTrusted)
+        #expect(decision.reasons.contains { $0.contains("name-constraint comparisons") }, "\(decision.reasons)")
     }
 }

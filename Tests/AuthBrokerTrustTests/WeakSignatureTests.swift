@@ -10,7 +10,7 @@ import Testing
 @Suite("Weak signature algorithms")
 struct WeakSignatureTests {
     /// A CA (RSA, SHA-256) and a leaf for `weak.internal.test` signed with `digest`.
-    static func makeChain(digest: String, in directory: TemporaryDirectory) throws -> (caPEM: String, leafDER: [UInt8]) {
+    static func makeChain(digest: String, leafKeyBits: Int = 2048, in directory: TemporaryDirectory) throws -> (caPEM: String, leafDER: [UInt8]) {
         let openssl = "/usr/bin/openssl"
         func run(_ arguments: [String]) throws {
             let result = try ExternalCommand.run(openssl, arguments)
@@ -23,7 +23,7 @@ struct WeakSignatureTests {
             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign",
         ])
         try run([
-            "req", "-newkey", "rsa:2048", "-nodes", "-keyout", directory.file("leaf.key"), "-out", directory.file("leaf.csr"),
+            "req", "-newkey", "rsa:\(leafKeyBits)", "-nodes", "-keyout", directory.file("leaf.key"), "-out", directory.file("leaf.csr"),
             "-subj", "/CN=weak.internal.test",
         ])
         try "subjectAltName=DNS:weak.internal.test\n".write(toFile: directory.file("ext"), atomically: true, encoding: .utf8)
@@ -53,5 +53,16 @@ struct WeakSignatureTests {
         #expect(decision.failures.first?.code == "weak_signature", "\(decision.failures)")
         #expect(decision.failures.first?.summary.contains(algorithm) == true)
         #expect(decision.failures.first?.summary.contains("can be forged") == true)
+    }
+
+    @Test("an RSA key whose modulus is not a whole number of bytes (2055 bits) is refused, saying so")
+    func oddModulusRefused() async throws {
+        let fixture = try EvaluatorFixture()
+        defer { fixture.directory.cleanUp() }
+        let chain = try Self.makeChain(digest: "sha256", leafKeyBits: 2055, in: fixture.directory)
+        try fixture.store.addAnchors(pem: chain.caPEM, hosts: [])
+        let decision = await fixture.evaluator.evaluate(chainDER: [chain.leafDER], host: "weak.internal.test")
+        #expect(!decision.isTrusted)
+        #expect(decision.reasons.contains { $0.contains("RSA modulus is not a whole number of bytes") }, "\(decision.reasons)")
     }
 }
