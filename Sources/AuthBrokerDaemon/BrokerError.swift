@@ -174,16 +174,21 @@ extension BrokerError {
     /// The server's certificate chain failed the daemon's trust evaluation.
     package static func untrustedServer(origin: CanonicalOrigin, decision: TrustDecision, chainDER: [[UInt8]] = []) -> BrokerError {
         let reasons = decision.failures.map(\.summary)
-        let topmost = decision.chain.last
         var fix: [String] = []
-        if let topmost {
-            fix.append(
-                "authbrokerctl anchors trust-server \(origin) --fingerprint \(topmost.sha256)"
-            )
+        // An anchor fixes only a missing issuer. A certificate for another name, expired, for
+        // other uses or weakly signed stays so under any anchor (offering `anchors trust-server`
+        // again right after it was done helps nobody); the exception for this one certificate
+        // does trust it, and a pin mismatch is the user's own rule, so nothing is offered for it.
+        let anchorFixes = !decision.failures.isEmpty && decision.failures.allSatisfy(\.isAboutTheIssuer)
+        if anchorFixes, let topmost = decision.chain.last {
+            fix.append("authbrokerctl anchors trust-server \(origin) --fingerprint \(topmost.sha256)")
         }
-        let scope = HostScope.suggestedPattern(for: origin.host)
-        fix.append("authbrokerctl anchors add CA.pem --hosts '\(scope)'")
-        if let leaf = decision.chain.first {
+        if anchorFixes {
+            let scope = HostScope.suggestedPattern(for: origin.host)
+            fix.append("authbrokerctl anchors add CA.pem --hosts '\(scope)'")
+        }
+        let pinned = decision.failures.contains { if case .pinMismatch = $0 { true } else { false } }
+        if !pinned, let leaf = decision.chain.first {
             let host = origin.host.contains(":") ? "[\(origin.host)]" : origin.host
             fix.append("authbrokerctl exceptions add \(host):\(origin.port) \(leaf.sha256)")
         }
@@ -193,7 +198,10 @@ extension BrokerError {
             code: "untrusted_server", status: .badGateway, proxyErrorType: .tlsCertificateError,
             title: "The server's certificate is not trusted",
             detail:
-                "\(origin.hostHeader) presented a certificate chain that is not trusted: \(summary). If you trust this server, add its CA (or its own certificate) as an anchor for this host; see `fix`.",
+                "\(origin.hostHeader) presented a certificate chain that is not trusted: \(summary). "
+                + (anchorFixes
+                    ? "If you trust this server, add its CA (or its own certificate) as an anchor for this host; see `fix`."
+                    : "An anchor would not change that; if you trust this very certificate anyway, add an exception for it (see `fix`)."),
             host: origin.hostHeader, reasons: reasons, chain: decision.chain, fix: fix,
             serverTrustFailure: UntrustedServer(origin: origin, decision: decision, chainDER: chainDER)
         )

@@ -33,6 +33,15 @@ package enum TrustFailure: Sendable, Hashable {
     /// key usage), a CA as the leaf, names that disagree (`ServerUsagePolicy`, `ServerNamePolicy`).
     case unfitForServer(certificate: String, reason: String)
 
+    /// Whether trusting a CA (an anchor) could cure this failure: only when the issuer is the
+    /// problem.
+    package var isAboutTheIssuer: Bool {
+        switch self {
+        case .unknownIssuer, .selfSigned, .anchorOutOfScope: true
+        default: false
+        }
+    }
+
     /// A stable snake_case code for scripts and for the problem+json body.
     package var code: String {
         switch self {

@@ -8,6 +8,32 @@ import Testing
 
 @Suite("Broker errors")
 struct BrokerErrorTests {
+    /// The fix offered for an untrusted server follows from its reasons.
+    @Test(
+        "an anchor is offered only when the issuer is the problem; an exception whenever no pin refused",
+        arguments: [
+            ([TrustFailure.selfSigned], true, true),
+            ([.unknownIssuer(issuer: "CN=Corp CA")], true, true),
+            ([.hostnameMismatch(host: "nas.test", names: ["other.test"])], false, true),
+            ([.selfSigned, .hostnameMismatch(host: "nas.test", names: ["localhost"])], false, true),
+            ([.expired(notAfter: .now - 86400)], false, true),
+            ([.unfitForServer(certificate: "The certificate 'CN=x'", reason: "it is for client authentication only")], false, true),
+            ([.pinMismatch(host: "nas.test", pinned: ["A"], presented: ["B"])], false, false),
+        ] as [([TrustFailure], Bool, Bool)]
+    )
+    func untrustedServerFix(failures: [TrustFailure], offersAnchor: Bool, offersException: Bool) throws {
+        let leaf = CertificateInfo(
+            subject: "CN=nas.test", issuer: "CN=nas.test", notBefore: .now - 86400, notAfter: .now + 86400, sha256: "AB:CD",
+            spkiSHA256: "spki", dnsNames: ["nas.test"], ipAddresses: [], isSelfSigned: true, isCA: false
+        )
+        let decision = TrustDecision(isTrusted: false, failures: failures, chain: [leaf], fromCache: false)
+        let error = BrokerError.untrustedServer(origin: try CanonicalOrigin(parsing: "https://nas.test:5001"), decision: decision)
+        let fix = error.fix ?? []
+        #expect(fix.contains { $0.hasPrefix("authbrokerctl anchors ") } == offersAnchor, "\(fix)")
+        #expect(fix.contains("authbrokerctl exceptions add nas.test:5001 AB:CD") == offersException, "\(fix)")
+        #expect(error.detail.contains("An anchor would not change that") == !offersAnchor)
+    }
+
     @Test("an upstream error renders status, Proxy-Status and a problem body with the request id")
     func rendering() throws {
         let origin = try CanonicalOrigin(scheme: .https, host: "api.corp.test", port: 8443)
