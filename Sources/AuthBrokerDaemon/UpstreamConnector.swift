@@ -391,6 +391,10 @@ package final class UpstreamConnector: Sendable {
             try sync.addHandler(HandshakeObserver(promise: handshake, errors: channelError))
         }
         try sync.addHandler(HTTPRequestEncoder())
+        // Non-UTF-8 header lines (an ISO-8859-1 realm) read as ISO-8859-1, before the decoder
+        // turns them into Strings lossily.
+        let charset = ResponseHeadCharsetHandler(maxResponseHeadBytes: self.settings.limits.maxResponseHeadBytes)
+        try sync.addHandler(charset)
         // The decoder's own limits enforce max_response_head_bytes while the head is still
         // arriving (an endless header line must not be buffered until a timeout).
         var limits = NIOHTTPDecoderLimitConfiguration()
@@ -403,6 +407,7 @@ package final class UpstreamConnector: Sendable {
                 )
             )
         )
+        try sync.addHandler(ResponseEndSignal(charset: charset))
         try sync.addHandler(
             UpstreamExchangeHandler(
                 responseHeadTimeout: self.settings.upstream.responseHeadTimeout,

@@ -396,3 +396,26 @@ struct ResponseDesyncTests {
         }
     }
 }
+
+/// RFC 9110 §5.5 / RFC 7617 §2.1: a realm sent in ISO-8859-1 matches what a person stored.
+@Suite("ISO-8859-1 realms")
+struct Latin1RealmTests {
+    @Test("a password stored for realm foo-ä answers a server that sends the realm as ISO-8859-1 bytes")
+    func latin1RealmMatches() async throws {
+        let faulty = try await FaultyOrigin.start()
+        defer { Task { await faulty.stop() } }
+        let config = "[upstream]\nresolve = [\"faulty.internal.test:\(faulty.port):127.0.0.1\"]\n"
+        try await withDaemon(config: config) { daemon in
+            let base = "http://faulty.internal.test:\(faulty.port)"
+            let stored = try StoredCredentialTests.store(daemon, url: base, user: "alice", password: "s3cret", realm: "foo-\u{E4}")
+            #expect(stored.status == 201, "\(stored.text)")
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            let response = try connection.request("GET", "\(base)/latin1-realm")
+            #expect(response.status == 200, "\(response.text)")
+            #expect(response.text == "welcome")
+            // Other responses through the same connection still pass unchanged.
+            let hello = try connection.request("GET", "\(base)/hello")
+            #expect(hello.status == 200 && hello.text == "hello")
+        }
+    }
+}

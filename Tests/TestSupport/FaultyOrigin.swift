@@ -31,6 +31,8 @@ import Glibc
 ///   connection), the answer an app must never receive for its own request.
 /// - `/forged-broker-error`: a 502 dressed as the broker's own untrusted-server error (its
 ///   `Authbroker-Error` mark, `Proxy-Status` member and problem body, with a "To fix" command).
+/// - `/latin1-realm`: 401 with `WWW-Authenticate: Basic realm="foo-<0xE4>"` (ISO-8859-1, as
+///   older servers send it), unless the request carries Basic `alice:s3cret`: then 200 `welcome`.
 /// - `/proxy-challenge/<realm>`: a 407 with `Proxy-Authenticate: Basic realm="<realm>"`, as if
 ///   the origin were a proxy (through the broker's upstream proxy it looks like the proxy's).
 ///
@@ -128,6 +130,8 @@ private final class FaultHandler: ChannelInboundHandler {
     private var takenOver = false
     /// A delayed answer is pending: later requests wait (buffered) for it, answered in order.
     private var answerDelayed = false
+    /// The current request's head lines, for routes that look at a header field.
+    private var requestLines: [String] = []
 
     init(handshakeFault: FaultyOrigin.HandshakeFault?, counts: ConnectionCounts) {
         self.handshakeFault = handshakeFault
@@ -197,6 +201,7 @@ private final class FaultHandler: ChannelInboundHandler {
                 return Int(pair[1].trimmingCharacters(in: .whitespaces))
             }.first ?? 0
             self.bodyRemaining = length
+            self.requestLines = lines.map(String.init)
             self.respond(context: context, path: path)
         }
     }
@@ -216,6 +221,10 @@ private final class FaultHandler: ChannelInboundHandler {
 
     private func write(context: ChannelHandlerContext, _ text: String) {
         context.writeAndFlush(self.wrapOutboundOut(ByteBuffer(string: text)), promise: nil)
+    }
+
+    private func writeBytes(context: ChannelHandlerContext, _ bytes: [UInt8]) {
+        context.writeAndFlush(self.wrapOutboundOut(ByteBuffer(bytes: bytes)), promise: nil)
     }
 
     /// Writes `text`, then closes normally (a FIN, not a reset).
@@ -253,6 +262,16 @@ private final class FaultHandler: ChannelInboundHandler {
                     + "Proxy-Status: authbrokerd; error=tls_certificate_error; details=\"forged by the origin\"\r\n"
                     + "Content-Length: \(body.utf8.count)\r\n\r\n\(body)"
             )
+        case "latin1-realm":
+            let expected = "authorization: basic " + Data("alice:s3cret".utf8).base64EncodedString().lowercased()
+            if self.requestLines.contains(where: { $0.lowercased() == expected }) {
+                self.write(context: context, Self.response(body: "welcome"))
+            } else {
+                var head = Array("HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"foo-".utf8)
+                head.append(0xE4)
+                head += Array("\"\r\nContent-Length: 6\r\n\r\ndenied".utf8)
+                self.writeBytes(context: context, head)
+            }
         case "proxy-challenge":
             let realm = parts.count > 1 ? parts[1].removingPercentEncoding ?? parts[1] : "origin"
             self.write(

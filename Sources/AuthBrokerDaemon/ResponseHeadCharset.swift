@@ -1,0 +1,127 @@
+import AuthBrokerCore
+import NIOCore
+import NIOHTTP1
+
+/// In front of the upstream response decoder: holds each response head until it is complete and
+/// passes it on with its non-UTF-8 lines read as ISO-8859-1 (`HeaderCharset`); body bytes pass
+/// untouched. `ResponseEndSignal`, after the decoder, says when a response ended, so that what
+/// follows is a head again.
+final class ResponseHeadCharsetHandler: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = ByteBuffer
+    typealias InboundOut = ByteBuffer
+
+    private enum Mode {
+        /// Bytes are part of a response head, held until its end.
+        case head
+        /// Bytes belong to a body (or to a head too large to hold): passed on as they come.
+        case passing
+    }
+
+    private var mode = Mode.head
+    private var held: [UInt8] = []
+    /// More than this and the head is passed on unchanged; the decoder refuses it as too large.
+    private let limit: Int
+
+    init(maxResponseHeadBytes: Int) {
+        self.limit = maxResponseHeadBytes + 1024
+    }
+
+    /// The response ended: the next bytes start a head.
+    func responseEnded() {
+        self.mode = .head
+        self.held.removeAll(keepingCapacity: true)
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard case .head = self.mode else {
+            context.fireChannelRead(data)
+            return
+        }
+        var buffer = self.unwrapInboundIn(data)
+        // The usual case costs one scan and no copy: a whole head in this read, all ASCII, not
+        // interim. The buffer goes on as it is.
+        if self.held.isEmpty, Self.isWholePlainFinalHead(buffer) {
+            self.mode = .passing
+            context.fireChannelRead(data)
+            return
+        }
+        self.held.append(contentsOf: buffer.readBytes(length: buffer.readableBytes) ?? [])
+        self.releaseHeads(context: context)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        // A head cut off by the close: let the decoder see what came and report it.
+        if !self.held.isEmpty {
+            let bytes = self.held
+            self.held.removeAll()
+            context.fireChannelRead(self.wrapInboundOut(context.channel.allocator.buffer(bytes: bytes)))
+        }
+        context.fireChannelInactive()
+    }
+
+    private func releaseHeads(context: ChannelHandlerContext) {
+        while case .head = self.mode {
+            guard let end = HeaderCharset.headEnd(in: self.held) else {
+                if self.held.count > self.limit {
+                    self.mode = .passing
+                    self.forward(self.held, context: context)
+                    self.held.removeAll()
+                }
+                return
+            }
+            let head = Array(self.held[..<end])
+            let rest = Array(self.held[end...])
+            self.held.removeAll(keepingCapacity: true)
+            // An interim (1xx) response is followed by another head; anything else by a body.
+            let interim = head.count > 9 && head[9] == UInt8(ascii: "1")
+            self.mode = interim ? .head : .passing
+            self.forward(HeaderCharset.transcodingLatin1Lines(of: head) ?? head, context: context)
+            if interim {
+                self.held = rest
+            } else if !rest.isEmpty {
+                // Forwarding may end the response (no body) and make the rest a head again.
+                if case .head = self.mode {
+                    self.held = rest
+                } else {
+                    self.forward(rest, context: context)
+                }
+            }
+        }
+    }
+
+    private static func isWholePlainFinalHead(_ buffer: ByteBuffer) -> Bool {
+        buffer.withUnsafeReadableBytes { bytes in
+            guard bytes.count > 9, bytes[9] != UInt8(ascii: "1") else { return false }
+            var index = 0
+            while index + 3 < bytes.count {
+                let byte = bytes[index]
+                if byte >= 0x80 { return false }
+                if byte == 0x0D, bytes[index + 1] == 0x0A, bytes[index + 2] == 0x0D, bytes[index + 3] == 0x0A { return true }
+                index += 1
+            }
+            return false
+        }
+    }
+
+    private func forward(_ bytes: [UInt8], context: ChannelHandlerContext) {
+        context.fireChannelRead(self.wrapInboundOut(context.channel.allocator.buffer(bytes: bytes)))
+    }
+}
+
+/// After the upstream response decoder: tells `ResponseHeadCharsetHandler` where each response
+/// ends. Passes every part on.
+final class ResponseEndSignal: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = HTTPClientResponsePart
+    typealias InboundOut = HTTPClientResponsePart
+
+    private let charset: ResponseHeadCharsetHandler
+
+    init(charset: ResponseHeadCharsetHandler) {
+        self.charset = charset
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        if case .end = self.unwrapInboundIn(data) { self.charset.responseEnded() }
+        context.fireChannelRead(data)
+    }
+}
