@@ -65,8 +65,11 @@ struct DirectRelayTests {
             try Self.warmUp(daemon, base)
             let clients = [try UnixSocketConnection(path: daemon.socketPath), try UnixSocketConnection(path: daemon.socketPath)]
             for client in clients { #expect(try client.request("GET", "\(base)/hello").status == 200) }
-            // The connection started for the other loop is made meanwhile (loopback, no TLS).
-            try await Task.sleep(for: .milliseconds(500))
+            // The connection started for the other loop is made meanwhile (loopback, no TLS);
+            // on a loaded machine that can take a while, so wait for it rather than a set time.
+            for _ in 0..<200 where try Self.counter(daemon, "upstream_connections_open") < 2 {
+                try await Task.sleep(for: .milliseconds(50))
+            }
             let before = try Self.relayedCount(daemon)
             for client in clients {
                 for _ in 0..<4 { #expect(try client.request("GET", "\(base)/hello").status == 200) }
