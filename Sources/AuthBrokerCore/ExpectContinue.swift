@@ -1,34 +1,5 @@
 import NIOHTTP1
 
-/// How a request's body is framed, from its head alone.
-package enum RequestBodyFraming: Sendable, Hashable {
-    /// No body (no `Content-Length` above 0, not chunked).
-    case none
-    /// `Content-Length` bytes.
-    case length(Int)
-    /// Chunked: the length is known only at the end.
-    case chunked
-
-    package init(_ head: HTTPRequestHead) {
-        if head.headers["transfer-encoding"].contains(where: { $0.lowercased().contains("chunked") }) {
-            self = .chunked
-        } else if let length = head.headers.first(name: "content-length").flatMap({ Int($0) }), length > 0 {
-            self = .length(length)
-        } else {
-            self = .none
-        }
-    }
-
-    /// Whether the body may be larger than `bound` bytes (a chunked one always may).
-    package func mayExceed(_ bound: Int) -> Bool {
-        switch self {
-        case .none: false
-        case .length(let length): length > bound
-        case .chunked: true
-        }
-    }
-}
-
 /// Whether a request's body waits for the origin's `100 Continue` (RFC 9110 §10.1.1) before it
 /// is read from the client, decided per request and updated between its attempts.
 ///

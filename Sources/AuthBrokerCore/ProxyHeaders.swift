@@ -147,12 +147,9 @@ package enum ProxyHeaders {
         return HTTPHeaders(result)
     }
 
-    /// Whether a request's body is chunked (its `Transfer-Encoding` names `chunked`).
+    /// Whether a message's body is chunked: its `Transfer-Encoding` list ends with `chunked`.
     package static func isChunked(_ headers: HTTPHeaders) -> Bool {
-        for (name, value) in headers where fieldName(name, is: "transfer-encoding") {
-            if value.lowercased().contains("chunked") { return true }
-        }
-        return false
+        ((try? TransferCodings(headers)) ?? nil)?.isChunked ?? false
     }
 
     private static func viaValue(appendingTo earlier: [String]) -> String {

@@ -114,6 +114,7 @@ package struct AcceptedClientConnection: Sendable {
         try channel.pipeline.syncOperations.configureHTTPServerPipeline(
             withPipeliningAssistance: false, withErrorHandling: false
         )
+        try channel.pipeline.syncOperations.addHandler(RequestFramingCheck())
         // Head and idle timeouts: bytes are seen before the decoder, heads and ends after it.
         let timeoutState = ClientTimeoutState()
         let timeouts = ClientTimeoutHandler(terms: terms, state: timeoutState, onTimeout: onTimeout)
