@@ -119,7 +119,8 @@ extension BrokerError {
 
     package static func malformedRequest(_ error: any Error) -> BrokerError {
         BrokerError(
-            code: "malformed_request", status: .badRequest, title: "Malformed HTTP request",
+            code: "malformed_request", status: .badRequest, proxyErrorType: .httpRequestError,
+            title: "Malformed HTTP request",
             detail:
                 "The request could not be parsed as HTTP/1.1 (\(error)). Send `METHOD https://host/path HTTP/1.1` requests, or /v1/ control requests."
         )

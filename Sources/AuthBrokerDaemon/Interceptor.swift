@@ -191,6 +191,8 @@ package struct Interceptor: Sendable {
             }
 
             let state = ExchangeState()
+            // Set when the client's body broke HTTP/1.1 framing after the head went upstream.
+            var malformedBody: (any Error)?
             let gate = ContinueGate(
                 ContinueGateStateMachine(
                     holdsBody: uploadPlan.holdsBody && !requestEnded, clientExpectsContinue: expectsContinue,
@@ -223,7 +225,7 @@ package struct Interceptor: Sendable {
             } else {
                 result = await withTaskGroup(of: ResponsePumpResult.self) { group in
                     group.addTask { await pump() }
-                    let requestComplete: Bool
+                    var requestComplete: Bool
                     if requestEnded {
                         // A later attempt: the request ended on the first one; send its kept body again.
                         for chunk in replay.chunks() {
@@ -242,9 +244,14 @@ package struct Interceptor: Sendable {
                                 try? await writer.write(.head(HTTPResponseHead(version: .http1_1, status: .continue)))
                                 gate.continueWritten()
                             }
-                            requestComplete = await self.pumpRequestBody(
+                            let body = await self.pumpRequestBody(
                                 requests: &requests, exchange: exchange, state: state, replay: replay
                             )
+                            requestComplete = body == .ended
+                            if case .malformed(let error) = body {
+                                malformedBody = error
+                                state.markRequestBodyBroken()
+                            }
                             // The client left (or broke its framing) mid-body: the origin would wait
                             // for the rest until a timeout, holding the connection. Closing it ends the
                             // response pump too.
@@ -258,6 +265,21 @@ package struct Interceptor: Sendable {
                         response = .completed(completed)
                     }
                     return response
+                }
+            }
+
+            // The client's broken body ended the exchange (the upstream connection is closed):
+            // unless the origin's answer already reached the client, the error is the client's.
+            if let malformedBody {
+                switch result {
+                case .failedBeforeHead, .challengeAnswered, .expectationRefused:
+                    self.pool.release(lease, reusable: false)
+                    return await self.respondWithError(
+                        .malformedRequest(malformedBody), requestID: requestID, logger: logger, requests: &requests,
+                        writer: writer, clientWantsKeepAlive: false, requestEnded: true
+                    )
+                case .completed, .errorSent, .abortedAfterHead:
+                    break
                 }
             }
 
@@ -406,10 +428,11 @@ package struct Interceptor: Sendable {
     }
 
     /// Sends the client's body upstream as it arrives; after an upstream failure keeps reading
-    /// (and dropping) so the client connection stays in step. Returns whether the request ended.
+    /// (and dropping) so the client connection stays in step. Returns how the body ended: whole,
+    /// cut off by the client, or broken (its chunked framing is not HTTP/1.1).
     private func pumpRequestBody(
         requests: inout ClientRequestIterator, exchange: UpstreamExchange, state: ExchangeState, replay: ReplayBuffer
-    ) async -> Bool {
+    ) async -> RequestBodyDrain {
         var upstreamOK = true
         do {
             while let part = try await requests.next() {
@@ -428,16 +451,16 @@ package struct Interceptor: Sendable {
                         try? await exchange.finishRequest()
                     }
                     state.markRequestComplete()
-                    return true
+                    return .ended
                 case .head:
                     // The decoder never yields a second head before .end; treat as broken framing.
-                    return false
+                    return .closed
                 }
             }
         } catch {
-            return false
+            return .malformed(error)
         }
-        return false
+        return .closed
     }
 
     // MARK: - Response side
@@ -675,7 +698,7 @@ package struct Interceptor: Sendable {
         writer: ClientResponseWriter, clientWantsKeepAlive: Bool, state: ExchangeState, closeClient: @Sendable () -> Void,
         draining: @Sendable () -> Bool, retryAllowed: Bool
     ) async -> ResponsePumpResult {
-        if retryAllowed && self.isConnectionClosed(error) && connection.closingTLSError == nil {
+        if retryAllowed && self.isConnectionClosed(error) && connection.closingTLSError == nil || state.requestBodyBroken {
             return .failedBeforeHead(error)
         }
         let brokerError = self.mapExchangeError(error, route: route, connection: connection)
@@ -788,11 +811,20 @@ package func drainRequestBody(_ requests: inout ClientRequestIterator) async -> 
 final class ExchangeState: Sendable {
     private struct State {
         var requestComplete = false
+        var requestBodyBroken = false
         var waiters: [CheckedContinuation<Void, Never>] = []
     }
     private let box = NIOLockedValueBox(State())
 
     var requestComplete: Bool { self.box.withLockedValue { $0.requestComplete } }
+
+    /// The client's body broke HTTP/1.1 framing: the exchange's failure is the client's, and the
+    /// request side answers it (400), not the response pump.
+    var requestBodyBroken: Bool { self.box.withLockedValue { $0.requestBodyBroken } }
+
+    func markRequestBodyBroken() {
+        self.box.withLockedValue { $0.requestBodyBroken = true }
+    }
 
     func markRequestComplete() {
         self.resumeWaiters(markingComplete: true)
