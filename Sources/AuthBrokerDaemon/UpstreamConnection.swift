@@ -9,6 +9,11 @@ import Glibc
 
 /// Why an exchange on an upstream connection failed; mapped to a `BrokerError` by the interceptor,
 /// which knows the origin and the settings.
+/// A `101 Switching Protocols` the broker did not ask for.
+struct UnsolicitedUpgrade: Error, CustomStringConvertible {
+    var description: String { "101 Switching Protocols, though the broker asked for no upgrade" }
+}
+
 package enum UpstreamExchangeError: Error, Sendable {
     case connectionClosed
     case responseHeadTimeout
@@ -363,6 +368,12 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
         guard var exchange = self.exchange else {
             // Bytes from the origin with no request outstanding: the connection is unusable.
             context.close(promise: nil)
+            return
+        }
+        if case .head(let head) = part, head.status == .switchingProtocols {
+            // The broker never asks for an upgrade (`Upgrade` is not forwarded): after a 101 the
+            // origin no longer speaks HTTP, and the client would wait for a response that never comes.
+            self.fail(.protocolError(UnsolicitedUpgrade()), close: true)
             return
         }
         if case .head(let head) = part, head.status.code >= 200 {
