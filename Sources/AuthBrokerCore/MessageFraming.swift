@@ -49,10 +49,11 @@ package struct TransferCodings: Sendable, Hashable {
         self.names.last == "chunked" && self.names.dropLast().allSatisfy { $0 != "chunked" }
     }
 
-    /// The codings applied before the final `chunked`: what a proxy that re-frames the body
-    /// must keep (§6.1).
-    package var codingsBeforeChunked: [String] {
-        self.isChunked ? Array(self.names.dropLast()) : self.names
+    /// The codings other than `chunked`: what a proxy that re-frames the body with one final
+    /// `chunked` must keep (§6.1). (A `chunked` that is not final leaves a response running to
+    /// the close; dropping it keeps the broker's own framing valid.)
+    package var codingsOtherThanChunked: [String] {
+        self.names.filter { $0 != "chunked" }
     }
 
     /// The names in one field value: `#transfer-coding` with empty elements allowed (RFC 9110
@@ -221,5 +222,54 @@ private struct FieldScanner {
         default:
             false
         }
+    }
+}
+
+/// How the broker frames a message it sends, decided from the head once (RFC 9112 §6), for
+/// both directions: requests upstream and responses to clients.
+///
+/// The head given lists in `Transfer-Encoding` the codings already applied to the body bytes
+/// that follow (`gzip`, say); a final `chunked` there is framing, which the broker redoes. A
+/// proxy that does not decode a coding must keep it (§6.1): `gzip, chunked` stays so.
+package enum OutboundBodyFraming: Sendable, Hashable {
+    /// No body follows; the head has neither `Content-Length` nor `Transfer-Encoding`.
+    case none
+    /// `Content-Length` bytes follow.
+    case length
+    /// `Transfer-Encoding: chunked` alone: the HTTP encoder writes the chunk framing.
+    case chunked
+    /// Codings precede `chunked`: the broker writes the chunk framing itself (the encoder frames
+    /// only a field that is exactly `chunked`).
+    case chunkedAfterCodings
+
+    /// Sets `headers`' framing fields and says who frames the body.
+    ///
+    /// - Parameters:
+    ///   - mayHaveBody: false for a 1xx, 204 or 304 response, whose framing fields are removed.
+    ///   - bodyWithoutFraming: a body follows even when the head names no length (a response
+    ///     of unknown length); false for a request, which without framing fields has no body.
+    package static func prepare(_ headers: inout HTTPHeaders, mayHaveBody: Bool, bodyWithoutFraming: Bool) -> OutboundBodyFraming {
+        let hasTransferEncoding = headers.contains(name: "transfer-encoding")
+        guard mayHaveBody else {
+            if hasTransferEncoding { headers.remove(name: "transfer-encoding") }
+            headers.remove(name: "content-length")
+            return .none
+        }
+        // A list this broker cannot read names no codings it could keep.
+        let codings = hasTransferEncoding ? (((try? TransferCodings(headers)) ?? nil)?.codingsOtherThanChunked ?? []) : []
+        if !codings.isEmpty {
+            headers.remove(name: "content-length")
+            headers.replaceOrAdd(name: "Transfer-Encoding", value: (codings + ["chunked"]).joined(separator: ", "))
+            return .chunkedAfterCodings
+        }
+        if headers.contains(name: "content-length") {
+            if hasTransferEncoding { headers.remove(name: "transfer-encoding") }
+            return .length
+        }
+        if hasTransferEncoding || bodyWithoutFraming {
+            headers.replaceOrAdd(name: "Transfer-Encoding", value: "chunked")
+            return .chunked
+        }
+        return .none
     }
 }

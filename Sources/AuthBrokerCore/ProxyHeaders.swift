@@ -31,10 +31,11 @@ package enum ProxyHeaders {
         "transfer-encoding", "upgrade",
     ]
 
-    /// Fields a response never carries past this hop.
+    /// Fields a response never carries past this hop. `Transfer-Encoding` passes: its codings
+    /// before `chunked` are the body's, and the client's framer (`OutboundBodyFraming`) redoes
+    /// the `chunked`.
     static let hopByHopResponseFields = [
-        "connection", "keep-alive", "proxy-connection", "proxy-authenticate", "trailer",
-        "transfer-encoding", "upgrade",
+        "connection", "keep-alive", "proxy-connection", "proxy-authenticate", "trailer", "upgrade",
     ]
 
     /// Fields that naming in `Connection` does not remove.
@@ -114,7 +115,7 @@ package enum ProxyHeaders {
     ///
     /// Drops `Connection` and every field it names, `Keep-Alive`, `Proxy-Connection`,
     /// `Proxy-Authenticate` (the upstream's challenge to a proxy, which is not the client),
-    /// `Trailer`, `Transfer-Encoding` (the broker re-frames) and `Upgrade`; `Via` gains the broker's
+    /// `Trailer` and `Upgrade`; `Via` gains the broker's
     /// entry. Everything else keeps its order, except an `Authbroker-Request-Id` of the origin's:
     /// the broker's own, `requestID`, comes last instead.
     package static func clientResponseHeaders(_ headers: HTTPHeaders, requestID: String) -> HTTPHeaders {

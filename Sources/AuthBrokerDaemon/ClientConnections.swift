@@ -111,10 +111,17 @@ package struct AcceptedClientConnection: Sendable {
         // inbound stream (whose watermarks bound what is read ahead) and answers in order, and
         // the direct relay holds what comes during its responses, so the handler's pausing of
         // reads per request (two epoll_ctl calls each) buys nothing.
+        // Framing both ways is decided in one place each: `RequestFramingCheck` for what comes
+        // in, `OutboundFramer` (in front of the encoder, whose own framing is off) for what goes out.
+        var encoder = HTTPResponseEncoder.Configuration()
+        encoder.automaticallySetFramingHeaders = false
         try channel.pipeline.syncOperations.configureHTTPServerPipeline(
-            withPipeliningAssistance: false, withErrorHandling: false
+            withPipeliningAssistance: false, withErrorHandling: false, withEncoderConfiguration: encoder
         )
         try channel.pipeline.syncOperations.addHandler(RequestFramingCheck())
+        let methods = RequestMethodObserver()
+        try channel.pipeline.syncOperations.addHandler(methods)
+        try channel.pipeline.syncOperations.addHandler(OutboundFramer.responses(to: methods))
         // Head and idle timeouts: bytes are seen before the decoder, heads and ends after it.
         let timeoutState = ClientTimeoutState()
         let timeouts = ClientTimeoutHandler(terms: terms, state: timeoutState, onTimeout: onTimeout)

@@ -403,10 +403,11 @@ package struct Interceptor: Sendable {
 
     static func upstreamHead(for head: HTTPRequestHead, hostHeader: String, pathAndQuery: String) -> HTTPRequestHead {
         var headers = ProxyHeaders.upstreamRequestHeaders(head.headers, hostHeader: hostHeader)
-        if ProxyHeaders.isChunked(head.headers) {
-            // The body's framing is ours to redo (Transfer-Encoding is hop-by-hop); keep it chunked.
+        if let codings = (try? TransferCodings(head.headers)) ?? nil, codings.isChunked {
+            // The body's framing is ours to redo (Transfer-Encoding is hop-by-hop), but codings
+            // applied before `chunked` stay (RFC 9112 §6.1); `OutboundFramer` writes it.
             headers.remove(name: "content-length")
-            headers.replaceOrAdd(name: "Transfer-Encoding", value: "chunked")
+            headers.replaceOrAdd(name: "Transfer-Encoding", value: codings.names.joined(separator: ", "))
         } else if Self.expectsBody(head.method), !headers.contains(name: "content-length") {
             headers.add(name: "Content-Length", value: "0")
         }

@@ -390,7 +390,11 @@ package final class UpstreamConnector: Sendable {
             try sync.addHandler(tlsHandler)
             try sync.addHandler(HandshakeObserver(promise: handshake, errors: channelError))
         }
-        try sync.addHandler(HTTPRequestEncoder())
+        var encoder = HTTPRequestEncoder.Configuration()
+        encoder.automaticallySetFramingHeaders = false
+        try sync.addHandler(HTTPRequestEncoder(configuration: encoder))
+        // Every request's framing (codings kept): the one place, as on client connections.
+        try sync.addHandler(OutboundFramer.requests())
         // Non-UTF-8 header lines (an ISO-8859-1 realm) read as ISO-8859-1, before the decoder
         // turns them into Strings lossily.
         let charset = ResponseHeadCharsetHandler(maxResponseHeadBytes: self.settings.limits.maxResponseHeadBytes)

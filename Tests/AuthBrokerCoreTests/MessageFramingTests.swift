@@ -24,7 +24,7 @@ struct MessageFramingTests {
             #expect(codings.isChunked == chunked, "\(names)")
         }
         #expect(try TransferCodings(Self.headers(("Content-Length", "3"))) == nil)
-        #expect(try TransferCodings(Self.headers(("Transfer-Encoding", "gzip, chunked")))?.codingsBeforeChunked == ["gzip"])
+        #expect(try TransferCodings(Self.headers(("Transfer-Encoding", "gzip, chunked")))?.codingsOtherThanChunked == ["gzip"])
     }
 
     @Test("hostile Transfer-Encoding values are typed errors", arguments: [
@@ -64,5 +64,40 @@ struct MessageFramingTests {
         #expect(!ProxyHeaders.isChunked(Self.headers(("Transfer-Encoding", "xchunked"))))
         #expect(!ProxyHeaders.isChunked(Self.headers(("Transfer-Encoding", "\"chunked\""))))
         #expect(!ProxyHeaders.isChunked(Self.headers(("Content-Length", "chunked"))))
+    }
+}
+
+@Suite("Outbound framing")
+struct OutboundFramingTests {
+    static func prepared(_ pairs: [(String, String)], mayHaveBody: Bool = true, bodyWithoutFraming: Bool = true)
+        -> (OutboundBodyFraming, [String])
+    {
+        var headers = HTTPHeaders(pairs)
+        let framing = OutboundBodyFraming.prepare(&headers, mayHaveBody: mayHaveBody, bodyWithoutFraming: bodyWithoutFraming)
+        return (framing, headers.map { "\($0.name): \($0.value)" })
+    }
+
+    @Test("codings before chunked are kept and framed by the broker; chunked alone by the encoder")
+    func codings() {
+        #expect(Self.prepared([("Transfer-Encoding", "gzip, chunked")]) == (.chunkedAfterCodings, ["Transfer-Encoding: gzip, chunked"]))
+        #expect(Self.prepared([("Transfer-Encoding", "gzip")]) == (.chunkedAfterCodings, ["Transfer-Encoding: gzip, chunked"]))
+        #expect(Self.prepared([("Transfer-Encoding", "xchunked"), ("Content-Length", "4")]) == (.chunkedAfterCodings, ["Transfer-Encoding: xchunked, chunked"]))
+        #expect(Self.prepared([("Transfer-Encoding", "chunked")]) == (.chunked, ["Transfer-Encoding: chunked"]))
+        #expect(Self.prepared([("transfer-encoding", "Chunked ")]) == (.chunked, ["Transfer-Encoding: chunked"]))
+        #expect(Self.prepared([("Transfer-Encoding", "chunked, chunked")]) == (.chunked, ["Transfer-Encoding: chunked"]))
+        #expect(Self.prepared([("Transfer-Encoding", "chunked, gzip")]) == (.chunkedAfterCodings, ["Transfer-Encoding: gzip, chunked"]))
+        #expect(Self.prepared([("Transfer-Encoding", "\"bad")]) == (.chunked, ["Transfer-Encoding: chunked"]), "an unreadable list keeps no codings")
+    }
+
+    @Test("a length wins over chunked alone; a response without either is chunked, a request without either has no body")
+    func lengths() {
+        #expect(Self.prepared([("Content-Length", "5"), ("Transfer-Encoding", "chunked")]) == (.length, ["Content-Length: 5"]))
+        #expect(Self.prepared([("X", "1")]) == (.chunked, ["X: 1", "Transfer-Encoding: chunked"]))
+        #expect(Self.prepared([("X", "1")], bodyWithoutFraming: false) == (.none, ["X: 1"]))
+    }
+
+    @Test("1xx, 204 and 304 carry no framing fields")
+    func noBody() {
+        #expect(Self.prepared([("Content-Length", "5"), ("Transfer-Encoding", "gzip, chunked"), ("X", "1")], mayHaveBody: false) == (.none, ["X: 1"]))
     }
 }

@@ -148,6 +148,7 @@ struct ProxyHeadersTests {
             Self.pairs(ProxyHeaders.clientResponseHeaders(input, requestID: "0123abcd")) == [
                 "Content-Type: text/plain",
                 "WWW-Authenticate: Basic realm=\"site\"",
+                "Transfer-Encoding: chunked",
                 "Set-Cookie: a=1, b",
                 "Set-Cookie: c=2",
                 "TE: kept (not a response field, passed as is)",

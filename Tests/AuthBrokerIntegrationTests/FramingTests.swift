@@ -87,9 +87,7 @@ struct FramingTests {
         #expect(response.text == "ok")
         let upstream = origin.receivedText
         #expect(upstream.hasSuffix("\r\n\r\n5\r\nGZIP!\r\n0\r\n\r\n"), "\(upstream)")
-        withKnownIssue("issue 19 defect 3: NIO's encoder re-frames as plain chunked, dropping gzip") {
-            #expect(upstream.lowercased().contains("\r\ntransfer-encoding: gzip, chunked\r\n"), "\(upstream)")
-        }
+        #expect(upstream.lowercased().contains("\r\ntransfer-encoding: gzip, chunked\r\n"), "\(upstream)")
         await daemon.stop()
         await origin.stop()
     }
@@ -109,18 +107,14 @@ struct FramingTests {
         let first = try client.request("GET", "http://127.0.0.1:\(gzipChunked.port)/")
         #expect(first.status == 200)
         #expect(first.text == "GZIP!")
-        withKnownIssue("issue 19 defect 3: the client gets plain chunked, its gzip coding dropped") {
-            #expect(first.header("Transfer-Encoding")?.lowercased() == "gzip, chunked", "\(first.headers)")
-        }
+        #expect(first.header("Transfer-Encoding")?.lowercased() == "gzip, chunked", "\(first.headers)")
 
         // Not chunked-final: the body runs to the origin's close (RFC 9112 §6.3 rule 4), and
         // the client gets it all, its coding named.
         let second = try client.request("GET", "http://127.0.0.1:\(unknown.port)/")
         #expect(second.status == 200)
         #expect(second.text == "5\r\nhello\r\n0\r\n\r\n")
-        withKnownIssue("issue 19 defect 3: the unknown coding is not named to the client") {
-            #expect(second.header("Transfer-Encoding")?.lowercased().hasPrefix("xchunked") == true, "\(second.headers)")
-        }
+        #expect(second.header("Transfer-Encoding")?.lowercased() == "xchunked, chunked", "\(second.headers)")
         await daemon.stop()
         await gzipChunked.stop()
         await unknown.stop()

@@ -81,8 +81,19 @@ public func fuzzRequestTarget(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt
     )
     Fuzz.check(toClient[canonicalForm: BrokerHeaders.requestID].count == 1, "more than one request id in a response")
     Fuzz.check(toClient.dropLast().last?.name == "Via", "Via is not just before the request id in a response")
+    // Transfer-Encoding passes to the client's framer, which keeps the codings and ends with
+    // one chunked, never beside a Content-Length.
+    var framed = toClient
+    let framing = OutboundBodyFraming.prepare(&framed, mayHaveBody: true, bodyWithoutFraming: true)
+    let framedCodings = ((try? TransferCodings(framed)) ?? nil)
+    Fuzz.check(framing == .length || framedCodings?.isChunked == true, "a response body without framing: \(framing)")
+    Fuzz.check(framedCodings == nil || !framed.contains(name: "content-length"), "Transfer-Encoding beside Content-Length")
+    // A request's framing is decided once, and agrees with the list.
+    if let requestFraming = try? RequestBodyFraming.of(headers) {
+        Fuzz.check((requestFraming == .chunked) == ProxyHeaders.isChunked(headers), "framing and isChunked disagree")
+    }
     for (name, value) in toClient {
-        Fuzz.check(name.lowercased() != "transfer-encoding" && name.lowercased() != "connection", "a hop-by-hop field reaches the client: \(name)")
+        Fuzz.check(name.lowercased() != "connection", "a hop-by-hop field reaches the client: \(name)")
         Fuzz.check(
             !name.lowercased().hasPrefix("authbroker-") || name == BrokerHeaders.requestID,
             "an upstream Authbroker-* field reaches the client: \(name)"
