@@ -3,7 +3,8 @@ import NIOCore
 import NIOHTTP1
 
 /// In front of the upstream response decoder: holds each response head until it is complete and
-/// passes it on with its non-UTF-8 lines read as ISO-8859-1 (`HeaderCharset`); body bytes pass
+/// passes it on as `HeaderCharset.normalized` makes it (non-UTF-8 lines read as ISO-8859-1,
+/// whitespace after field values dropped) or refuses it (a bare CR: 502); body bytes pass
 /// untouched. `ResponseEndSignal`, after the decoder, says when a response ended, so that what
 /// follows is a head again.
 final class ResponseHeadCharsetHandler: ChannelInboundHandler, RemovableChannelHandler {
@@ -15,6 +16,8 @@ final class ResponseHeadCharsetHandler: ChannelInboundHandler, RemovableChannelH
         case head
         /// Bytes belong to a body (or to a head too large to hold): passed on as they come.
         case passing
+        /// A head was refused: nothing more is read from this connection.
+        case refused
     }
 
     private var mode = Mode.head
@@ -28,13 +31,18 @@ final class ResponseHeadCharsetHandler: ChannelInboundHandler, RemovableChannelH
 
     /// The response ended: the next bytes start a head.
     func responseEnded() {
+        guard self.mode != .refused else { return }
         self.mode = .head
         self.held.removeAll(keepingCapacity: true)
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        guard case .head = self.mode else {
+        switch self.mode {
+        case .head: break
+        case .passing:
             context.fireChannelRead(data)
+            return
+        case .refused:
             return
         }
         var buffer = self.unwrapInboundIn(data)
@@ -75,7 +83,17 @@ final class ResponseHeadCharsetHandler: ChannelInboundHandler, RemovableChannelH
             // An interim (1xx) response is followed by another head; anything else by a body.
             let interim = head.count > 9 && head[9] == UInt8(ascii: "1")
             self.mode = interim ? .head : .passing
-            self.forward(HeaderCharset.transcodingLatin1Lines(of: head) ?? head, context: context)
+            let normalized: [UInt8]
+            do {
+                normalized = try HeaderCharset.normalized(head) ?? head
+            } catch {
+                // Not HTTP/1.1: the exchange fails (502) and the connection closes.
+                self.mode = .refused
+                self.held.removeAll()
+                context.fireErrorCaught(error)
+                return
+            }
+            self.forward(normalized, context: context)
             if interim {
                 self.held = rest
             } else if !rest.isEmpty {
@@ -92,11 +110,18 @@ final class ResponseHeadCharsetHandler: ChannelInboundHandler, RemovableChannelH
     private static func isWholePlainFinalHead(_ buffer: ByteBuffer) -> Bool {
         buffer.withUnsafeReadableBytes { bytes in
             guard bytes.count > 9, bytes[9] != UInt8(ascii: "1") else { return false }
+            // Plain: no byte above 0x7F, no bare CR, no whitespace before a CR (the slow path
+            // transcodes, refuses or trims those).
             var index = 0
             while index + 3 < bytes.count {
                 let byte = bytes[index]
                 if byte >= 0x80 { return false }
-                if byte == 0x0D, bytes[index + 1] == 0x0A, bytes[index + 2] == 0x0D, bytes[index + 3] == 0x0A { return true }
+                if byte == 0x0D {
+                    guard bytes[index + 1] == 0x0A else { return false }
+                    if bytes[index + 2] == 0x0D, bytes[index + 3] == 0x0A { return true }
+                } else if byte == 0x20 || byte == 0x09, bytes[index + 1] == 0x0D {
+                    return false
+                }
                 index += 1
             }
             return false

@@ -167,13 +167,13 @@ struct FramingTests {
         )
         let daemon = try await DaemonProcess.start(config: Self.config)
         defer { daemon.cleanUp() }
-        withKnownIssue("issue 19 defect 4: llhttp refuses a tab after a response's Content-Length and ignores chunked with whitespace after it") {
-            for origin in [length, chunked] {
-                let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 5)
-                let response = try client.request("GET", "http://127.0.0.1:\(origin.port)/")
-                #expect(response.status == 200)
-                #expect(response.text == "hello", "no chunk framing in the body")
-            }
+        // SwiftNIO's bundled llhttp refuses the first and reads the second to the close, its chunk
+        // framing as body bytes: the broker trims the whitespace before the decoder.
+        for origin in [length, chunked] {
+            let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
+            let response = try client.request("GET", "http://127.0.0.1:\(origin.port)/")
+            #expect(response.status == 200)
+            #expect(response.text == "hello", "no chunk framing in the body")
         }
         await daemon.stop()
         await length.stop()
@@ -209,11 +209,12 @@ struct FramingTests {
         defer { daemon.cleanUp() }
         let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
         let response = try client.request("GET", "http://127.0.0.1:\(origin.port)/")
-        withKnownIssue("issue 19 defect 6: llhttp takes a bare CR as the status line's end") {
-            #expect(response.status == 502)
-            #expect(response.header("X-Injected") == nil)
-            #expect(response.header("Proxy-Status")?.contains("http_protocol_error") == true, "\(response.headers)")
-        }
+        // SwiftNIO's bundled llhttp takes the CR as the status line's end; the broker refuses it.
+        #expect(response.status == 502)
+        #expect(response.header("X-Injected") == nil)
+        #expect(response.header("Proxy-Status")?.contains("http_protocol_error") == true, "\(response.headers)")
+        #expect(response.text.contains("bare CR"), "\(response.text)")
+        #expect(await origin.waitUntilNoConnectionIsOpen())
         await daemon.stop()
         await origin.stop()
     }
