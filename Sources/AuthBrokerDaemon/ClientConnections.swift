@@ -14,6 +14,9 @@ package final class RegisteredClientConnection: Sendable {
     /// Requests in hand (the full path's and the direct relay's). Counted without the registry's
     /// lock, which both event loops would otherwise take twice per request.
     fileprivate let requests = Atomic<Int>(0)
+    /// Serving an open-ended response (the agent stream), which draining ends instead of
+    /// waiting out the grace period for it.
+    fileprivate let servesEventStream = Atomic<Bool>(false)
 
     fileprivate init(id: Int, channel: any Channel) {
         self.id = id
@@ -74,14 +77,25 @@ package final class ClientConnectionRegistry: Sendable {
         connection.requests.wrappingSubtract(1, ordering: .sequentiallyConsistent)
     }
 
-    /// Stops taking requests: idle connections close now, busy ones after their response.
+    /// The connection starts an open-ended response. Returns false when the daemon is draining
+    /// (answer 503 instead); otherwise draining will close the connection, ending the stream.
+    /// (The same Dekker pairing as `startRequestUnlessDraining`.)
+    package func eventStreamStarted(_ connection: RegisteredClientConnection) -> Bool {
+        connection.servesEventStream.store(true, ordering: .sequentiallyConsistent)
+        return !self.isDraining
+    }
+
+    /// Stops taking requests: idle connections close now, busy ones after their response, and
+    /// event streams (agents) now: they would never end on their own.
     package func beginDraining() {
-        let idle = self.state.withLockedValue { state -> [any Channel] in
+        let closing = self.state.withLockedValue { state -> [any Channel] in
             // Under the lock, so no registration is between its check and its entry.
             self.draining.store(true, ordering: .sequentiallyConsistent)
-            return state.entries.values.filter { $0.requests.load(ordering: .sequentiallyConsistent) == 0 }.map(\.channel)
+            return state.entries.values.filter {
+                $0.requests.load(ordering: .sequentiallyConsistent) == 0 || $0.servesEventStream.load(ordering: .sequentiallyConsistent)
+            }.map(\.channel)
         }
-        for channel in idle { channel.close(promise: nil) }
+        for channel in closing { channel.close(promise: nil) }
     }
 
     package func closeAll() {
@@ -245,8 +259,8 @@ package struct ClientConnectionServer: Sendable {
         let borrowed = BorrowedRequests(requests)
         let adopted = accepted.relay.adopted.take(for: head)
         async let handled = self.handle(
-            head, adopted: adopted, peer: peer, requests: borrowed, writer: writer, clientGone: clientGone,
-            closeClient: closeClient, abortClient: abortClient, draining: draining
+            head, adopted: adopted, peer: peer, registration: accepted.registration, requests: borrowed, writer: writer,
+            clientGone: clientGone, closeClient: closeClient, abortClient: abortClient, draining: draining
         )
         let outcome = await handled
         requests = borrowed.iterator
@@ -264,7 +278,8 @@ package struct ClientConnectionServer: Sendable {
     }
 
     private func handle(
-        _ head: HTTPRequestHead, adopted: AdoptedExchange?, peer: ConnectionPeer?, requests borrowed: BorrowedRequests,
+        _ head: HTTPRequestHead, adopted: AdoptedExchange?, peer: ConnectionPeer?, registration: RegisteredClientConnection,
+        requests borrowed: BorrowedRequests,
         writer: ClientResponseWriter, clientGone: @escaping @Sendable () async -> Void,
         closeClient: @escaping @Sendable () -> Void, abortClient: @escaping @Sendable () -> Void,
         draining: @escaping @Sendable () -> Bool
@@ -316,8 +331,8 @@ package struct ClientConnectionServer: Sendable {
             case .success(.control(let path, let query)):
                 target = path
                 outcome = await self.serveControl(
-                    head, path: path, query: query, peer: peer, requestID: requestID, logger: logger,
-                    requests: &requests, writer: writer, keepAlive: keepAlive
+                    head, path: path, query: query, peer: peer, registration: registration, requestID: requestID,
+                    logger: logger, requests: &requests, writer: writer, keepAlive: keepAlive
                 )
             case .success(.absolute(let origin, let pathAndQuery)):
                 // Only the origin is logged: paths and queries can carry tokens.
@@ -364,7 +379,8 @@ package struct ClientConnectionServer: Sendable {
     }
 
     private func serveControl(
-        _ head: HTTPRequestHead, path: String, query: String?, peer: ConnectionPeer?, requestID: String, logger: Logger,
+        _ head: HTTPRequestHead, path: String, query: String?, peer: ConnectionPeer?,
+        registration: RegisteredClientConnection, requestID: String, logger: Logger,
         requests: inout ClientRequestIterator, writer: ClientResponseWriter, keepAlive: Bool
     ) async -> RequestOutcome {
         var body = ByteBuffer()
@@ -396,6 +412,12 @@ package struct ClientConnectionServer: Sendable {
             return RequestOutcome(status: 0, bytes: 0, brokerError: "client_closed", disposition: .close)
         }
         if head.method == .GET, path == "/v1/agent", let challenges = self.control.challenges {
+            guard self.registry.eventStreamStarted(registration) else {
+                return await self.interceptor.respondWithError(
+                    .shuttingDown(), requestID: requestID, logger: logger, requests: &requests, writer: writer,
+                    clientWantsKeepAlive: false, requestEnded: true
+                )
+            }
             return await self.serveAgent(challenges, requestID: requestID, logger: logger, requests: &requests, writer: writer)
         }
         // Off the event loop this connection's task prefers: control requests read and write

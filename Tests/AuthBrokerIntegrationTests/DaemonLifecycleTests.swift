@@ -68,6 +68,21 @@ struct DaemonLifecycleTests {
         #expect(!FileManager.default.fileExists(atPath: daemon.socketPath))
     }
 
+    @Test("SIGTERM with an agent attached: its stream ends at once, not after the grace period")
+    func shutdownEndsAgentStreams() async throws {
+        // A grace period far longer than the test's read timeout: waiting it out would fail.
+        let daemon = try await DaemonProcess.start(config: "[daemon]\nshutdown_grace_seconds = 120\n")
+        defer { daemon.cleanUp() }
+        let agent = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 30)
+        try agent.send("GET /v1/agent HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        #expect(try agent.readLine().hasPrefix("HTTP/1.1 200"))
+        kill(daemon.pid, SIGTERM)
+        _ = try agent.readToEnd()  // returns once the daemon closes the stream (else throws at 30 s)
+        #expect(await daemon.waitForExit() == 0)
+        #expect(daemon.log.contains("agent detached"))
+        #expect(!daemon.log.contains("grace period over"))
+    }
+
     @Test("a connection from another uid is closed unread and logged with its pid and uid", .enabled(if: getuid() == 0, "creating a second user needs root"))
     func otherUserRefused() async throws {
         let user = "authbroker-test"
