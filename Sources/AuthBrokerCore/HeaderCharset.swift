@@ -16,7 +16,7 @@ package enum HeaderCharset {
 
         package var description: String {
             switch self {
-            case .bareCR: "a bare CR (not followed by LF) in the response head"
+            case .bareCR: "a bare CR (not followed by LF) in the message head"
             }
         }
     }
@@ -26,7 +26,7 @@ package enum HeaderCharset {
     /// whitespace at the end of a field line removed (RFC 9110 §5.5: it is not part of the
     /// value; the bundled llhttp refuses a tab after `Content-Length` and misses `chunked`
     /// with whitespace after it). A line without a colon keeps its whitespace, so no line
-    /// becomes the empty line that ends a head.
+    /// becomes the empty line that ends a head; the start line is left as it came.
     package static func normalized(_ head: [UInt8]) throws(Refusal) -> [UInt8]? {
         var output: [UInt8] = []
         output.reserveCapacity(head.count + 16)
@@ -40,7 +40,8 @@ package enum HeaderCharset {
             let contentEnd = endsWithCR ? lineEnd - 1 : lineEnd
             var line = head[lineStart..<contentEnd]
             if line.contains(0x0D) { throw .bareCR }
-            if line.contains(UInt8(ascii: ":")) {
+            // Field lines only: the start line's grammar has no OWS at its end.
+            if lineStart > 0, line.contains(UInt8(ascii: ":")) {
                 let trimmed = line.reversed().drop { $0 == 0x20 || $0 == 0x09 }.count
                 if trimmed < line.count {
                     line = line.prefix(trimmed)

@@ -132,6 +132,10 @@ package struct AcceptedClientConnection: Sendable {
         try channel.pipeline.syncOperations.configureHTTPServerPipeline(
             withPipeliningAssistance: false, withErrorHandling: false, withEncoderConfiguration: encoder
         )
+        // Heads normalised before the decoder, which refuses a tab after `Content-Length: 5`.
+        let normalizer = HeadNormalizer(.requests, maxHeadBytes: terms.maxHeadBytes)
+        try channel.pipeline.syncOperations.addHandler(normalizer, position: .first)
+        try channel.pipeline.syncOperations.addHandler(MessageEndSignal<HTTPRequestHead>(normalizer))
         try channel.pipeline.syncOperations.addHandler(RequestFramingCheck())
         let methods = RequestMethodObserver()
         try channel.pipeline.syncOperations.addHandler(methods)

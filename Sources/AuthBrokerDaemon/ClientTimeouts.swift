@@ -12,8 +12,12 @@ package struct ClientConnectionTerms: Sendable {
     /// Accepted beyond `max_client_connections`, into a slot kept for `/v1/` requests so that
     /// `authbrokerctl` still answers while apps hold every other slot; anything else is refused.
     package var controlOnly: Bool
+    /// `max_request_head_bytes`: how much of a head `HeadNormalizer` holds before it lets the
+    /// decoder refuse it.
+    package var maxHeadBytes: Int
 
     package init(limits: BrokerSettings.Limits, controlOnly: Bool) {
+        self.maxHeadBytes = limits.maxRequestHeadBytes
         self.headTimeout = .milliseconds(Int64(limits.requestHeadTimeoutMilliseconds))
         // A control-only slot must not be held either: it gets the head timeout as idle timeout.
         let idle = Int64(limits.clientIdleTimeoutMilliseconds)

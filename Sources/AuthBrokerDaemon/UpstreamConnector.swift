@@ -395,10 +395,10 @@ package final class UpstreamConnector: Sendable {
         try sync.addHandler(HTTPRequestEncoder(configuration: encoder))
         // Every request's framing (codings kept): the one place, as on client connections.
         try sync.addHandler(OutboundFramer.requests())
-        // Non-UTF-8 header lines (an ISO-8859-1 realm) read as ISO-8859-1, before the decoder
-        // turns them into Strings lossily.
-        let charset = ResponseHeadCharsetHandler(maxResponseHeadBytes: self.settings.limits.maxResponseHeadBytes)
-        try sync.addHandler(charset)
+        // Each head normalised before the decoder: non-UTF-8 lines (an ISO-8859-1 realm) read as
+        // ISO-8859-1, not lossily; whitespace after values, which the decoder misreads, dropped.
+        let normalizer = HeadNormalizer(.responses, maxHeadBytes: self.settings.limits.maxResponseHeadBytes)
+        try sync.addHandler(normalizer)
         // The decoder's own limits enforce max_response_head_bytes while the head is still
         // arriving (an endless header line must not be buffered until a timeout).
         var limits = NIOHTTPDecoderLimitConfiguration()
@@ -411,7 +411,7 @@ package final class UpstreamConnector: Sendable {
                 )
             )
         )
-        try sync.addHandler(ResponseEndSignal(charset: charset))
+        try sync.addHandler(MessageEndSignal<HTTPResponseHead>(normalizer))
         try sync.addHandler(
             UpstreamExchangeHandler(
                 responseHeadTimeout: self.settings.upstream.responseHeadTimeout,

@@ -23,6 +23,7 @@ struct HeaderCharsetTests {
         let result = try #require(try HeaderCharset.normalized(head))
         #expect(String(decoding: result, as: UTF8.self) == "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\nX:\r\n \t\r\n\r\n")
         #expect(try HeaderCharset.normalized(Array("HTTP/1.1 200 OK\r\nX: a b\r\n\r\n".utf8)) == nil)
+        #expect(try HeaderCharset.normalized(Array("GET http://a.test/ HTTP/1.1 \r\nX: 1\r\n\r\n".utf8)) == nil, "the start line is not trimmed")
     }
 
     @Test("a bare CR anywhere in a head is refused", arguments: [

@@ -2,14 +2,25 @@ import AuthBrokerCore
 import NIOCore
 import NIOHTTP1
 
-/// In front of the upstream response decoder: holds each response head until it is complete and
-/// passes it on as `HeaderCharset.normalized` makes it (non-UTF-8 lines read as ISO-8859-1,
-/// whitespace after field values dropped) or refuses it (a bare CR: 502); body bytes pass
-/// untouched. `ResponseEndSignal`, after the decoder, says when a response ended, so that what
+/// In front of an HTTP decoder (the upstream response decoder, and the client request decoder):
+/// holds each head until it is complete and passes it on as `HeaderCharset.normalized` makes it
+/// (non-UTF-8 lines read as ISO-8859-1, whitespace after field values dropped) or refuses it (a
+/// bare CR: the decoder's error path, 502 upstream, 400 from a client); body bytes pass
+/// untouched. `MessageEndSignal`, after the decoder, says when a message ended, so that what
 /// follows is a head again.
-final class ResponseHeadCharsetHandler: ChannelInboundHandler, RemovableChannelHandler {
+///
+/// A read that holds a whole plain head passes on unexamined past it, body and any pipelined
+/// request after it included; such a later head reaches the decoder as it came (as before this
+/// handler existed), which is why it repairs only what the decoder would refuse or misread.
+final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = ByteBuffer
     typealias InboundOut = ByteBuffer
+
+    /// Which decoder it feeds: a response head may be interim (1xx), followed by another head.
+    enum Direction {
+        case responses
+        case requests
+    }
 
     private enum Mode {
         /// Bytes are part of a response head, held until its end.
@@ -22,15 +33,17 @@ final class ResponseHeadCharsetHandler: ChannelInboundHandler, RemovableChannelH
 
     private var mode = Mode.head
     private var held: [UInt8] = []
+    private let direction: Direction
     /// More than this and the head is passed on unchanged; the decoder refuses it as too large.
     private let limit: Int
 
-    init(maxResponseHeadBytes: Int) {
-        self.limit = maxResponseHeadBytes + 1024
+    init(_ direction: Direction, maxHeadBytes: Int) {
+        self.direction = direction
+        self.limit = maxHeadBytes + 1024
     }
 
-    /// The response ended: the next bytes start a head.
-    func responseEnded() {
+    /// The message ended: the next bytes start a head.
+    func messageEnded() {
         guard self.mode != .refused else { return }
         self.mode = .head
         self.held.removeAll(keepingCapacity: true)
@@ -48,7 +61,7 @@ final class ResponseHeadCharsetHandler: ChannelInboundHandler, RemovableChannelH
         var buffer = self.unwrapInboundIn(data)
         // The usual case costs one scan and no copy: a whole head in this read, all ASCII, not
         // interim. The buffer goes on as it is.
-        if self.held.isEmpty, Self.isWholePlainFinalHead(buffer) {
+        if self.held.isEmpty, self.isWholePlainFinalHead(buffer) {
             self.mode = .passing
             context.fireChannelRead(data)
             return
@@ -81,13 +94,13 @@ final class ResponseHeadCharsetHandler: ChannelInboundHandler, RemovableChannelH
             let rest = Array(self.held[end...])
             self.held.removeAll(keepingCapacity: true)
             // An interim (1xx) response is followed by another head; anything else by a body.
-            let interim = head.count > 9 && head[9] == UInt8(ascii: "1")
+            let interim = self.direction == .responses && head.count > 9 && head[9] == UInt8(ascii: "1")
             self.mode = interim ? .head : .passing
             let normalized: [UInt8]
             do {
                 normalized = try HeaderCharset.normalized(head) ?? head
             } catch {
-                // Not HTTP/1.1: the exchange fails (502) and the connection closes.
+                // Not HTTP/1.1: the message fails and the connection closes.
                 self.mode = .refused
                 self.held.removeAll()
                 context.fireErrorCaught(error)
@@ -97,7 +110,7 @@ final class ResponseHeadCharsetHandler: ChannelInboundHandler, RemovableChannelH
             if interim {
                 self.held = rest
             } else if !rest.isEmpty {
-                // Forwarding may end the response (no body) and make the rest a head again.
+                // Forwarding may end the message (no body) and make the rest a head again.
                 if case .head = self.mode {
                     self.held = rest
                 } else {
@@ -107,9 +120,10 @@ final class ResponseHeadCharsetHandler: ChannelInboundHandler, RemovableChannelH
         }
     }
 
-    private static func isWholePlainFinalHead(_ buffer: ByteBuffer) -> Bool {
-        buffer.withUnsafeReadableBytes { bytes in
-            guard bytes.count > 9, bytes[9] != UInt8(ascii: "1") else { return false }
+    private func isWholePlainFinalHead(_ buffer: ByteBuffer) -> Bool {
+        let mayBeInterim = self.direction == .responses
+        return buffer.withUnsafeReadableBytes { bytes in
+            guard bytes.count > 9, !mayBeInterim || bytes[9] != UInt8(ascii: "1") else { return false }
             // Plain: no byte above 0x7F, no bare CR, no whitespace before a CR (the slow path
             // transcodes, refuses or trims those).
             var index = 0
@@ -133,20 +147,20 @@ final class ResponseHeadCharsetHandler: ChannelInboundHandler, RemovableChannelH
     }
 }
 
-/// After the upstream response decoder: tells `ResponseHeadCharsetHandler` where each response
-/// ends. Passes every part on.
-final class ResponseEndSignal: ChannelInboundHandler, RemovableChannelHandler {
-    typealias InboundIn = HTTPClientResponsePart
-    typealias InboundOut = HTTPClientResponsePart
+/// After an HTTP decoder: tells its `HeadNormalizer` where each message ends. Passes every
+/// part on.
+final class MessageEndSignal<Head: Equatable & Sendable>: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = HTTPPart<Head, ByteBuffer>
+    typealias InboundOut = HTTPPart<Head, ByteBuffer>
 
-    private let charset: ResponseHeadCharsetHandler
+    private let normalizer: HeadNormalizer
 
-    init(charset: ResponseHeadCharsetHandler) {
-        self.charset = charset
+    init(_ normalizer: HeadNormalizer) {
+        self.normalizer = normalizer
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        if case .end = self.unwrapInboundIn(data) { self.charset.responseEnded() }
+        if case .end = self.unwrapInboundIn(data) { self.normalizer.messageEnded() }
         context.fireChannelRead(data)
     }
 }
