@@ -72,6 +72,39 @@ struct FramingTests {
         await origin.stop()
     }
 
+    static let smugglingShapes: [String] = [
+        "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+        "Transfer-Encoding: chunked\r\nContent-Length: 5\r\n",
+        "Content-Length: 5\r\nContent-Length: 6\r\n",
+        "Content-Length: 5, 6\r\n",
+        "Content-Length: +5\r\n",
+        "Content-Length: 0x5\r\n",
+        "Content-Length : 5\r\n",
+        "Transfer-Encoding : chunked\r\n",
+        "X-A: 1\r\n folded\r\nContent-Length: 5\r\n",
+        "Transfer-Encoding:\r\n chunked\r\n",
+        "X-A: a\u{0}b\r\nContent-Length: 5\r\n",
+        "X-A: a\rb\r\nContent-Length: 5\r\n",
+        "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
+        "Transfer-Encoding: chunked, identity\r\n",
+    ]
+
+    @Test("request-smuggling shapes are refused with 400 before anything goes upstream", arguments: smugglingShapes)
+    func smugglingShapesAreRefused(_ fields: String) async throws {
+        let origin = try await RawOrigin.start(replyAfterHead: .init("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
+        let daemon = try await DaemonProcess.start(config: Self.config)
+        defer { daemon.cleanUp() }
+        let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
+        try client.send(Self.head(origin.port, fields) + "5\r\nhello\r\n0\r\n\r\n")
+        let response = try client.readResponse(method: "POST")
+        #expect(response.status == 400, "\(fields.debugDescription)")
+        #expect(response.header("Authbroker-Error") == "malformed_request", "\(fields.debugDescription)")
+        #expect(client.peerClosedWithin(milliseconds: 5000), "\(fields.debugDescription)")
+        #expect(origin.acceptedConnections == 0, "\(fields.debugDescription): nothing goes upstream")
+        await daemon.stop()
+        await origin.stop()
+    }
+
     @Test("gzip, chunked on a request goes upstream with its gzip coding kept")
     func requestCodingsAreKept() async throws {
         let origin = try await RawOrigin.start { received in
