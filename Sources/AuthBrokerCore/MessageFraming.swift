@@ -242,6 +242,27 @@ package enum OutboundBodyFraming: Sendable, Hashable {
     /// only a field that is exactly `chunked`).
     case chunkedAfterCodings
 
+    /// What `prepare` would return when it would leave `headers` as they are; nil when it would
+    /// change them. The usual message (a length, or `chunked` alone, or no body) needs no
+    /// rewrite, and a rewrite copies the head, so the caller asks this first.
+    package static func unchanged(_ headers: HTTPHeaders, mayHaveBody: Bool, bodyWithoutFraming: Bool) -> OutboundBodyFraming? {
+        var transferEncodings = 0
+        var chunkedAlone = false
+        var hasLength = false
+        for (name, value) in headers {
+            if ProxyHeaders.fieldName(name, is: "content-length") {
+                hasLength = true
+            } else if ProxyHeaders.fieldName(name, is: "transfer-encoding") {
+                transferEncodings += 1
+                chunkedAlone = value == "chunked"
+            }
+        }
+        guard mayHaveBody else { return transferEncodings == 0 && !hasLength ? OutboundBodyFraming.none : nil }
+        if transferEncodings > 0 { return transferEncodings == 1 && chunkedAlone && !hasLength ? .chunked : nil }
+        if hasLength { return .length }
+        return bodyWithoutFraming ? nil : OutboundBodyFraming.none
+    }
+
     /// Sets `headers`' framing fields and says who frames the body.
     ///
     /// - Parameters:

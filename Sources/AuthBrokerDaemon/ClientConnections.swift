@@ -126,7 +126,7 @@ package struct AcceptedClientConnection: Sendable {
         // the direct relay holds what comes during its responses, so the handler's pausing of
         // reads per request (two epoll_ctl calls each) buys nothing.
         // Framing both ways is decided in one place each: `RequestFramingCheck` for what comes
-        // in, `OutboundFramer` (in front of the encoder, whose own framing is off) for what goes out.
+        // in, `ResponseFramer` (in front of the encoder, whose own framing is off) for what goes out.
         var encoder = HTTPResponseEncoder.Configuration()
         encoder.automaticallySetFramingHeaders = false
         try channel.pipeline.syncOperations.configureHTTPServerPipeline(
@@ -135,11 +135,9 @@ package struct AcceptedClientConnection: Sendable {
         // Heads normalised before the decoder, which refuses a tab after `Content-Length: 5`.
         let normalizer = HeadNormalizer(.requests, maxHeadBytes: terms.maxHeadBytes)
         try channel.pipeline.syncOperations.addHandler(normalizer, position: .first)
-        try channel.pipeline.syncOperations.addHandler(MessageEndSignal<HTTPRequestHead>(normalizer))
-        try channel.pipeline.syncOperations.addHandler(RequestFramingCheck())
-        let methods = RequestMethodObserver()
-        try channel.pipeline.syncOperations.addHandler(methods)
-        try channel.pipeline.syncOperations.addHandler(OutboundFramer.responses(to: methods))
+        let framing = RequestFramingCheck(normalizer: normalizer)
+        try channel.pipeline.syncOperations.addHandler(framing)
+        try channel.pipeline.syncOperations.addHandler(ResponseFramer(methods: framing))
         // Head and idle timeouts: bytes are seen before the decoder, heads and ends after it.
         let timeoutState = ClientTimeoutState()
         let timeouts = ClientTimeoutHandler(terms: terms, state: timeoutState, onTimeout: onTimeout)

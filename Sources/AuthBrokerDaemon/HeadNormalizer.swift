@@ -6,7 +6,7 @@ import NIOHTTP1
 /// holds each head until it is complete and passes it on as `HeaderCharset.normalized` makes it
 /// (non-UTF-8 lines read as ISO-8859-1, whitespace after field values dropped) or refuses it (a
 /// bare CR: the decoder's error path, 502 upstream, 400 from a client); body bytes pass
-/// untouched. `MessageEndSignal`, after the decoder, says when a message ended, so that what
+/// untouched. `ResponseEndSignal` (or `RequestFramingCheck`), after the decoder, says when a message ended, so that what
 /// follows is a head again.
 ///
 /// A read that holds a whole plain head passes on unexamined past it, body and any pipelined
@@ -147,11 +147,11 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
     }
 }
 
-/// After an HTTP decoder: tells its `HeadNormalizer` where each message ends. Passes every
-/// part on.
-final class MessageEndSignal<Head: Equatable & Sendable>: ChannelInboundHandler, RemovableChannelHandler {
-    typealias InboundIn = HTTPPart<Head, ByteBuffer>
-    typealias InboundOut = HTTPPart<Head, ByteBuffer>
+/// After the upstream response decoder: tells its `HeadNormalizer` where each response ends
+/// (`RequestFramingCheck` does so for a client connection's requests). Passes every part on.
+final class ResponseEndSignal: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = HTTPClientResponsePart
+    typealias InboundOut = HTTPClientResponsePart
 
     private let normalizer: HeadNormalizer
 

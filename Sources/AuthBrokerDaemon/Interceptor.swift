@@ -405,7 +405,7 @@ package struct Interceptor: Sendable {
         var headers = ProxyHeaders.upstreamRequestHeaders(head.headers, hostHeader: hostHeader)
         if let codings = (try? TransferCodings(head.headers)) ?? nil, codings.isChunked {
             // The body's framing is ours to redo (Transfer-Encoding is hop-by-hop), but codings
-            // applied before `chunked` stay (RFC 9112 §6.1); `OutboundFramer` writes it.
+            // applied before `chunked` stay (RFC 9112 §6.1); `RequestFramer` writes it.
             headers.remove(name: "content-length")
             headers.replaceOrAdd(name: "Transfer-Encoding", value: codings.names.joined(separator: ", "))
         } else if Self.expectsBody(head.method), !headers.contains(name: "content-length") {

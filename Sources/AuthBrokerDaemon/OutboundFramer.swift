@@ -2,32 +2,95 @@ import AuthBrokerCore
 import NIOCore
 import NIOHTTP1
 
-/// Just in front of an HTTP encoder (which runs with `automaticallySetFramingHeaders` off):
-/// every outbound message's framing is decided here, by `OutboundBodyFraming.prepare`, the one
-/// place for both directions.
-///
-/// SwiftNIO's own framing sets `Transfer-Encoding: chunked` alone, so a `gzip, chunked` body
-/// would reach its receiver still gzip-coded but no longer saying so. When codings precede
-/// `chunked`, this handler writes the chunk framing itself (the encoder then passes the bytes
-/// as they are); otherwise the encoder frames as usual.
-final class OutboundFramer<Head: Equatable & Sendable>: ChannelOutboundHandler, RemovableChannelHandler {
-    typealias OutboundIn = HTTPPart<Head, IOData>
-    typealias OutboundOut = HTTPPart<Head, IOData>
+// Just in front of each HTTP encoder (which runs with `automaticallySetFramingHeaders` off):
+// every outbound message's framing is decided here, by `OutboundBodyFraming`, the one place for
+// both directions. SwiftNIO's own framing sets `Transfer-Encoding: chunked` alone, so a
+// `gzip, chunked` body would reach its receiver still gzip-coded but no longer saying so. When
+// codings precede `chunked`, the framer writes the chunk framing itself (the encoder then passes
+// the bytes as they are); otherwise the encoder frames as usual.
+//
+// Two concrete handlers rather than one generic one: a generic handler's parts are looked up
+// by their generic type on every call, which cost the relay more than the framing itself.
 
-    private let prepare: (inout Head) -> OutboundBodyFraming
-    /// The current message's chunk framing is this handler's to write.
-    private var framesChunks = false
+/// The client connection's responses: 1xx, 204 and 304 carry no framing, nor does any response
+/// to CONNECT (the encoder sends no body with one); any other response without a length is
+/// chunked (the encoder suppresses a HEAD response's body).
+final class ResponseFramer: ChannelOutboundHandler, RemovableChannelHandler {
+    typealias OutboundIn = HTTPServerResponsePart
+    typealias OutboundOut = HTTPServerResponsePart
 
-    private init(prepare: @escaping (inout Head) -> OutboundBodyFraming) {
-        self.prepare = prepare
+    private let methods: RequestFramingCheck
+    private var chunking = SelfChunking()
+
+    init(methods: RequestFramingCheck) {
+        self.methods = methods
     }
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
-        switch self.unwrapOutboundIn(data) {
-        case .head(var head):
-            self.framesChunks = self.prepare(&head) == .chunkedAfterCodings
-            context.write(self.wrapOutboundOut(.head(head)), promise: promise)
-        case .body(let body) where self.framesChunks:
+        let part = self.unwrapOutboundIn(data)
+        guard case .head(let head) = part else {
+            self.chunking.write(part, data: data, context: context, promise: promise, wrap: self.wrapOutboundOut)
+            return
+        }
+        let isFinal = head.status.code >= 200 || head.status == .switchingProtocols
+        let method = isFinal ? self.methods.answered() : nil
+        let mayHaveBody = head.status.mayHaveResponseBody && method != .CONNECT
+        // The usual head goes on as it is: a rewrite would copy it.
+        if let framing = OutboundBodyFraming.unchanged(head.headers, mayHaveBody: mayHaveBody, bodyWithoutFraming: true) {
+            self.chunking.active = framing == .chunkedAfterCodings
+            context.write(data, promise: promise)
+            return
+        }
+        var prepared = head
+        self.chunking.active =
+            OutboundBodyFraming.prepare(&prepared.headers, mayHaveBody: mayHaveBody, bodyWithoutFraming: true) == .chunkedAfterCodings
+        context.write(self.wrapOutboundOut(.head(prepared)), promise: promise)
+    }
+}
+
+/// An upstream connection's requests: a request without framing fields has no body (RFC 9112
+/// §6.3 rule 7); `Interceptor.upstreamHead` sets them for every body.
+final class RequestFramer: ChannelOutboundHandler, RemovableChannelHandler {
+    typealias OutboundIn = HTTPClientRequestPart
+    typealias OutboundOut = HTTPClientRequestPart
+
+    private var chunking = SelfChunking()
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        let part = self.unwrapOutboundIn(data)
+        guard case .head(let head) = part else {
+            self.chunking.write(part, data: data, context: context, promise: promise, wrap: self.wrapOutboundOut)
+            return
+        }
+        if let framing = OutboundBodyFraming.unchanged(head.headers, mayHaveBody: true, bodyWithoutFraming: false) {
+            self.chunking.active = framing == .chunkedAfterCodings
+            context.write(data, promise: promise)
+            return
+        }
+        var prepared = head
+        self.chunking.active =
+            OutboundBodyFraming.prepare(&prepared.headers, mayHaveBody: true, bodyWithoutFraming: false) == .chunkedAfterCodings
+        context.write(self.wrapOutboundOut(.head(prepared)), promise: promise)
+    }
+}
+
+/// The chunk framing a framer writes itself while `active` (codings precede `chunked`).
+private struct SelfChunking {
+    var active = false
+
+    /// Writes a body part or the end, framed when active and passed on as it is otherwise.
+    mutating func write<Head>(
+        _ part: HTTPPart<Head, IOData>, data: NIOAny, context: ChannelHandlerContext, promise: EventLoopPromise<Void>?,
+        wrap: (HTTPPart<Head, IOData>) -> NIOAny
+    ) {
+        guard self.active else {
+            context.write(data, promise: promise)
+            return
+        }
+        switch part {
+        case .head:
+            context.write(data, promise: promise)
+        case .body(let body):
             guard body.readableBytes > 0 else {
                 // An empty chunk would end the body.
                 promise?.succeed()
@@ -36,61 +99,14 @@ final class OutboundFramer<Head: Equatable & Sendable>: ChannelOutboundHandler, 
             var sizeLine = context.channel.allocator.buffer(capacity: 18)
             sizeLine.writeString(String(body.readableBytes, radix: 16))
             sizeLine.writeStaticString("\r\n")
-            context.write(self.wrapOutboundOut(.body(.byteBuffer(sizeLine))), promise: nil)
-            context.write(self.wrapOutboundOut(.body(body)), promise: nil)
-            context.write(self.wrapOutboundOut(.body(.byteBuffer(ByteBuffer(staticString: "\r\n")))), promise: promise)
-        case .end where self.framesChunks:
+            context.write(wrap(.body(.byteBuffer(sizeLine))), promise: nil)
+            context.write(wrap(.body(body)), promise: nil)
+            context.write(wrap(.body(.byteBuffer(ByteBuffer(staticString: "\r\n")))), promise: promise)
+        case .end:
             // The last chunk; the broker forwards no trailers.
-            self.framesChunks = false
-            context.write(self.wrapOutboundOut(.body(.byteBuffer(ByteBuffer(staticString: "0\r\n\r\n")))), promise: nil)
-            context.write(self.wrapOutboundOut(.end(nil)), promise: promise)
-        case .body, .end:
-            context.write(data, promise: promise)
-        }
-    }
-}
-
-extension OutboundFramer where Head == HTTPResponseHead {
-    /// For a client connection's responses: 1xx, 204 and 304 carry no framing, nor does any
-    /// response to CONNECT (the encoder sends no body with one); any other response without a
-    /// length is chunked (the encoder suppresses a HEAD response's body).
-    static func responses(to methods: RequestMethodObserver) -> OutboundFramer<HTTPResponseHead> {
-        OutboundFramer { head in
-            let isFinal = head.status.code >= 200 || head.status == .switchingProtocols
-            let method = isFinal ? methods.answered() : nil
-            return OutboundBodyFraming.prepare(
-                &head.headers, mayHaveBody: head.status.mayHaveResponseBody && method != .CONNECT, bodyWithoutFraming: true
-            )
-        }
-    }
-}
-
-/// Behind a client connection's decoder: the methods of the requests read and not yet answered,
-/// in order, for `OutboundFramer.responses` (the encoder's own queue is not public).
-final class RequestMethodObserver: ChannelInboundHandler, RemovableChannelHandler {
-    typealias InboundIn = HTTPServerRequestPart
-    typealias InboundOut = HTTPServerRequestPart
-
-    private var methods: [HTTPMethod] = []
-
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        if case .head(let head) = self.unwrapInboundIn(data) { self.methods.append(head.method) }
-        context.fireChannelRead(data)
-    }
-
-    /// The method of the oldest request not yet answered, now answered; nil when there is none
-    /// (the broker's answer to a head it could not read).
-    func answered() -> HTTPMethod? {
-        self.methods.isEmpty ? nil : self.methods.removeFirst()
-    }
-}
-
-extension OutboundFramer where Head == HTTPRequestHead {
-    /// For an upstream connection's requests: a request without framing fields has no body
-    /// (RFC 9112 §6.3 rule 7); `Interceptor.upstreamHead` sets them for every body.
-    static func requests() -> OutboundFramer<HTTPRequestHead> {
-        OutboundFramer { head in
-            OutboundBodyFraming.prepare(&head.headers, mayHaveBody: true, bodyWithoutFraming: false)
+            self.active = false
+            context.write(wrap(.body(.byteBuffer(ByteBuffer(staticString: "0\r\n\r\n")))), promise: nil)
+            context.write(wrap(.end(nil)), promise: promise)
         }
     }
 }

@@ -394,7 +394,7 @@ package final class UpstreamConnector: Sendable {
         encoder.automaticallySetFramingHeaders = false
         try sync.addHandler(HTTPRequestEncoder(configuration: encoder))
         // Every request's framing (codings kept): the one place, as on client connections.
-        try sync.addHandler(OutboundFramer.requests())
+        try sync.addHandler(RequestFramer())
         // Each head normalised before the decoder: non-UTF-8 lines (an ISO-8859-1 realm) read as
         // ISO-8859-1, not lossily; whitespace after values, which the decoder misreads, dropped.
         let normalizer = HeadNormalizer(.responses, maxHeadBytes: self.settings.limits.maxResponseHeadBytes)
@@ -411,7 +411,7 @@ package final class UpstreamConnector: Sendable {
                 )
             )
         )
-        try sync.addHandler(MessageEndSignal<HTTPResponseHead>(normalizer))
+        try sync.addHandler(ResponseEndSignal(normalizer))
         try sync.addHandler(
             UpstreamExchangeHandler(
                 responseHeadTimeout: self.settings.upstream.responseHeadTimeout,

@@ -101,3 +101,29 @@ struct OutboundFramingTests {
         #expect(Self.prepared([("Content-Length", "5"), ("Transfer-Encoding", "gzip, chunked"), ("X", "1")], mayHaveBody: false) == (.none, ["X: 1"]))
     }
 }
+
+@Suite("Outbound framing: the no-rewrite check")
+struct OutboundFramingUnchangedTests {
+    static let cases: [[(String, String)]] = [
+        [], [("Content-Length", "5")], [("Transfer-Encoding", "chunked")], [("transfer-encoding", "chunked")],
+        [("Transfer-Encoding", "Chunked")], [("Transfer-Encoding", "gzip, chunked")], [("Transfer-Encoding", "gzip"), ("Transfer-Encoding", "chunked")],
+        [("Content-Length", "5"), ("Transfer-Encoding", "chunked")], [("X", "1"), ("Content-Length", "0")],
+    ]
+
+    @Test("whenever it says a head needs no rewrite, prepare agrees and changes nothing")
+    func agreesWithPrepare() {
+        for pairs in Self.cases {
+            for (mayHaveBody, bodyWithoutFraming) in [(true, true), (true, false), (false, true)] {
+                let headers = HTTPHeaders(pairs)
+                var prepared = headers
+                let framing = OutboundBodyFraming.prepare(&prepared, mayHaveBody: mayHaveBody, bodyWithoutFraming: bodyWithoutFraming)
+                if let unchanged = OutboundBodyFraming.unchanged(headers, mayHaveBody: mayHaveBody, bodyWithoutFraming: bodyWithoutFraming) {
+                    #expect(unchanged == framing, "\(pairs)")
+                    #expect(prepared == headers, "\(pairs) was changed")
+                }
+            }
+        }
+        #expect(OutboundBodyFraming.unchanged(HTTPHeaders([("Content-Length", "5")]), mayHaveBody: true, bodyWithoutFraming: true) == .length)
+        #expect(OutboundBodyFraming.unchanged(HTTPHeaders(), mayHaveBody: true, bodyWithoutFraming: false) == OutboundBodyFraming.none)
+    }
+}
