@@ -27,10 +27,6 @@ package struct TransferCodings: Sendable, Hashable {
         }
     }
 
-    package init(names: [String]) {
-        self.names = names
-    }
-
     /// The codings of every `Transfer-Encoding` field in `headers`; nil when there is none.
     package init?(_ headers: HTTPHeaders) throws(ParseError) {
         var names: [String] = []
@@ -128,7 +124,7 @@ package enum RequestBodyFraming: Sendable, Hashable {
 
     /// The request's `Content-Length`, OWS trimmed; nil when there is none. Several field lines
     /// (or a list) must all name the same number (RFC 9110 §8.6).
-    package static func contentLength(_ headers: HTTPHeaders) throws(FramingError) -> Int? {
+    static func contentLength(_ headers: HTTPHeaders) throws(FramingError) -> Int? {
         var length: Int?
         for (name, value) in headers where ProxyHeaders.fieldName(name, is: "content-length") {
             for element in value.split(separator: ",", omittingEmptySubsequences: false) {
@@ -180,7 +176,7 @@ private struct FieldScanner {
     /// A token (RFC 9110 §5.6.2), or nil (nothing consumed).
     mutating func token() -> String? {
         let start = self.position
-        while !self.atEnd, Self.isTokenCharacter(self.bytes[self.position]) { self.position += 1 }
+        while !self.atEnd, HTTPSyntax.isTChar(self.bytes[self.position]) { self.position += 1 }
         guard self.position > start else { return nil }
         return String(decoding: self.bytes[start..<self.position], as: UTF8.self)
     }
@@ -209,19 +205,6 @@ private struct FieldScanner {
 
     func rest(from start: Int) -> String {
         String(decoding: self.bytes[start...], as: UTF8.self)
-    }
-
-    static func isTokenCharacter(_ byte: UInt8) -> Bool {
-        switch byte {
-        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"):
-            true
-        case UInt8(ascii: "!"), UInt8(ascii: "#"), UInt8(ascii: "$"), UInt8(ascii: "%"), UInt8(ascii: "&"), UInt8(ascii: "'"),
-            UInt8(ascii: "*"), UInt8(ascii: "+"), UInt8(ascii: "-"), UInt8(ascii: "."), UInt8(ascii: "^"), UInt8(ascii: "_"),
-            UInt8(ascii: "`"), UInt8(ascii: "|"), UInt8(ascii: "~"):
-            true
-        default:
-            false
-        }
     }
 }
 

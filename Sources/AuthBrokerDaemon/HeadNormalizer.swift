@@ -3,11 +3,11 @@ import NIOCore
 import NIOHTTP1
 
 /// In front of an HTTP decoder (the upstream response decoder, and the client request decoder):
-/// holds each head until it is complete and passes it on as `HeaderCharset.normalized` makes it
+/// holds each head until it is complete and passes it on as `HeadNormalization.normalized` makes it
 /// (non-UTF-8 lines read as ISO-8859-1, whitespace after field values dropped) or refuses it (a
 /// bare CR: the decoder's error path, 502 upstream, 400 from a client); body bytes pass
-/// untouched. `ResponseEndSignal` (or `RequestFramingCheck`), after the decoder, says when a message ended, so that what
-/// follows is a head again.
+/// untouched. `ResponseEndSignal` (or `RequestFramingCheck`), after the decoder, says when a
+/// message ended, so that what follows is a head again.
 ///
 /// A read that holds a whole plain head passes on unexamined past it, body and any pipelined
 /// request after it included; such a later head reaches the decoder as it came (as before this
@@ -23,7 +23,7 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
     }
 
     private enum Mode {
-        /// Bytes are part of a response head, held until its end.
+        /// Bytes are part of a head, held until its end.
         case head
         /// Bytes belong to a body (or to a head too large to hold): passed on as they come.
         case passing
@@ -82,7 +82,7 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
 
     private func releaseHeads(context: ChannelHandlerContext) {
         while case .head = self.mode {
-            guard let end = HeaderCharset.headEnd(in: self.held) else {
+            guard let end = HeadNormalization.headEnd(in: self.held) else {
                 if self.held.count > self.limit {
                     self.mode = .passing
                     self.forward(self.held, context: context)
@@ -98,7 +98,7 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
             self.mode = interim ? .head : .passing
             let normalized: [UInt8]
             do {
-                normalized = try HeaderCharset.normalized(head) ?? head
+                normalized = try HeadNormalization.normalized(head) ?? head
             } catch {
                 // Not HTTP/1.1: the message fails and the connection closes.
                 self.mode = .refused

@@ -91,7 +91,8 @@ package struct Interceptor: Sendable {
 
         // A request without a body may be retried once on a fresh connection when a pooled
         // one turns out to have been closed by the origin before it answered.
-        let hasNoBody = Self.hasNoBody(head)
+        let bodyFraming = RequestBodyFraming(head)
+        let hasNoBody = bodyFraming == .none
         // The body is kept (up to a bound) so the request can be sent again after a 401.
         let replay = ReplayBuffer(limit: self.settings.limits.requestBodyBufferBytes, head: head)
         let auth = NIOLockedValueBox(RequestAuthState(headers: head.headers))
@@ -116,7 +117,7 @@ package struct Interceptor: Sendable {
         // A body too large to keep for a resend goes to a space the broker cannot authorize up
         // front only after the origin's 100 (or a timeout): its 401 comes first and is answered.
         var uploadPlan = UploadPlan(
-            body: RequestBodyFraming(head), clientExpectsContinue: expectsContinue,
+            body: bodyFraming, clientExpectsContinue: expectsContinue,
             replayBound: self.settings.limits.requestBodyBufferBytes,
             credentialUpFront: auth.withLockedValue { $0.authorization != nil } || head.headers.contains(name: "authorization")
         )
@@ -225,7 +226,7 @@ package struct Interceptor: Sendable {
             } else {
                 result = await withTaskGroup(of: ResponsePumpResult.self) { group in
                     group.addTask { await pump() }
-                    var requestComplete: Bool
+                    let requestComplete: Bool
                     if requestEnded {
                         // A later attempt: the request ended on the first one; send its kept body again.
                         for chunk in replay.chunks() {
@@ -421,11 +422,6 @@ package struct Interceptor: Sendable {
         case .POST, .PUT, .PATCH: true
         default: false
         }
-    }
-
-    static func hasNoBody(_ head: HTTPRequestHead) -> Bool {
-        let length = head.headers.first(name: "content-length").flatMap { Int($0) } ?? 0
-        return !ProxyHeaders.isChunked(head.headers) && length == 0
     }
 
     /// Sends the client's body upstream as it arrives; after an upstream failure keeps reading
@@ -699,7 +695,7 @@ package struct Interceptor: Sendable {
         writer: ClientResponseWriter, clientWantsKeepAlive: Bool, state: ExchangeState, closeClient: @Sendable () -> Void,
         draining: @Sendable () -> Bool, retryAllowed: Bool
     ) async -> ResponsePumpResult {
-        if retryAllowed && self.isConnectionClosed(error) && connection.closingTLSError == nil || state.requestBodyBroken {
+        if (retryAllowed && self.isConnectionClosed(error) && connection.closingTLSError == nil) || state.requestBodyBroken {
             return .failedBeforeHead(error)
         }
         let brokerError = self.mapExchangeError(error, route: route, connection: connection)

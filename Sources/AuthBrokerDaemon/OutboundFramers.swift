@@ -35,15 +35,12 @@ final class ResponseFramer: ChannelOutboundHandler, RemovableChannelHandler {
         let isFinal = head.status.code >= 200 || head.status == .switchingProtocols
         let method = isFinal ? self.methods.answered() : nil
         let mayHaveBody = head.status.mayHaveResponseBody && method != .CONNECT
-        // The usual head goes on as it is: a rewrite would copy it.
-        if let framing = OutboundBodyFraming.unchanged(head.headers, mayHaveBody: mayHaveBody, bodyWithoutFraming: true) {
-            self.chunking.active = framing == .chunkedAfterCodings
+        guard let headers = self.chunking.frame(head.headers, mayHaveBody: mayHaveBody, bodyWithoutFraming: true) else {
             context.write(data, promise: promise)
             return
         }
         var prepared = head
-        self.chunking.active =
-            OutboundBodyFraming.prepare(&prepared.headers, mayHaveBody: mayHaveBody, bodyWithoutFraming: true) == .chunkedAfterCodings
+        prepared.headers = headers
         context.write(self.wrapOutboundOut(.head(prepared)), promise: promise)
     }
 }
@@ -62,21 +59,33 @@ final class RequestFramer: ChannelOutboundHandler, RemovableChannelHandler {
             self.chunking.write(part, data: data, context: context, promise: promise, wrap: self.wrapOutboundOut)
             return
         }
-        if let framing = OutboundBodyFraming.unchanged(head.headers, mayHaveBody: true, bodyWithoutFraming: false) {
-            self.chunking.active = framing == .chunkedAfterCodings
+        guard let headers = self.chunking.frame(head.headers, mayHaveBody: true, bodyWithoutFraming: false) else {
             context.write(data, promise: promise)
             return
         }
         var prepared = head
-        self.chunking.active =
-            OutboundBodyFraming.prepare(&prepared.headers, mayHaveBody: true, bodyWithoutFraming: false) == .chunkedAfterCodings
+        prepared.headers = headers
         context.write(self.wrapOutboundOut(.head(prepared)), promise: promise)
     }
 }
 
-/// The chunk framing a framer writes itself while `active` (codings precede `chunked`).
+/// A framer's state: whether it writes the current message's chunk framing itself (`active`:
+/// codings precede `chunked`).
 private struct SelfChunking {
     var active = false
+
+    /// Decides a head's framing: nil when its fields go as they are (the usual head, which a
+    /// rewrite would copy), else the fields to send.
+    mutating func frame(_ headers: HTTPHeaders, mayHaveBody: Bool, bodyWithoutFraming: Bool) -> HTTPHeaders? {
+        if let framing = OutboundBodyFraming.unchanged(headers, mayHaveBody: mayHaveBody, bodyWithoutFraming: bodyWithoutFraming) {
+            self.active = framing == .chunkedAfterCodings
+            return nil
+        }
+        var prepared = headers
+        self.active =
+            OutboundBodyFraming.prepare(&prepared, mayHaveBody: mayHaveBody, bodyWithoutFraming: bodyWithoutFraming) == .chunkedAfterCodings
+        return prepared
+    }
 
     /// Writes a body part or the end, framed when active and passed on as it is otherwise.
     mutating func write<Head>(

@@ -1,3 +1,5 @@
+import AuthBrokerCore
+
 /// The byte-level grammar shared by `WWW-Authenticate`, `Proxy-Authenticate` and
 /// `Authentication-Info`: comma-separated lists of challenges and auth-params (RFC 9110 §5.6,
 /// §11.2, §11.6.1).
@@ -6,21 +8,6 @@
 /// never trapped on, so a hostile server can at worst make the broker ignore its challenge.
 enum AuthListSyntax {
     // MARK: Byte classes (RFC 9110 §5.6.2, §5.6.4, §11.2)
-
-    /// `tchar`: the characters of a token.
-    static func isTChar(_ b: UInt8) -> Bool {
-        switch b {
-        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
-            UInt8(ascii: "0")...UInt8(ascii: "9"):
-            return true
-        case UInt8(ascii: "!"), UInt8(ascii: "#"), UInt8(ascii: "$"), UInt8(ascii: "%"), UInt8(ascii: "&"),
-            UInt8(ascii: "'"), UInt8(ascii: "*"), UInt8(ascii: "+"), UInt8(ascii: "-"), UInt8(ascii: "."),
-            UInt8(ascii: "^"), UInt8(ascii: "_"), UInt8(ascii: "`"), UInt8(ascii: "|"), UInt8(ascii: "~"):
-            return true
-        default:
-            return false
-        }
-    }
 
     /// The characters of a token68 before its trailing `=` padding.
     static func isToken68Char(_ b: UInt8) -> Bool {
@@ -50,7 +37,7 @@ enum AuthListSyntax {
     }
 
     static func isToken(_ bytes: some Collection<UInt8>) -> Bool {
-        !bytes.isEmpty && bytes.allSatisfy(isTChar)
+        !bytes.isEmpty && bytes.allSatisfy(HTTPSyntax.isTChar)
     }
 
     /// `token68 = 1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" / "/" ) *"="`.
@@ -124,7 +111,7 @@ enum AuthListSyntax {
     /// Classifies one non-empty, OWS-trimmed list element.
     static func classify(_ element: ArraySlice<UInt8>) -> Element {
         var index = element.startIndex
-        while index < element.endIndex, isTChar(element[index]) { index += 1 }
+        while index < element.endIndex, HTTPSyntax.isTChar(element[index]) { index += 1 }
         guard index > element.startIndex else { return .malformed }
         let first = string(element[element.startIndex..<index])
         let afterToken = index

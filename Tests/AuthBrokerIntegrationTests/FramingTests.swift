@@ -37,38 +37,36 @@ struct FramingTests {
     @Test("a malformed chunked request body is the client's error: 400 malformed_request, upstream aborted", arguments: badChunkedBodies)
     func malformedChunkedRequestBody(_ bad: BadChunkedBody) async throws {
         let origin = try await RawOrigin.startSilent()
-        let daemon = try await DaemonProcess.start(config: Self.config)
-        defer { daemon.cleanUp() }
-        let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
-        // The head first, and a good first chunk, so the exchange is under way upstream.
-        try client.send(Self.head(origin.port, "Transfer-Encoding: chunked\r\n"))
-        try client.send(bad.body)
-        let response = try client.readResponse(method: "POST")
-        #expect(response.status == 400)
-        #expect(response.header("Authbroker-Error") == "malformed_request")
-        #expect(response.header("Proxy-Status")?.contains("http_request_error") == true, "\(response.headers)")
-        #expect(!(response.header("Proxy-Status")?.contains("connection") ?? false), "not blamed on the origin")
-        #expect(client.peerClosedWithin(milliseconds: 5000), "a client out of step is not kept")
-        #expect(await origin.waitUntilNoConnectionIsOpen(), "the upstream exchange is aborted, its connection not kept")
-        await daemon.stop()
+        try await withDaemon(config: Self.config) { daemon in
+            let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
+            // The head first, and a good first chunk, so the exchange is under way upstream.
+            try client.send(Self.head(origin.port, "Transfer-Encoding: chunked\r\n"))
+            try client.send(bad.body)
+            let response = try client.readResponse(method: "POST")
+            #expect(response.status == 400)
+            #expect(response.header("Authbroker-Error") == "malformed_request")
+            #expect(response.header("Proxy-Status")?.contains("http_request_error") == true, "\(response.headers)")
+            #expect(!(response.header("Proxy-Status")?.contains("connection") ?? false), "not blamed on the origin")
+            #expect(client.peerClosedWithin(milliseconds: 5000), "a client out of step is not kept")
+            #expect(await origin.waitUntilNoConnectionIsOpen(), "the upstream exchange is aborted, its connection not kept")
+        }
         await origin.stop()
     }
 
     @Test("Transfer-Encoding on a request is a list: xchunked and \"chunked\" do not frame it, so it is refused")
     func requestTransferCodingsAreParsed() async throws {
         let origin = try await RawOrigin.start(replyAfterHead: .init("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
-        let daemon = try await DaemonProcess.start(config: Self.config)
-        defer { daemon.cleanUp() }
-        for coding in ["xchunked", "\"chunked\"", "chunked, gzip", "gzip"] {
-            let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
-            try client.send(Self.head(origin.port, "Transfer-Encoding: \(coding)\r\n") + "5\r\nhello\r\n0\r\n\r\n")
-            let response = try client.readResponse(method: "POST")
-            #expect(response.status == 400, "\(coding)")
-            #expect(response.header("Authbroker-Error") == "malformed_request", "\(coding)")
-            #expect(client.peerClosedWithin(milliseconds: 5000), "\(coding): the body's length is unknown, so the connection ends")
+        try await withDaemon(config: Self.config) { daemon in
+            for coding in ["xchunked", "\"chunked\"", "chunked, gzip", "gzip"] {
+                let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
+                try client.send(Self.head(origin.port, "Transfer-Encoding: \(coding)\r\n") + "5\r\nhello\r\n0\r\n\r\n")
+                let response = try client.readResponse(method: "POST")
+                #expect(response.status == 400, "\(coding)")
+                #expect(response.header("Authbroker-Error") == "malformed_request", "\(coding)")
+                #expect(client.peerClosedWithin(milliseconds: 5000), "\(coding): the body's length is unknown, so the connection ends")
+            }
+            #expect(origin.acceptedConnections == 0, "nothing went upstream")
         }
-        #expect(origin.acceptedConnections == 0, "nothing went upstream")
-        await daemon.stop()
         await origin.stop()
     }
 
@@ -92,16 +90,15 @@ struct FramingTests {
     @Test("request-smuggling shapes are refused with 400 before anything goes upstream", arguments: smugglingShapes)
     func smugglingShapesAreRefused(_ fields: String) async throws {
         let origin = try await RawOrigin.start(replyAfterHead: .init("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
-        let daemon = try await DaemonProcess.start(config: Self.config)
-        defer { daemon.cleanUp() }
-        let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
-        try client.send(Self.head(origin.port, fields) + "5\r\nhello\r\n0\r\n\r\n")
-        let response = try client.readResponse(method: "POST")
-        #expect(response.status == 400, "\(fields.debugDescription)")
-        #expect(response.header("Authbroker-Error") == "malformed_request", "\(fields.debugDescription)")
-        #expect(client.peerClosedWithin(milliseconds: 5000), "\(fields.debugDescription)")
-        #expect(origin.acceptedConnections == 0, "\(fields.debugDescription): nothing goes upstream")
-        await daemon.stop()
+        try await withDaemon(config: Self.config) { daemon in
+            let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
+            try client.send(Self.head(origin.port, fields) + "5\r\nhello\r\n0\r\n\r\n")
+            let response = try client.readResponse(method: "POST")
+            #expect(response.status == 400, "\(fields.debugDescription)")
+            #expect(response.header("Authbroker-Error") == "malformed_request", "\(fields.debugDescription)")
+            #expect(client.peerClosedWithin(milliseconds: 5000), "\(fields.debugDescription)")
+            #expect(origin.acceptedConnections == 0, "\(fields.debugDescription): nothing goes upstream")
+        }
         await origin.stop()
     }
 
@@ -111,17 +108,16 @@ struct FramingTests {
             String(decoding: received, as: UTF8.self).hasSuffix("0\r\n\r\n")
                 ? .init("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok") : nil
         }
-        let daemon = try await DaemonProcess.start(config: Self.config)
-        defer { daemon.cleanUp() }
-        let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
-        try client.send(Self.head(origin.port, "Transfer-Encoding: gzip, chunked\r\n") + "5\r\nGZIP!\r\n0\r\n\r\n")
-        let response = try client.readResponse(method: "POST")
-        #expect(response.status == 200)
-        #expect(response.text == "ok")
-        let upstream = origin.receivedText
-        #expect(upstream.hasSuffix("\r\n\r\n5\r\nGZIP!\r\n0\r\n\r\n"), "\(upstream)")
-        #expect(upstream.lowercased().contains("\r\ntransfer-encoding: gzip, chunked\r\n"), "\(upstream)")
-        await daemon.stop()
+        try await withDaemon(config: Self.config) { daemon in
+            let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
+            try client.send(Self.head(origin.port, "Transfer-Encoding: gzip, chunked\r\n") + "5\r\nGZIP!\r\n0\r\n\r\n")
+            let response = try client.readResponse(method: "POST")
+            #expect(response.status == 200)
+            #expect(response.text == "ok")
+            let upstream = origin.receivedText
+            #expect(upstream.hasSuffix("\r\n\r\n5\r\nGZIP!\r\n0\r\n\r\n"), "\(upstream)")
+            #expect(upstream.lowercased().contains("\r\ntransfer-encoding: gzip, chunked\r\n"), "\(upstream)")
+        }
         await origin.stop()
     }
 
@@ -133,22 +129,21 @@ struct FramingTests {
         let unknown = try await RawOrigin.start(
             replyAfterHead: .init("HTTP/1.1 200 OK\r\nTransfer-Encoding: xchunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", close: true)
         )
-        let daemon = try await DaemonProcess.start(config: Self.config)
-        defer { daemon.cleanUp() }
+        try await withDaemon(config: Self.config) { daemon in
 
-        let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
-        let first = try client.request("GET", "http://127.0.0.1:\(gzipChunked.port)/")
-        #expect(first.status == 200)
-        #expect(first.text == "GZIP!")
-        #expect(first.header("Transfer-Encoding")?.lowercased() == "gzip, chunked", "\(first.headers)")
+            let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
+            let first = try client.request("GET", "http://127.0.0.1:\(gzipChunked.port)/")
+            #expect(first.status == 200)
+            #expect(first.text == "GZIP!")
+            #expect(first.header("Transfer-Encoding")?.lowercased() == "gzip, chunked", "\(first.headers)")
 
-        // Not chunked-final: the body runs to the origin's close (RFC 9112 §6.3 rule 4), and
-        // the client gets it all, its coding named.
-        let second = try client.request("GET", "http://127.0.0.1:\(unknown.port)/")
-        #expect(second.status == 200)
-        #expect(second.text == "5\r\nhello\r\n0\r\n\r\n")
-        #expect(second.header("Transfer-Encoding")?.lowercased() == "xchunked, chunked", "\(second.headers)")
-        await daemon.stop()
+            // Not chunked-final: the body runs to the origin's close (RFC 9112 §6.3 rule 4), and
+            // the client gets it all, its coding named.
+            let second = try client.request("GET", "http://127.0.0.1:\(unknown.port)/")
+            #expect(second.status == 200)
+            #expect(second.text == "5\r\nhello\r\n0\r\n\r\n")
+            #expect(second.header("Transfer-Encoding")?.lowercased() == "xchunked, chunked", "\(second.headers)")
+        }
         await gzipChunked.stop()
         await unknown.stop()
     }
@@ -164,30 +159,29 @@ struct FramingTests {
             return body.count == 5 || text.hasSuffix("0\r\n\r\n")
                 ? .init("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok", close: true) : nil
         }
-        let daemon = try await DaemonProcess.start(config: Self.config)
-        defer { daemon.cleanUp() }
-        func send(_ fields: String) throws {
+        try await withDaemon(config: Self.config) { daemon in
+            func send(_ fields: String) throws {
+                let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
+                let body = fields.hasPrefix("Transfer") ? "5\r\nhello\r\n0\r\n\r\n" : "hello"
+                try client.send(Self.head(origin.port, fields) + body)
+                let response = try client.readResponse(method: "POST")
+                #expect(response.status == 200, "\(fields.debugDescription)")
+                #expect(response.text == "ok", "\(fields.debugDescription)")
+            }
+            try send("Content-Length: 5 \r\n")
+            try send("Content-Length: 5\r\nX-After: 1 \r\n")
+            // SwiftNIO's bundled llhttp refuses a tab after these values; the broker trims it first.
+            try send("Content-Length:\t5\t\r\n")
+            try send("Transfer-Encoding: chunked \t\r\n")
+            try send("Content-Length: 5\r\nX-Padded:\tvalue \t \r\n")
+            // `Connection: close` with a tab after it still closes.
             let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
-            let body = fields.hasPrefix("Transfer") ? "5\r\nhello\r\n0\r\n\r\n" : "hello"
-            try client.send(Self.head(origin.port, fields) + body)
+            try client.send(Self.head(origin.port, "Content-Length: 5\r\nConnection: close\t\r\n") + "hello")
             let response = try client.readResponse(method: "POST")
-            #expect(response.status == 200, "\(fields.debugDescription)")
-            #expect(response.text == "ok", "\(fields.debugDescription)")
+            #expect(response.status == 200)
+            #expect(response.header("Connection")?.lowercased() == "close")
+            #expect(client.peerClosedWithin(milliseconds: 5000))
         }
-        try send("Content-Length: 5 \r\n")
-        try send("Content-Length: 5\r\nX-After: 1 \r\n")
-        // SwiftNIO's bundled llhttp refuses a tab after these values; the broker trims it first.
-        try send("Content-Length:\t5\t\r\n")
-        try send("Transfer-Encoding: chunked \t\r\n")
-        try send("Content-Length: 5\r\nX-Padded:\tvalue \t \r\n")
-        // `Connection: close` with a tab after it still closes.
-        let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
-        try client.send(Self.head(origin.port, "Content-Length: 5\r\nConnection: close\t\r\n") + "hello")
-        let response = try client.readResponse(method: "POST")
-        #expect(response.status == 200)
-        #expect(response.header("Connection")?.lowercased() == "close")
-        #expect(client.peerClosedWithin(milliseconds: 5000))
-        await daemon.stop()
         await origin.stop()
     }
 
@@ -198,25 +192,24 @@ struct FramingTests {
             guard let end = RawOrigin.headEnd(in: received), received.count - end - 4 == body.utf8.count else { return nil }
             return .init("HTTP/1.1 200 OK\r\nContent-Length: \(body.utf8.count)\r\nX-Padded: yes \r\n\r\n\(body)")
         }
-        let daemon = try await DaemonProcess.start(config: Self.config)
-        defer { daemon.cleanUp() }
-        let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
-        try client.send(Self.head(origin.port, "Content-Length: \(body.utf8.count)\r\nX-Padded: yes \r\n") + body)
-        let response = try client.readResponse(method: "POST")
-        #expect(response.status == 200)
-        #expect(response.text == body)
-        #expect(response.header("X-Padded") == "yes")
-        #expect(origin.receivedText.contains("\r\nX-Padded: yes\r\n"), "\(origin.receivedText.debugDescription)")
-        #expect(origin.receivedText.hasSuffix("\r\n\r\n" + body))
-        // The client connection is in step: the next request on it is read as a head again.
-        let second = try await RawOrigin.start(replyAfterHead: .init("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
-        let again = try client.request("GET", "http://127.0.0.1:\(second.port)/", headers: [("X-Padded", "again\t")])
-        #expect(again.status == 200)
-        #expect(again.text == "ok")
-        #expect(second.receivedText.contains("\r\nX-Padded: again\r\n"), "\(second.receivedText.debugDescription)")
-        await daemon.stop()
+        try await withDaemon(config: Self.config) { daemon in
+            let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
+            try client.send(Self.head(origin.port, "Content-Length: \(body.utf8.count)\r\nX-Padded: yes \r\n") + body)
+            let response = try client.readResponse(method: "POST")
+            #expect(response.status == 200)
+            #expect(response.text == body)
+            #expect(response.header("X-Padded") == "yes")
+            #expect(origin.receivedText.contains("\r\nX-Padded: yes\r\n"), "\(origin.receivedText.debugDescription)")
+            #expect(origin.receivedText.hasSuffix("\r\n\r\n" + body))
+            // The client connection is in step: the next request on it is read as a head again.
+            let second = try await RawOrigin.start(replyAfterHead: .init("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
+            let again = try client.request("GET", "http://127.0.0.1:\(second.port)/", headers: [("X-Padded", "again\t")])
+            #expect(again.status == 200)
+            #expect(again.text == "ok")
+            #expect(second.receivedText.contains("\r\nX-Padded: again\r\n"), "\(second.receivedText.debugDescription)")
+            await second.stop()
+        }
         await origin.stop()
-        await second.stop()
     }
 
     @Test("trailing whitespace in a response's framing fields is whitespace")
@@ -225,17 +218,16 @@ struct FramingTests {
         let chunked = try await RawOrigin.start(
             replyAfterHead: .init("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked \t\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
         )
-        let daemon = try await DaemonProcess.start(config: Self.config)
-        defer { daemon.cleanUp() }
-        // SwiftNIO's bundled llhttp refuses the first and reads the second to the close, its chunk
-        // framing as body bytes: the broker trims the whitespace before the decoder.
-        for origin in [length, chunked] {
-            let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
-            let response = try client.request("GET", "http://127.0.0.1:\(origin.port)/")
-            #expect(response.status == 200)
-            #expect(response.text == "hello", "no chunk framing in the body")
+        try await withDaemon(config: Self.config) { daemon in
+            // SwiftNIO's bundled llhttp refuses the first and reads the second to the close, its chunk
+            // framing as body bytes: the broker trims the whitespace before the decoder.
+            for origin in [length, chunked] {
+                let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
+                let response = try client.request("GET", "http://127.0.0.1:\(origin.port)/")
+                #expect(response.status == 200)
+                #expect(response.text == "hello", "no chunk framing in the body")
+            }
         }
-        await daemon.stop()
         await length.stop()
         await chunked.stop()
     }
@@ -245,18 +237,17 @@ struct FramingTests {
         let origin = try await RawOrigin.start(
             replyAfterHead: .init("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\nraw bytes")
         )
-        let daemon = try await DaemonProcess.start(config: Self.config)
-        defer { daemon.cleanUp() }
-        let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
-        let response = try client.request("GET", "http://127.0.0.1:\(origin.port)/")
-        #expect(response.status == 502)
-        #expect(response.header("Proxy-Status")?.contains("http_protocol_error") == true, "\(response.headers)")
-        #expect(response.text.contains("101 Switching Protocols"), "\(response.text)")
-        #expect(await origin.waitUntilNoConnectionIsOpen(), "what follows a 101 is not HTTP: the connection goes")
-        // The client's connection is in step (its request ended): the next request is served.
-        #expect(try client.request("GET", "http://127.0.0.1:\(origin.port)/").status == 502)
-        #expect(origin.acceptedConnections == 2)
-        await daemon.stop()
+        try await withDaemon(config: Self.config) { daemon in
+            let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
+            let response = try client.request("GET", "http://127.0.0.1:\(origin.port)/")
+            #expect(response.status == 502)
+            #expect(response.header("Proxy-Status")?.contains("http_protocol_error") == true, "\(response.headers)")
+            #expect(response.text.contains("101 Switching Protocols"), "\(response.text)")
+            #expect(await origin.waitUntilNoConnectionIsOpen(), "what follows a 101 is not HTTP: the connection goes")
+            // The client's connection is in step (its request ended): the next request is served.
+            #expect(try client.request("GET", "http://127.0.0.1:\(origin.port)/").status == 502)
+            #expect(origin.acceptedConnections == 2)
+        }
         await origin.stop()
     }
 
@@ -265,17 +256,16 @@ struct FramingTests {
         let origin = try await RawOrigin.start(
             replyAfterHead: .init("HTTP/1.1 200 OK\r\rX-Injected: yes\r\nContent-Length: 2\r\n\r\nok")
         )
-        let daemon = try await DaemonProcess.start(config: Self.config)
-        defer { daemon.cleanUp() }
-        let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
-        let response = try client.request("GET", "http://127.0.0.1:\(origin.port)/")
-        // SwiftNIO's bundled llhttp takes the CR as the status line's end; the broker refuses it.
-        #expect(response.status == 502)
-        #expect(response.header("X-Injected") == nil)
-        #expect(response.header("Proxy-Status")?.contains("http_protocol_error") == true, "\(response.headers)")
-        #expect(response.text.contains("bare CR"), "\(response.text)")
-        #expect(await origin.waitUntilNoConnectionIsOpen())
-        await daemon.stop()
+        try await withDaemon(config: Self.config) { daemon in
+            let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
+            let response = try client.request("GET", "http://127.0.0.1:\(origin.port)/")
+            // SwiftNIO's bundled llhttp takes the CR as the status line's end; the broker refuses it.
+            #expect(response.status == 502)
+            #expect(response.header("X-Injected") == nil)
+            #expect(response.header("Proxy-Status")?.contains("http_protocol_error") == true, "\(response.headers)")
+            #expect(response.text.contains("bare CR"), "\(response.text)")
+            #expect(await origin.waitUntilNoConnectionIsOpen())
+        }
         await origin.stop()
     }
 }

@@ -80,11 +80,7 @@ package final class RawOrigin: Sendable {
 
     /// Waits (up to `seconds`) until no connection is open; returns whether none is.
     package func waitUntilNoConnectionIsOpen(seconds: Int = 10) async -> Bool {
-        for _ in 0..<(seconds * 20) {
-            if self.openConnections == 0 { return true }
-            try? await Task.sleep(for: .milliseconds(50))
-        }
-        return self.openConnections == 0
+        await waitUntil(seconds: seconds) { self.openConnections == 0 }
     }
 
     package func stop() async {

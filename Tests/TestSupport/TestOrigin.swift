@@ -77,6 +77,15 @@ package struct TestSupportError: Error, CustomStringConvertible {
     package init(_ description: String) { self.description = description }
 }
 
+/// Waits (up to `seconds`, checking every 50 ms) until `condition` holds; returns whether it does.
+package func waitUntil(seconds: Int = 10, _ condition: () -> Bool) async -> Bool {
+    for _ in 0..<(seconds * 20) {
+        if condition() { return true }
+        try? await Task.sleep(for: .milliseconds(50))
+    }
+    return condition()
+}
+
 /// The deterministic byte pattern `/bytes/<n>` serves: byte i is `i % 251`.
 package enum BytePattern {
     /// 64 KiB plus one period, so any chunk up to 64 KiB is one slice of it (debug builds

@@ -1,4 +1,4 @@
-/// A response head made fit for SwiftNIO's decoder: values that are not UTF-8 read as
+/// A message head made fit for SwiftNIO's decoder: values that are not UTF-8 read as
 /// ISO-8859-1, whitespace after field values dropped, bare CRs refused.
 ///
 /// RFC 9110 §5.5: field values are octets; "historically, HTTP allowed field content with text
@@ -7,7 +7,7 @@
 /// replacing what is not with U+FFFD, so such a realm could never equal the `foo-ä` a person
 /// stored after reading it in a browser's prompt. Transcoding the lines that are not valid UTF-8
 /// from ISO-8859-1 to UTF-8 before the decoder keeps every valid UTF-8 line as it was.
-package enum HeaderCharset {
+package enum HeadNormalization {
     /// Why a head is refused before the decoder reads it.
     package enum Refusal: Error, Sendable, Hashable, CustomStringConvertible {
         /// A CR not followed by LF (RFC 9112 §2.2): SwiftNIO's bundled llhttp takes one after
