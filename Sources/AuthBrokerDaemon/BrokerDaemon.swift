@@ -78,10 +78,11 @@ package enum BrokerDaemon {
         } catch {
             throw StartupError(description: "authbrokerd: \(error)", exitCode: 1)
         }
+        let publicSuffixes = Self.loadPublicSuffixList(path: settings.trust.publicSuffixListPath, logger: logger)
         let evaluator = TrustEvaluator(
             systemAnchorsPath: settings.trust.systemAnchorsPath, store: store,
             cacheSize: settings.trust.decisionCacheSize,
-            cacheTTL: .seconds(settings.trust.decisionCacheSeconds), logger: logger
+            cacheTTL: .seconds(settings.trust.decisionCacheSeconds), publicSuffixes: publicSuffixes, logger: logger
         )
 
         let listening = ListeningSocket.choose(socketPath: socketPath, environment: environment)
@@ -177,7 +178,7 @@ package enum BrokerDaemon {
         )
         let control = ControlAPI(
             store: store, vault: vault, reauth: reauth, challenges: challenges, identities: identities,
-            publicSuffixes: Self.loadPublicSuffixList(path: settings.trust.publicSuffixListPath, logger: logger),
+            publicSuffixes: publicSuffixes,
             status: {
                 StatusReport(
                     version: AuthBrokerVersion.current, pid: Int(getpid()), startedAt: startedAt,

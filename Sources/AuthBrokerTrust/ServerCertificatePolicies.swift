@@ -18,15 +18,22 @@ import X509
 /// - a wildcard is only a whole left-most label (`*.example.com`), matches exactly one label, and
 ///   needs two labels after it (`*` and `*.com` match nothing; `ba*.example.com` is not a wildcard
 ///   at all: RFC 9525 §6.3 drops the partial-label form);
-/// - a subject CN, when present, must be one of those names.
+/// - every dNSName is in the preferred name syntax (RFC 5280 §4.2.1.6: letters, digits and
+///   hyphens; no underscore, no IP address written as a name), and no wildcard covers a whole
+///   public suffix (`*.co.uk`, `*.s3.amazonaws.com`: BR §7.1.2.7.12, as browsers refuse it);
+/// - a subject CN, when present, is exactly one, and a character-for-character copy of one of
+///   those names (BR §7.1.4.3; an IP address in its RFC 3986 / RFC 5952 text).
 struct ServerNamePolicy: VerifierPolicy {
     let verifyingCriticalExtensions: [ASN1ObjectIdentifier] = [.X509ExtensionID.subjectAlternativeName]
     let host: String
+    let publicSuffixes: PublicSuffixList
 
     func chainMeetsPolicyRequirements(chain: UnverifiedCertificateChain) -> PolicyEvaluationResult {
         guard let leaf = chain.first else { return .failsToMeetPolicy(reason: "empty chain") }
         if let failure = Self.nameFailure(leaf, host: self.host) { return .failsToMeetPolicy(reason: failure) }
-        if let failure = Self.consistencyFailure(leaf) { return .failsToMeetPolicy(reason: failure.summary) }
+        if let failure = Self.consistencyFailure(leaf, publicSuffixes: self.publicSuffixes) {
+            return .failsToMeetPolicy(reason: failure.summary)
+        }
         return .meetsPolicy
     }
 
@@ -45,25 +52,50 @@ struct ServerNamePolicy: VerifierPolicy {
         return names.dns.contains { Self.matches(pattern: Self.normalized($0), host: wanted) } ? nil : "no name of it matches \(host)"
     }
 
-    /// The subject CN is not one of the subjectAltName's names (or there are none).
-    static func consistencyFailure(_ leaf: Certificate) -> TrustFailure? {
-        guard let names = try? Self.names(of: leaf) else {
-            return .unfitForServer(certificate: Self.describe(leaf), reason: "its subjectAltName extension is malformed")
-        }
+    /// What makes the leaf's names unfit for any host: no subjectAltName, a name that is not a
+    /// host name, a wildcard over a public suffix, or a subject CN that is not one of the names.
+    static func consistencyFailure(_ leaf: Certificate, publicSuffixes: PublicSuffixList) -> TrustFailure? {
+        func unfit(_ reason: String) -> TrustFailure { .unfitForServer(certificate: Self.describe(leaf), reason: reason) }
+        guard let names = try? Self.names(of: leaf) else { return unfit("its subjectAltName extension is malformed") }
         if names.dns.isEmpty && names.ip.isEmpty {
-            return .unfitForServer(
-                certificate: Self.describe(leaf),
-                reason: "it has no subjectAltName, so it names no host (its subject CN is not used as a host name)"
-            )
+            return unfit("it has no subjectAltName, so it names no host (its subject CN is not used as a host name)")
         }
-        let sanTexts = Set(names.dns.map(Self.normalized) + names.ip.compactMap { HostPattern.ipAddressText($0) })
-        for commonName in Self.commonNames(of: leaf) where !sanTexts.contains(Self.normalized(commonName)) {
-            return .unfitForServer(
-                certificate: Self.describe(leaf),
-                reason: "its subject CN '\(commonName)' is not one of the names in its subjectAltName"
-            )
+        for name in names.dns {
+            if HostPattern.ipAddressBytes(name) != nil {
+                return unfit("its subjectAltName holds the IP address '\(name)' as a DNS name, where it may not be")
+            }
+            guard Self.isPreferredNameSyntax(name) else {
+                return unfit("its subjectAltName holds '\(name)', which is not a host name (letters, digits and hyphens)")
+            }
+            if name.hasPrefix("*."), case let base = Self.normalized(String(name.dropFirst(2))), publicSuffixes.isPublicSuffix(base) {
+                return unfit("its name '\(name)' would cover every name under the public suffix '\(base)'")
+            }
+        }
+        let commonNames = Self.commonNames(of: leaf)
+        if commonNames.count > 1 { return unfit("its subject has \(commonNames.count) CNs, where one at most is allowed") }
+        let sanTexts = Set(names.dns + names.ip.compactMap { HostPattern.ipAddressText($0) })
+        for commonName in commonNames where !sanTexts.contains(commonName) {
+            return unfit("its subject CN '\(commonName)' is not, character for character, one of the names in its subjectAltName")
         }
         return nil
+    }
+
+    /// RFC 1034 §3.5 as RFC 1123 §2.1 relaxes it (labels of letters, digits and inner hyphens,
+    /// up to 63 octets, 253 in all, an optional final dot), with a left-most `*` label allowed.
+    static func isPreferredNameSyntax(_ name: String) -> Bool {
+        var name = Substring(name)
+        if name.hasSuffix(".") { name = name.dropLast() }
+        if name.hasPrefix("*.") { name = name.dropFirst(2) }
+        guard !name.isEmpty, name.utf8.count <= 253 else { return false }
+        return name.split(separator: ".", omittingEmptySubsequences: false).allSatisfy { label in
+            let bytes = label.utf8
+            guard let first = bytes.first, let last = bytes.last, bytes.count <= 63, first != UInt8(ascii: "-"), last != UInt8(ascii: "-")
+            else { return false }
+            return bytes.allSatisfy { byte in
+                (byte >= UInt8(ascii: "a") && byte <= UInt8(ascii: "z")) || (byte >= UInt8(ascii: "A") && byte <= UInt8(ascii: "Z"))
+                    || (byte >= UInt8(ascii: "0") && byte <= UInt8(ascii: "9")) || byte == UInt8(ascii: "-")
+            }
+        }
     }
 
     /// Whether a normalised subjectAltName DNS entry matches a normalised host.
@@ -204,10 +236,14 @@ struct ExactValidityPolicy: VerifierPolicy {
 /// - the leaf carries an authority key identifier (§4.2.1.1) and no name constraints (§4.2.1.10:
 ///   CA certificates only); a subject that is empty goes with a critical subjectAltName, a
 ///   subject that is not with a non-critical one (§4.2.1.6);
+/// - every certificate judged has non-critical key identifiers (§4.2.1.1, §4.2.1.2);
 /// - an intermediate has both key identifiers (§4.2.1.1, §4.2.1.2), a critical basicConstraints
 ///   saying CA (§4.2.1.9), keyCertSign when it has a key usage (§4.2.1.3), and a subject (§4.1.2.6);
 /// - the root, when it is one of the user's anchors (system roots are the system's business),
-///   is judged as an intermediate apart from the authority key identifier;
+///   is judged as an intermediate, except that its authority key identifier may be absent and,
+///   when present, must be its own key identifier alone (BR §7.1.2.1.3). System roots are not
+///   judged: Mozilla's store itself holds roots that break this (Go Daddy Class 2, Starfield
+///   Class 2, QuoVadis Root CA 2 and 3, Certigna name an issuer and serial in their AKI);
 /// - name constraints are well formed (at least one subtree; no DNS constraint with a leading
 ///   period), and a wildcard subjectAltName may not cover a name an excluded subtree forbids
 ///   (`*.example.com` against an excluded `bad.example.com`): swift-certificates compares the
@@ -243,6 +279,14 @@ struct CertificateProfilePolicy: VerifierPolicy {
         }
         guard failures.isEmpty else { return failures }
 
+        let judged = judgeRoot ? Array(chain.dropFirst()) : Array(chain.dropFirst().dropLast())
+        for certificate in [leaf] + judged {
+            for (oid, name) in [(ASN1ObjectIdentifier.X509ExtensionID.authorityKeyIdentifier, "authority"), (.X509ExtensionID.subjectKeyIdentifier, "subject")]
+            where certificate.extensions[oid: oid]?.critical == true {
+                fail(certificate, "its \(name) key identifier is marked critical, which RFC 5280 forbids")
+            }
+        }
+
         let extensions = leaf.extensions
         if chain.count > 1, (try? extensions.authorityKeyIdentifier) == nil {
             fail(leaf, "it has no authority key identifier")
@@ -259,13 +303,21 @@ struct CertificateProfilePolicy: VerifierPolicy {
             }
         }
 
-        let judged = judgeRoot ? Array(chain.dropFirst()) : Array(chain.dropFirst().dropLast())
         for (index, authority) in judged.enumerated() {
             let isRoot = judgeRoot && index == judged.count - 1
             let caExtensions = authority.extensions
-            if (try? caExtensions.subjectKeyIdentifier) == nil { fail(authority, "this CA has no subject key identifier") }
+            let subjectKeyID = try? caExtensions.subjectKeyIdentifier
+            if subjectKeyID == nil { fail(authority, "this CA has no subject key identifier") }
             if !isRoot, (try? caExtensions.authorityKeyIdentifier) == nil {
                 fail(authority, "this intermediate CA has no authority key identifier")
+            }
+            // BR §7.1.2.1.3: a root's AKI, when present, is its own key identifier and nothing else.
+            if isRoot, let authorityKeyID = try? caExtensions.authorityKeyIdentifier {
+                if authorityKeyID.authorityCertIssuer != nil || authorityKeyID.authorityCertSerialNumber != nil {
+                    fail(authority, "this root's authority key identifier names an issuer or serial number, which a root's may not")
+                } else if authorityKeyID.keyIdentifier == nil || authorityKeyID.keyIdentifier != subjectKeyID?.keyIdentifier {
+                    fail(authority, "this root's authority key identifier is not its own subject key identifier")
+                }
             }
             if let constraints = caExtensions[oid: .X509ExtensionID.basicConstraints] {
                 if !constraints.critical { fail(authority, "this CA's basicConstraints is not critical") }
@@ -304,8 +356,71 @@ struct CertificateProfilePolicy: VerifierPolicy {
                     fail(leaf, "its name '*.\(wildcard)' covers '\(excluded)', which the name constraints of '\(authority.subject)' exclude")
                 }
             }
+            // The verifier decides these; they are named here so the reason is in the user's words.
+            for reason in Self.constraintViolations(of: leaf, constraints) {
+                fail(leaf, "\(reason), by the name constraints of '\(authority.subject)'")
+            }
+        }
+
+        // Path length (RFC 5280 §4.2.1.9): self-issued intermediates do not count.
+        for (index, authority) in chain.enumerated().dropFirst() {
+            guard case .isCertificateAuthority(let maxPathLength?)? = try? authority.extensions.basicConstraints else { continue }
+            let below = chain[1..<index].filter { $0.subject != $0.issuer }.count
+            if below > maxPathLength {
+                fail(authority, "this CA allows \(maxPathLength) intermediate CA\(maxPathLength == 1 ? "" : "s") below it, and the chain has \(below)")
+            }
+        }
+
+        // A critical extension no rule here understands: RFC 5280 §4.2 makes the certificate unusable.
+        for certificate in chain {
+            for unknown in certificate.extensions where unknown.critical && !Self.understoodCriticalExtensions.contains(unknown.oid) {
+                fail(certificate, "it carries a critical extension the broker does not understand (\(unknown.oid))")
+            }
         }
         return failures
+    }
+
+    /// The critical extensions that swift-certificates' RFC5280Policy and the server policies act on.
+    static let understoodCriticalExtensions: Set<ASN1ObjectIdentifier> = [
+        .X509ExtensionID.basicConstraints, .X509ExtensionID.nameConstraints, .X509ExtensionID.keyUsage,
+        .X509ExtensionID.subjectAlternativeName, .X509ExtensionID.extendedKeyUsage,
+    ]
+
+    /// Each of `leaf`'s DNS names and IP addresses that `constraints` do not permit or exclude.
+    static func constraintViolations(of leaf: Certificate, _ constraints: NameConstraints) -> [String] {
+        guard let names = try? ServerNamePolicy.names(of: leaf) else { return [] }
+        func within(_ name: String, _ domain: String) -> Bool {
+            let name = name.lowercased()
+            let domain = domain.lowercased()
+            return domain.isEmpty || name == domain || name.hasSuffix("." + domain)
+        }
+        func inRange(_ address: [UInt8], _ range: ASN1OctetString) -> Bool {
+            let bytes = Array(range.bytes)
+            guard bytes.count == address.count * 2 else { return false }
+            let mask = bytes[address.count...]
+            return zip(zip(address, bytes), mask).allSatisfy { pair, mask in pair.0 & mask == pair.1 & mask }
+        }
+        var violations: [String] = []
+        let permittedDNS = Array(constraints.permittedDNSDomains)
+        for name in names.dns {
+            let base = name.hasPrefix("*.") ? String(name.dropFirst(2)) : name
+            if !permittedDNS.isEmpty && !permittedDNS.contains(where: { within(base, $0) }) {
+                violations.append("its name '\(name)' is outside the names permitted (\(permittedDNS.joined(separator: ", ")))")
+            } else if let excluded = constraints.excludedDNSDomains.first(where: { within(base, $0) }) {
+                violations.append("its name '\(name)' is excluded ('\(excluded)')")
+            }
+        }
+        let permittedIP = Array(constraints.permittedIPRanges)
+        for address in names.ip {
+            let text = HostPattern.ipAddressText(address) ?? "?"
+            let sameFamily = permittedIP.filter { $0.bytes.count == address.count * 2 }
+            if !sameFamily.isEmpty && !sameFamily.contains(where: { inRange(address, $0) }) {
+                violations.append("its IP address \(text) is outside the addresses permitted")
+            } else if constraints.excludedIPRanges.contains(where: { inRange(address, $0) }) {
+                violations.append("its IP address \(text) is in an excluded range")
+            }
+        }
+        return violations
     }
 
     /// The first known extension of `certificate` that does not decode, by name.

@@ -26,6 +26,8 @@ package final class TrustEvaluator: Sendable {
     private let store: TrustStore
     private let logger: Logger
     private let systemRoots: Mutex<SystemRoots>
+    /// A wildcard name over one of these (`*.co.uk`) makes a server certificate unfit.
+    private let publicSuffixes: PublicSuffixList
 
     /// The system bundle, indexed once per load rather than once per evaluation.
     struct SystemRoots: Sendable {
@@ -43,8 +45,12 @@ package final class TrustEvaluator: Sendable {
 
     /// `systemAnchorsPath`: a PEM bundle such as `/etc/ssl/certs/ca-certificates.crt`. A missing
     /// or unreadable bundle is logged and leaves only the user's anchors (see `systemAnchorCount`).
-    package init(systemAnchorsPath: String, store: TrustStore, cacheSize: Int, cacheTTL: Duration, logger: Logger) {
+    package init(
+        systemAnchorsPath: String, store: TrustStore, cacheSize: Int, cacheTTL: Duration,
+        publicSuffixes: PublicSuffixList = .defaultRuleOnly, logger: Logger
+    ) {
         self.systemAnchorsPath = systemAnchorsPath
+        self.publicSuffixes = publicSuffixes
         self.store = store
         self.logger = logger
         self.systemRoots = Mutex(SystemRoots(Self.loadSystemAnchors(path: systemAnchorsPath, logger: logger)))
@@ -205,7 +211,7 @@ package final class TrustEvaluator: Sendable {
             // The user trusts the certificate, not any use of it: usage and name rules still hold.
             failures += Self.timeFailures(of: [leaf], now: now)
             failures += ServerUsagePolicy.failures(chain: [leaf], leafIsAnchor: true)
-            if let inconsistent = ServerNamePolicy.consistencyFailure(leaf) {
+            if let inconsistent = ServerNamePolicy.consistencyFailure(leaf, publicSuffixes: self.publicSuffixes) {
                 failures.insert(inconsistent, at: 0)
             } else if ServerNamePolicy.nameFailure(leaf, host: host) != nil {
                 failures.insert(Self.hostnameMismatch(leaf, host: host), at: 0)
@@ -230,7 +236,7 @@ package final class TrustEvaluator: Sendable {
             RFC5280Policy(fixedExpiryValidationTime: now)
             CertificateProfilePolicy(userRoots: userRoots)
             ExactValidityPolicy(now: now)
-            ServerNamePolicy(host: host)
+            ServerNamePolicy(host: host, publicSuffixes: self.publicSuffixes)
             ServerUsagePolicy()
             StrongSignaturePolicy()
         }
@@ -282,7 +288,7 @@ package final class TrustEvaluator: Sendable {
             at: 0
         )
         failures += ServerUsagePolicy.failures(chain: timeChain)
-        if let inconsistent = ServerNamePolicy.consistencyFailure(leaf) {
+        if let inconsistent = ServerNamePolicy.consistencyFailure(leaf, publicSuffixes: self.publicSuffixes) {
             failures.append(inconsistent)
         } else if ServerNamePolicy.nameFailure(leaf, host: host) != nil {
             failures.append(Self.hostnameMismatch(leaf, host: host))

@@ -31,7 +31,7 @@ struct EvaluatorFixture {
     let store: TrustStore
     let evaluator: TrustEvaluator
 
-    init(systemBundle: String? = nil, cacheSize: Int = 0) throws {
+    init(systemBundle: String? = nil, cacheSize: Int = 0, publicSuffixes: PublicSuffixList = .defaultRuleOnly) throws {
         self.directory = try TemporaryDirectory()
         self.store = try TrustStore(path: self.directory.file("state/trust.json"))
         var bundlePath = self.directory.file("no-such-bundle.pem")
@@ -44,6 +44,7 @@ struct EvaluatorFixture {
             store: self.store,
             cacheSize: cacheSize,
             cacheTTL: .seconds(300),
+            publicSuffixes: publicSuffixes,
             logger: Logger(label: "trust-tests", factory: { _ in SwiftLogNoOpLogHandler() })
         )
     }
