@@ -167,6 +167,53 @@ struct TrustIntegrationTests {
         }
     }
 
+    @Test("Web PKI rules hold for the user's own CA, and authbrokerctl fetch shows each rule's reason")
+    func webPKIRulesThroughFetch() async throws {
+        let root = try TestPKI.makeCA(commonName: "Rules Root")
+        let constrained = try TestPKI.makeCA(
+            commonName: "Constrained Intermediate", issuer: root, excludedDNSDomains: ["secret.internal.test"]
+        )
+        // (host, leaf, chain, the reason authbrokerctl must print)
+        let cases: [(String, TestIdentity, [TestIdentity], String)] = [
+            (
+                "client-only.internal.test",
+                try TestPKI.makeLeaf(dnsNames: ["client-only.internal.test"], issuer: root, clientAuthenticationOnly: true),
+                [], "it is for client authentication only, not for TLS servers"
+            ),
+            (
+                "cn.internal.test", try TestPKI.makeLeaf(dnsNames: ["cn.internal.test"], issuer: root, commonName: "other.internal.test"),
+                [], "its subject CN 'other.internal.test' is not, character for character, one of the names"
+            ),
+            (
+                "www.secret.internal.test", try TestPKI.makeLeaf(dnsNames: ["www.secret.internal.test"], issuer: constrained),
+                [constrained], "its name 'www.secret.internal.test' is excluded"
+            ),
+            (
+                "shop.co.uk", try TestPKI.makeLeaf(dnsNames: ["*.co.uk"], issuer: root, commonName: "*.co.uk"),
+                [], "would cover every name under the public suffix 'co.uk'"
+            ),
+        ]
+        var started: [TestOrigin] = []
+        for (host, leaf, chain, _) in cases {
+            started.append(try await TestOrigin.start(name: host, identity: leaf, chain: chain))
+        }
+        let origins = started
+        defer { Task { for origin in origins { await origin.stop() } } }
+        let config = configText(resolving: zip(cases, origins).map { ($0.0, $1) })
+        try await withDaemon(config: config) { daemon in
+            let caFile = daemon.directory + "/root.pem"
+            try root.pem.write(toFile: caFile, atomically: true, encoding: .utf8)
+            let added = try CLIAndClientsTests.ctl(daemon, ["anchors", "add", caFile, "--hosts", "*.internal.test,shop.co.uk"])
+            #expect(added.status == 0, "\(added.stderr)")
+            for ((host, _, _, reason), origin) in zip(cases, origins) {
+                let refused = try CLIAndClientsTests.ctl(daemon, ["fetch", "https://\(host):\(origin.port)/hello"])
+                #expect(refused.status == 4, "\(host): \(refused.stdout)")
+                #expect(refused.stderr.contains(reason), "\(host): \(refused.stderr)")
+                #expect(refused.stdout.isEmpty)
+            }
+        }
+    }
+
     static func reasonText(_ response: TestResponse) -> String {
         (response.json["reasons"] as? [String] ?? []).joined(separator: " | ")
     }

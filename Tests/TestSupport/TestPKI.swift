@@ -56,7 +56,8 @@ package enum TestPKI {
         commonName: String,
         notBefore: Date = .now - 3600,
         notAfter: Date = .now + 86400 * 30,
-        issuer: TestIdentity? = nil
+        issuer: TestIdentity? = nil,
+        excludedDNSDomains: [String] = []
     ) throws -> TestIdentity {
         let key = P256.Signing.PrivateKey()
         let subject = try DistinguishedName {
@@ -71,6 +72,9 @@ package enum TestPKI {
             ski
             if let authorityKeyID {
                 AuthorityKeyIdentifier(keyIdentifier: authorityKeyID)
+            }
+            if !excludedDNSDomains.isEmpty {
+                Critical(NameConstraints(excludedDNSDomains: excludedDNSDomains))
             }
         }
         let certificate = try Certificate(
@@ -98,7 +102,8 @@ package enum TestPKI {
         issuer: TestIdentity?,
         commonName: String? = nil,
         notBefore: Date = .now - 3600,
-        notAfter: Date = .now + 86400 * 30
+        notAfter: Date = .now + 86400 * 30,
+        clientAuthenticationOnly: Bool = false
     ) throws -> TestIdentity {
         let key = P256.Signing.PrivateKey()
         let name = commonName ?? dnsNames.first ?? ipAddresses.first ?? "AuthBroker test leaf"
@@ -117,7 +122,7 @@ package enum TestPKI {
         let extensions = try Certificate.Extensions {
             Critical(BasicConstraints.notCertificateAuthority)
             Critical(KeyUsage(digitalSignature: true))
-            try ExtendedKeyUsage([.serverAuth])
+            try ExtendedKeyUsage(clientAuthenticationOnly ? [.clientAuth] : [.serverAuth])
             SubjectKeyIdentifier(keyIdentifier: Self.keyIdentifier(key.publicKey))
             if let authorityKeyID {
                 AuthorityKeyIdentifier(keyIdentifier: authorityKeyID)
