@@ -285,6 +285,11 @@ package final class UpstreamConnector: Sendable {
                 channel = try await self.connectTCP(to: proxy, for: origin, on: eventLoop) { channel in
                     let sync = channel.pipeline.syncOperations
                     try sync.addHandler(HTTPRequestEncoder(), name: "proxy-encoder")
+                    // As on every upstream connection: an ISO-8859-1 realm in the proxy's 407 is
+                    // read as ISO-8859-1, whitespace after values dropped, a bare CR refused.
+                    try sync.addHandler(
+                        HeadNormalizer(.responses, maxHeadBytes: self.settings.limits.maxResponseHeadBytes), name: "proxy-normalizer"
+                    )
                     try sync.addHandler(
                         ByteToMessageHandler(HTTPResponseDecoder(leftOverBytesStrategy: .forwardBytes)), name: "proxy-decoder"
                     )
@@ -319,7 +324,7 @@ package final class UpstreamConnector: Sendable {
             if (200..<300).contains(answer.status.code) {
                 self.proxyAuthenticator?.responseAccepted(answer, origin: proxy, uri: target, state: auth)
                 do {
-                    for name in ["proxy-connect", "proxy-decoder", "proxy-encoder"] {
+                    for name in ["proxy-connect", "proxy-decoder", "proxy-normalizer", "proxy-encoder"] {
                         try await channel.pipeline.removeHandler(name: name).get()
                     }
                 } catch {

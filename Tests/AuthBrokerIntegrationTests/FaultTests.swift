@@ -418,4 +418,21 @@ struct Latin1RealmTests {
             #expect(hello.status == 200 && hello.text == "hello")
         }
     }
+
+    @Test("the upstream proxy's 407 to CONNECT with an ISO-8859-1 realm is answered from the password stored for foo-ä")
+    func latin1ProxyRealmOnConnect() async throws {
+        let proxy = try await FaultyOrigin.start()
+        defer { Task { await proxy.stop() } }
+        let config = "[upstream]\nproxy = \"http://127.0.0.1:\(proxy.port)\"\nresolve = [\"tunnelled.internal.test:443:127.0.0.1\"]\n"
+        try await withDaemon(config: config) { daemon in
+            let stored = try StoredCredentialTests.store(
+                daemon, url: "http://127.0.0.1:\(proxy.port)", user: "alice", password: "s3cret", realm: "foo-\u{E4}"
+            )
+            #expect(stored.status == 201, "\(stored.text)")
+            let response = try UnixSocketConnection(path: daemon.socketPath).request("GET", "https://tunnelled.internal.test/")
+            // The proxy accepted the answer and opened (then closed) the tunnel: no 407 reaches the app.
+            #expect(proxy.authorizedConnects == 1, "\(response.status) \(response.text)")
+            #expect(response.status != 407, "\(response.text)")
+        }
+    }
 }

@@ -33,6 +33,9 @@ import Glibc
 ///   `Authbroker-Error` mark, `Proxy-Status` member and problem body, with a "To fix" command).
 /// - `/latin1-realm`: 401 with `WWW-Authenticate: Basic realm="foo-<0xE4>"` (ISO-8859-1, as
 ///   older servers send it), unless the request carries Basic `alice:s3cret`: then 200 `welcome`.
+/// - `CONNECT` (as an upstream proxy): 407 with `Proxy-Authenticate: Basic realm="foo-<0xE4>"`
+///   (ISO-8859-1), unless the request carries `Proxy-Authorization` Basic `alice:s3cret`: then
+///   `200` and a close, with no tunnel behind it (`authorizedConnects` counts those).
 /// - `/proxy-challenge/<realm>`: a 407 with `Proxy-Authenticate: Basic realm="<realm>"`, as if
 ///   the origin were a proxy (through the broker's upstream proxy it looks like the proxy's).
 ///
@@ -62,6 +65,8 @@ package final class FaultyOrigin: Sendable {
     package var acceptedConnections: Int { self.counts.value.withLock { $0.accepted } }
     /// Connections open now (so a test sees the daemon close its side).
     package var openConnections: Int { self.counts.value.withLock { $0.open } }
+    /// CONNECT requests that carried the expected `Proxy-Authorization`.
+    package var authorizedConnects: Int { self.counts.value.withLock { $0.authorizedConnects } }
 
     /// Starts the server: TLS with `identity` when given, raw TCP otherwise.
     package static func start(identity: TestIdentity? = nil, handshakeFault: HandshakeFault? = nil) async throws -> FaultyOrigin {
@@ -107,7 +112,7 @@ package final class FaultyOrigin: Sendable {
 
 /// Connections a `FaultyOrigin` accepted, and how many are open now.
 private final class ConnectionCounts: Sendable {
-    let value = Mutex((accepted: 0, open: 0))
+    let value = Mutex((accepted: 0, open: 0, authorizedConnects: 0))
 }
 
 /// Reads requests as bytes and answers each by the fault its path names.
@@ -198,6 +203,10 @@ private final class FaultHandler: ChannelInboundHandler {
             }.first ?? 0
             self.bodyRemaining = length
             self.requestLines = lines.map(String.init)
+            if lines.first?.hasPrefix("CONNECT ") == true {
+                self.respondToConnect(context: context)
+                return
+            }
             self.respond(context: context, path: path)
         }
     }
@@ -228,6 +237,22 @@ private final class FaultHandler: ChannelInboundHandler {
         let channel = context.channel
         context.writeAndFlush(self.wrapOutboundOut(ByteBuffer(string: text))).whenComplete { _ in
             channel.close(promise: nil)
+        }
+    }
+
+    /// As an upstream proxy whose realm is ISO-8859-1: 407 until the right Basic answer, then a
+    /// 200 with nothing behind it (the test needs only to see the answer accepted).
+    private func respondToConnect(context: ChannelHandlerContext) {
+        let expected = "proxy-authorization: basic " + Data("alice:s3cret".utf8).base64EncodedString().lowercased()
+        if self.requestLines.contains(where: { $0.lowercased() == expected }) {
+            self.counts.value.withLock { $0.authorizedConnects += 1 }
+            self.takenOver = true
+            self.writeThenClose(context: context, "HTTP/1.1 200 Connection established\r\n\r\n")
+        } else {
+            var head = Array("HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Basic realm=\"foo-".utf8)
+            head.append(0xE4)
+            head += Array("\"\r\nContent-Length: 6\r\n\r\ndenied".utf8)
+            self.writeBytes(context: context, head)
         }
     }
 
