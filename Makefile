@@ -1,6 +1,8 @@
 # AuthBroker: `make run` builds and runs the daemon in the foreground; `make test` runs every test.
 SHELL := /bin/sh
 export PATH := /opt/swift/usr/bin:$(PATH)
+# Our targets build with warnings as errors (see Package.swift).
+export AUTHBROKER_WARNINGS_AS_ERRORS := 1
 SWIFT ?= swift
 PREFIX ?= $(HOME)/.local
 UNIT_DIR ?= $(HOME)/.config/systemd/user

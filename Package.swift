@@ -3,10 +3,16 @@ import PackageDescription
 
 // Upcoming features every target opts into: explicit `any`, and no member visible
 // through a module the file did not import itself.
+// The Makefile (so CI and `make` builds) sets AUTHBROKER_WARNINGS_AS_ERRORS=1: every target of
+// ours, not the dependencies', then builds with warnings as errors, so "no warnings" holds by
+// the build, not by review. Only then: SwiftPM refuses unsafe flags in a package used as a
+// dependency, and apps depend on this one for AuthBrokerClient.
+let warningsAsErrors: [SwiftSetting] =
+    Context.environment["AUTHBROKER_WARNINGS_AS_ERRORS"] == "1" ? [.unsafeFlags(["-warnings-as-errors"])] : []
 let strictSettings: [SwiftSetting] = [
     .enableUpcomingFeature("ExistentialAny"),
     .enableUpcomingFeature("MemberImportVisibility"),
-]
+] + warningsAsErrors
 
 let package = Package(
     name: "AuthBroker",
