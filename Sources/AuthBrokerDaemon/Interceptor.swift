@@ -116,234 +116,263 @@ package struct Interceptor: Sendable {
         }
         // A body too large to keep for a resend goes to a space the broker cannot authorize up
         // front only after the origin's 100 (or a timeout): its 401 comes first and is answered.
-        var uploadPlan = UploadPlan(
+        let uploadPlan = UploadPlan(
             body: bodyFraming, clientExpectsContinue: expectsContinue,
             replayBound: self.settings.limits.requestBodyBufferBytes,
             credentialUpFront: auth.withLockedValue { $0.authorization != nil } || head.headers.contains(name: "authorization")
         )
-        var continueSentToClient = false
-        var attempt = 0
-        var requestEnded = false
-        if hasNoBody {
-            // No body: the decoder's end follows the head at once. Taking it now lets the whole
-            // request go upstream in one write and the response be relayed by this task alone.
-            guard case .end? = try? await requests.next() else {
-                return RequestOutcome(status: 0, bytes: 0, brokerError: "client_closed", disposition: .close)
-            }
-            requestEnded = true
-        }
-        var askedAboutTrust = false
+        // The decisions (which attempt next, reuse, retry, keep-alive) are the machine's; this
+        // loop leases, sends, pumps and reports back.
+        var machine = RequestStateMachine(
+            RequestStateMachine.Request(
+                hasBody: !hasNoBody, clientWantsKeepAlive: clientWantsKeepAlive,
+                mayAskAboutTrust: agentWait != nil && self.challenges != nil, adopted: adopted != nil,
+                maxAttempts: Self.maxAttempts, uploadPlan: uploadPlan
+            )
+        )
+        // What the last attempt left, for the answer when the machine ends the request with it.
+        var leaseError: BrokerError?
+        var closingTLSError: (any Error)?
+        var lastResult: ResponsePumpResult?
+        var lastMalformedBody: (any Error)?
+        var lastLeaseConnection: UpstreamConnection?
+        var action = machine.start()
         while true {
-            attempt += 1
-            var attemptHead = upstreamHead
-            if uploadPlan.addsExpect {
-                attemptHead.headers.replaceOrAdd(name: "Expect", value: "100-continue")
-            }
-            if let authorization = auth.withLockedValue({ $0.authorization }) {
-                attemptHead.headers.replaceOrAdd(name: "Authorization", value: authorization)
-            }
-            if forwardProxy != nil, let authorization = proxyAuth.withLockedValue({ $0.authorization }) ?? clientProxyAuthorization {
-                attemptHead.headers.replaceOrAdd(name: "Proxy-Authorization", value: authorization)
-            }
-            let lease: PooledConnection<UpstreamConnection>
-            let exchange: UpstreamExchange
-            // A request without a body goes whole, head and end in one write.
-            let sendsWhole = requestEnded && replay.isEmpty
-            if attempt == 1, let adopted {
-                // Sent already, by the direct relay, as this attempt would have sent it: a
-                // relayed request has no body, directive, credential or proxy.
-                (lease, exchange) = (adopted.lease, adopted.exchange)
-            } else {
-                do {
-                    lease = try await UpstreamConnectContext.$current.withValue(connectContext) {
-                        try await self.leaseTrustCurrent(route)
-                    }
-                } catch {
-                    let brokerError = self.mapLeaseError(error, origin: origin)
-                    // An interactive request may ask an agent whether to trust the server, once; a
-                    // "yes" adds an exception or anchor, and the request connects anew.
-                    if !askedAboutTrust, let untrusted = brokerError.serverTrustFailure, let wait = agentWait,
-                        let challenges = self.challenges
-                    {
-                        askedAboutTrust = true
-                        if await challenges.serverTrusted(untrusted, wait: wait, requester: peer?.requester, clientGone: clientGone) {
-                            logger.debug("an agent trusted the server; connecting again")
-                            continue
-                        }
-                    }
-                    return await self.respondWithError(
-                        brokerError, requestID: requestID, logger: logger, requests: &requests, writer: writer,
-                        clientWantsKeepAlive: clientWantsKeepAlive, requestEnded: requestEnded
-                    )
-                }
-                do {
-                    exchange = try await lease.connection.startExchange(head: attemptHead, requestEnds: sendsWhole)
-                } catch {
-                    self.pool.release(lease, reusable: false)
-                    let closedBy = lease.connection.closingTLSError
-                    if hasNoBody && attempt == 1 && closedBy == nil { continue }
-                    return await self.respondWithError(
-                        closedBy.map { .tlsHandshakeFailed(origin: origin, underlying: $0, identity: route.clientIdentity) }
-                            ?? .connectionClosedEarly(origin: origin), requestID: requestID, logger: logger,
-                        requests: &requests, writer: writer, clientWantsKeepAlive: clientWantsKeepAlive,
-                        requestEnded: requestEnded
-                    )
-                }
-            }
+            switch action {
+            case .readRequestEnd:
+                let ended: Bool
+                if case .end? = try? await requests.next() { ended = true } else { ended = false }
+                action = machine.requestEndRead(ended: ended)
 
-            let state = ExchangeState()
-            // Set when the client's body broke HTTP/1.1 framing after the head went upstream.
-            var malformedBody: (any Error)?
-            let gate = ContinueGate(
-                ContinueGateStateMachine(
-                    holdsBody: uploadPlan.holdsBody && !requestEnded, clientExpectsContinue: expectsContinue,
-                    continueSentToClient: continueSentToClient
-                )
-            )
-            let brokerAddedExpect = uploadPlan.addsExpect
-            let retryAllowed = hasNoBody && attempt == 1
-            let authContext = AuthContext(
-                head: head, origin: origin, uri: pathAndQuery, replay: replay, state: auth,
-                mayAnswer: attempt < Self.maxAttempts, agentWait: agentWait, peer: peer,
-                clientGone: clientGone,
-                proxy: forwardProxy.map { (origin: $0, uri: upstreamTarget, state: proxyAuth) }
-            )
-            let pump: @Sendable () async -> ResponsePumpResult = {
-                await self.pumpResponse(
-                    exchange.responseParts, route: route, connection: lease.connection, requestID: requestID, logger: logger,
-                    writer: writer,
-                    gate: gate, brokerAddedExpect: brokerAddedExpect, clientWantsKeepAlive: clientWantsKeepAlive,
-                    state: state, auth: authContext, closeClient: closeClient, draining: draining,
-                    retryAllowed: retryAllowed
-                )
-            }
-            let result: ResponsePumpResult
-            if sendsWhole {
-                // Nothing is left to send alongside the response: this task relays it itself,
-                // with no child task per request.
-                state.markRequestComplete()
-                result = await pump()
-            } else {
-                result = await withTaskGroup(of: ResponsePumpResult.self) { group in
-                    group.addTask { await pump() }
-                    let requestComplete: Bool
-                    if requestEnded {
-                        // A later attempt: the request ended on the first one; send its kept body again.
-                        for chunk in replay.chunks() {
-                            try? await exchange.writeBody(chunk)
-                        }
-                        try? await exchange.finishRequest()
-                        state.markRequestComplete()
-                        requestComplete = true
-                    } else {
-                        switch await gate.bodyDecision(timeout: ExpectContinue.timeout) {
-                        case .withhold:
-                            // A final status came before the origin wanted the body: it stays unread.
-                            requestComplete = false
-                        case .send(let writeContinueToClient):
-                            if writeContinueToClient {
-                                try? await writer.write(.head(HTTPResponseHead(version: .http1_1, status: .continue)))
-                                gate.continueWritten()
-                            }
-                            let body = await self.pumpRequestBody(
-                                requests: &requests, exchange: exchange, state: state, replay: replay
-                            )
-                            requestComplete = body == .ended
-                            if case .malformed(let error) = body {
-                                malformedBody = error
-                                state.markRequestBodyBroken()
-                            }
-                            // The client left (or broke its framing) mid-body: the origin would wait
-                            // for the rest until a timeout, holding the connection. Closing it ends the
-                            // response pump too.
-                            if !requestComplete { lease.connection.close() }
-                        }
-                    }
-                    requestEnded = requestComplete
-                    var response = await group.next() ?? .failedBeforeHead(nil)
-                    if case .completed(var completed) = response {
-                        completed.requestComplete = requestComplete
-                        response = .completed(completed)
-                    }
-                    return response
+            case .askAboutTrust:
+                var trusted = false
+                if let untrusted = leaseError?.serverTrustFailure, let wait = agentWait, let challenges = self.challenges {
+                    trusted = await challenges.serverTrusted(untrusted, wait: wait, requester: peer?.requester, clientGone: clientGone)
+                    if trusted { logger.debug("an agent trusted the server; connecting again") }
                 }
-            }
+                action = machine.trustAnswered(trusted)
 
-            // The client's broken body ended the exchange (the upstream connection is closed):
-            // unless the origin's answer already reached the client, the error is the client's.
-            if let malformedBody {
-                switch result {
-                case .failedBeforeHead, .challengeAnswered, .expectationRefused:
-                    self.pool.release(lease, reusable: false)
-                    return await self.respondWithError(
-                        .malformedRequest(malformedBody), requestID: requestID, logger: logger, requests: &requests,
-                        writer: writer, clientWantsKeepAlive: false, requestEnded: true
+            case .send(let attempt):
+                var attemptHead = upstreamHead
+                if attempt.uploadPlan.addsExpect {
+                    attemptHead.headers.replaceOrAdd(name: "Expect", value: "100-continue")
+                }
+                if let authorization = auth.withLockedValue({ $0.authorization }) {
+                    attemptHead.headers.replaceOrAdd(name: "Authorization", value: authorization)
+                }
+                if forwardProxy != nil, let authorization = proxyAuth.withLockedValue({ $0.authorization }) ?? clientProxyAuthorization {
+                    attemptHead.headers.replaceOrAdd(name: "Proxy-Authorization", value: authorization)
+                }
+                // A request without a body goes whole, head and end in one write.
+                let sendsWhole = attempt.requestEnded && replay.isEmpty
+                let lease: PooledConnection<UpstreamConnection>
+                let exchange: UpstreamExchange
+                if attempt.adopted, let adopted {
+                    // Sent already, by the direct relay, as this attempt would have sent it: a
+                    // relayed request has no body, directive, credential or proxy.
+                    (lease, exchange) = (adopted.lease, adopted.exchange)
+                } else {
+                    do {
+                        lease = try await UpstreamConnectContext.$current.withValue(connectContext) {
+                            try await self.leaseTrustCurrent(route)
+                        }
+                    } catch {
+                        let brokerError = self.mapLeaseError(error, origin: origin)
+                        leaseError = brokerError
+                        action = machine.leaseFailed(untrustedServer: brokerError.serverTrustFailure != nil).next
+                        continue
+                    }
+                    do {
+                        exchange = try await lease.connection.startExchange(head: attemptHead, requestEnds: sendsWhole)
+                    } catch {
+                        self.pool.release(lease, reusable: false)
+                        closingTLSError = lease.connection.closingTLSError
+                        action = machine.sendFailed(closedByTLSAlert: closingTLSError != nil).next
+                        continue
+                    }
+                }
+                let result = await self.runExchange(
+                    attempt, lease: lease, exchange: exchange, sendsWhole: sendsWhole, expectsContinue: expectsContinue,
+                    context: AuthContext(
+                        head: head, origin: origin, uri: pathAndQuery, replay: replay, state: auth,
+                        mayAnswer: attempt.mayAnswerChallenges, agentWait: agentWait, peer: peer, clientGone: clientGone,
+                        proxy: forwardProxy.map { (origin: $0, uri: upstreamTarget, state: proxyAuth) }
+                    ),
+                    route: route, requestID: requestID, logger: logger, requests: &requests, writer: writer,
+                    closeClient: closeClient, draining: draining
+                )
+                lastResult = result.pump
+                lastMalformedBody = result.malformedBody
+                lastLeaseConnection = lease.connection
+                let step = machine.attemptEnded(
+                    RequestStateMachine.AttemptEnd(
+                        exchange: result.pump.exchange, requestComplete: result.requestComplete,
+                        malformedBody: result.malformedBody != nil, bodyWithheld: result.bodyWithheld,
+                        continueSentToClient: result.continueSentToClient,
+                        connectionUsable: lease.connection.isActive && lease.connection.isTrustCurrent(self.trustGeneration()),
+                        closedByTLSAlert: lease.connection.closingTLSError != nil, draining: draining()
                     )
-                case .completed, .errorSent, .abortedAfterHead:
+                )
+                if let release = step.release { self.pool.release(lease, reusable: release == .reuse) }
+                switch result.pump {
+                case .challengeAnswered(_, let byProxy):
+                    logger.debug("answered the \(byProxy ? "proxy's" : "origin's") challenge from the store; sending the request again")
+                case .expectationRefused:
+                    logger.debug("the origin refused Expect: 100-continue; sending the request again without it")
+                case .failedBeforeHead where step.next != .finish(keepAlive: false) && step.next != .finish(keepAlive: true):
+                    if case .send = step.next { logger.debug("pooled connection was closed by the origin; retrying once on a new one") }
+                default:
                     break
                 }
-            }
+                action = step.next
 
-            continueSentToClient = gate.continueSentToClient
-            let bodyWithheld = gate.bodyWithheld
-            if !bodyWithheld { uploadPlan.bodyStarted() }
-
-            switch result {
-            case .completed(let completed):
-                let reusable =
-                    completed.requestComplete && completed.upstreamKeepAlive && lease.connection.isActive
-                    && lease.connection.isTrustCurrent(self.trustGeneration())
-                self.pool.release(lease, reusable: reusable)
-                if bodyWithheld {
-                    await Self.lingerDiscardingBody(&requests, closeClient: closeClient)
+            case .respondWithError(let cause, let clientKeepAlive, let requestEnded):
+                let error: BrokerError
+                switch cause {
+                case .leaseFailed:
+                    error = leaseError ?? .connectionClosedEarly(origin: origin)
+                case .tlsAlertOnSend:
+                    error = closingTLSError.map { .tlsHandshakeFailed(origin: origin, underlying: $0, identity: route.clientIdentity) }
+                        ?? .connectionClosedEarly(origin: origin)
+                case .closedOnSend:
+                    error = .connectionClosedEarly(origin: origin)
+                case .malformedBody:
+                    error = lastMalformedBody.map { .malformedRequest($0) } ?? .connectionClosedEarly(origin: origin)
                 }
-                let keepAlive =
-                    completed.requestComplete && completed.clientKeepAlive && !draining()
-                return RequestOutcome(
-                    status: completed.status, bytes: completed.bytes, brokerError: nil,
-                    disposition: keepAlive ? .keepAlive : .close
+                return await self.respondWithError(
+                    error, requestID: requestID, logger: logger, requests: &requests, writer: writer,
+                    clientWantsKeepAlive: clientKeepAlive, requestEnded: requestEnded
                 )
-            case .failedBeforeHead(let error):
-                self.pool.release(lease, reusable: false)
-                if case .connectionClosed? = error, hasNoBody, attempt == 1, lease.connection.closingTLSError == nil {
-                    logger.debug("pooled connection was closed by the origin; retrying once on a new one")
-                    continue
+
+            case .sendExchangeError(let keepAlive):
+                guard let connection = lastLeaseConnection, case .failedBeforeHead(let failure)? = lastResult else {
+                    return RequestOutcome(status: 0, bytes: 0, brokerError: "internal_error", disposition: .close)
                 }
-                let brokerError = self.mapExchangeError(error, route: route, connection: lease.connection)
-                let (errorHead, body) = brokerError.response(requestID: requestID)
-                var headWithClose = errorHead
-                let keepAlive = state.requestComplete && clientWantsKeepAlive && !draining()
-                if !keepAlive { headWithClose.headers.replaceOrAdd(name: "Connection", value: "close") }
-                try? await writer.write(contentsOf: [.head(headWithClose), .body(.byteBuffer(body)), .end(nil)])
+                let brokerError = self.mapExchangeError(failure, route: route, connection: connection)
+                var (errorHead, body) = brokerError.response(requestID: requestID)
+                if !keepAlive { errorHead.headers.replaceOrAdd(name: "Connection", value: "close") }
+                try? await writer.write(contentsOf: [.head(errorHead), .body(.byteBuffer(body)), .end(nil)])
                 self.counters.brokerErrors.add(1)
                 return RequestOutcome(
                     status: Int(brokerError.status.code), bytes: body.readableBytes, brokerError: brokerError.code,
                     disposition: keepAlive ? .keepAlive : .close
                 )
-            case .errorSent(let brokerError, let bytes, let keepAlive):
-                self.pool.release(lease, reusable: false)
-                self.counters.brokerErrors.add(1)
-                return RequestOutcome(
-                    status: Int(brokerError.status.code), bytes: bytes, brokerError: brokerError.code,
-                    disposition: keepAlive && !draining() ? .keepAlive : .close
-                )
-            case .abortedAfterHead(let status, let bytes):
-                self.pool.release(lease, reusable: false)
+
+            case .finish(let keepAlive):
+                return self.outcome(of: lastResult, keepAlive: keepAlive)
+
+            case .finishDiscardingBody:
+                await Self.lingerDiscardingBody(&requests, closeClient: closeClient)
+                return self.outcome(of: lastResult, keepAlive: false)
+
+            case .finishAborting:
                 abortClient()
+                var (status, bytes) = (0, 0)
+                if case .abortedAfterHead(let abortedStatus, let abortedBytes)? = lastResult { (status, bytes) = (abortedStatus, abortedBytes) }
                 return RequestOutcome(status: status, bytes: bytes, brokerError: "aborted", disposition: .close)
-            case .challengeAnswered(let upstreamKeepAlive, let byProxy):
-                // The 401 never reached the client: send the request again with the answer. A
-                // connection whose request body was withheld is out of step and is closed.
-                let reusable = requestEnded && upstreamKeepAlive && lease.connection.isActive
-                self.pool.release(lease, reusable: reusable)
-                logger.debug("answered the \(byProxy ? "proxy's" : "origin's") challenge from the store; sending the request again")
-                continue
-            case .expectationRefused:
-                self.pool.release(lease, reusable: false)
-                _ = uploadPlan.expectationFailed()
-                logger.debug("the origin refused Expect: 100-continue; sending the request again without it")
-                continue
+
+            case .finishClientGone:
+                return RequestOutcome(status: 0, bytes: 0, brokerError: "client_closed", disposition: .close)
             }
+        }
+    }
+
+    /// What one attempt's exchange came to, for the machine.
+    struct AttemptResult {
+        var pump: ResponsePumpResult
+        /// The request body has been read whole (on this attempt or an earlier one).
+        var requestComplete: Bool
+        /// The client's body broke HTTP/1.1 framing on this attempt.
+        var malformedBody: (any Error)?
+        var bodyWithheld: Bool
+        var continueSentToClient: Bool
+    }
+
+    /// Runs one sent attempt: the response pump, and beside it the request body (held for the
+    /// origin's `100 Continue`, streamed, or resent from the replay buffer).
+    private func runExchange(
+        _ attempt: RequestStateMachine.Attempt, lease: PooledConnection<UpstreamConnection>, exchange: UpstreamExchange,
+        sendsWhole: Bool, expectsContinue: Bool, context: AuthContext, route: UpstreamRoute, requestID: String,
+        logger: Logger, requests: inout ClientRequestIterator, writer: ClientResponseWriter,
+        closeClient: @escaping @Sendable () -> Void, draining: @escaping @Sendable () -> Bool
+    ) async -> AttemptResult {
+        let state = ExchangeState()
+        var malformedBody: (any Error)?
+        let gate = ContinueGate(
+            ContinueGateStateMachine(
+                holdsBody: attempt.uploadPlan.holdsBody && !attempt.requestEnded, clientExpectsContinue: expectsContinue,
+                continueSentToClient: attempt.continueSentToClient
+            )
+        )
+        let brokerAddedExpect = attempt.uploadPlan.addsExpect
+        let clientWantsKeepAlive = context.head.isKeepAlive && context.head.version == .http1_1
+        let pump: @Sendable () async -> ResponsePumpResult = {
+            await self.pumpResponse(
+                exchange.responseParts, route: route, connection: lease.connection, requestID: requestID, logger: logger,
+                writer: writer, gate: gate, brokerAddedExpect: brokerAddedExpect, clientWantsKeepAlive: clientWantsKeepAlive,
+                state: state, auth: context, closeClient: closeClient, draining: draining,
+                retryAllowed: attempt.mayRetryClosedConnection
+            )
+        }
+        let result: ResponsePumpResult
+        if sendsWhole {
+            // Nothing is left to send alongside the response: this task relays it itself,
+            // with no child task per request.
+            state.markRequestComplete()
+            result = await pump()
+        } else {
+            let replay = context.replay
+            result = await withTaskGroup(of: ResponsePumpResult.self) { group in
+                group.addTask { await pump() }
+                if attempt.requestEnded {
+                    // A later attempt: the request ended on an earlier one; send its kept body again.
+                    for chunk in replay.chunks() {
+                        try? await exchange.writeBody(chunk)
+                    }
+                    try? await exchange.finishRequest()
+                    state.markRequestComplete()
+                } else {
+                    switch await gate.bodyDecision(timeout: ExpectContinue.timeout) {
+                    case .withhold:
+                        // A final status came before the origin wanted the body: it stays unread.
+                        break
+                    case .send(let writeContinueToClient):
+                        if writeContinueToClient {
+                            try? await writer.write(.head(HTTPResponseHead(version: .http1_1, status: .continue)))
+                            gate.continueWritten()
+                        }
+                        let body = await self.pumpRequestBody(requests: &requests, exchange: exchange, state: state, replay: replay)
+                        if case .malformed(let error) = body {
+                            malformedBody = error
+                            state.markRequestBodyBroken()
+                        }
+                        // The client left (or broke its framing) mid-body: the origin would wait
+                        // for the rest until a timeout, holding the connection. Closing it ends the
+                        // response pump too.
+                        if body != .ended { lease.connection.close() }
+                    }
+                }
+                return await group.next() ?? .failedBeforeHead(nil)
+            }
+        }
+        return AttemptResult(
+            pump: result, requestComplete: state.requestComplete, malformedBody: malformedBody, bodyWithheld: gate.bodyWithheld,
+            continueSentToClient: gate.continueSentToClient
+        )
+    }
+
+    /// The outcome of a request whose response reached the client.
+    private func outcome(of result: ResponsePumpResult?, keepAlive: Bool) -> RequestOutcome {
+        switch result {
+        case .completed(let completed)?:
+            return RequestOutcome(status: completed.status, bytes: completed.bytes, brokerError: nil, disposition: keepAlive ? .keepAlive : .close)
+        case .errorSent(let brokerError, let bytes, _)?:
+            self.counters.brokerErrors.add(1)
+            return RequestOutcome(
+                status: Int(brokerError.status.code), bytes: bytes, brokerError: brokerError.code, disposition: keepAlive ? .keepAlive : .close
+            )
+        default:
+            return RequestOutcome(status: 0, bytes: 0, brokerError: nil, disposition: keepAlive ? .keepAlive : .close)
         }
     }
 
@@ -485,6 +514,20 @@ package struct Interceptor: Sendable {
         /// The origin answered 417 to the broker's own `Expect` before the body; nothing reached
         /// the client.
         case expectationRefused
+
+        /// The exchange's end as the request state machine reads it.
+        var exchange: RequestStateMachine.Exchange {
+            switch self {
+            case .completed(let completed):
+                .completed(upstreamKeepAlive: completed.upstreamKeepAlive, clientKeepAlive: completed.clientKeepAlive)
+            case .failedBeforeHead(let error):
+                if case .connectionClosed? = error { .failedBeforeHead(connectionClosed: true) } else { .failedBeforeHead(connectionClosed: false) }
+            case .errorSent(_, _, let keepAlive): .errorSent(keepAlive: keepAlive)
+            case .abortedAfterHead: .abortedAfterHead
+            case .challengeAnswered(let upstreamKeepAlive, _): .challengeAnswered(upstreamKeepAlive: upstreamKeepAlive)
+            case .expectationRefused: .expectationRefused
+            }
+        }
     }
 
     /// What the response pump needs to answer a 401 itself.
