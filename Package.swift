@@ -238,6 +238,8 @@ let package = Package(
             name: "AuthBrokerDaemonTests",
             dependencies: [
                 "AuthBrokerDaemon", "AuthBrokerTrust", "TestSupport",
+                // The codes of PAM and secret-store errors, for BrokerErrorCodeMappingTests.
+                "AuthBrokerPAM", "AuthBrokerSecrets",
                 .product(name: "NIOEmbedded", package: "swift-nio"),
             ],
             swiftSettings: strictSettings

@@ -29,7 +29,7 @@ package enum CLIExitCode: Int32, Sendable, CaseIterable {
     /// The exit status for a problem the broker reported, by its RFC 9209 error type first and
     /// its HTTP status otherwise.
     package static func forProblem(_ problem: ProblemDetails) -> CLIExitCode {
-        if problem.code == "untrusted_server" { return .untrustedServer }
+        if problem.code == BrokerErrorCode.untrustedServer.rawValue { return .untrustedServer }
         if let proxyStatus = problem.proxyStatus { return forProxyError(proxyStatus) }
         switch problem.status {
         case 404: return .notFound

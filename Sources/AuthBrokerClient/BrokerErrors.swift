@@ -18,7 +18,9 @@ public struct BrokerError: Error, Sendable, Hashable, CustomStringConvertible {
     /// The RFC 9209 error type from `Proxy-Status` (`tls_certificate_error`, `dns_error`, ...),
     /// nil for errors that are not about an upstream fetch (bad requests, control API errors).
     public var proxyStatus: String?
-    /// The daemon's stable error code (`untrusted_server`, `upstream_unreachable`, ...).
+    /// The daemon's stable error code (`untrusted_server`, `connection_refused`, ...; every one is
+    /// listed in docs/api/openapi.yaml, schema `BrokerErrorCode`). When the daemon's problem body
+    /// could not be read, the `Proxy-Status` error type instead, or `broker_error`.
     public var code: String
     public var title: String
     /// What happened and what to do about it, in a sentence or two.

@@ -164,7 +164,7 @@ package enum RequestTarget: Sendable, Equatable {
 /// code only, so messages can improve without breaking callers. Every message shows the input
 /// with control and non-ASCII bytes escaped, so it is safe to log.
 package struct RequestTargetError: Error, Equatable, CustomStringConvertible {
-    private enum Code: String {
+    package enum Code: String, CaseIterable {
         case emptyTarget = "empty_target"
         case notAbsolute = "not_absolute"
         case unsupportedScheme = "unsupported_scheme"
@@ -177,7 +177,9 @@ package struct RequestTargetError: Error, Equatable, CustomStringConvertible {
         case tooLong = "too_long"
     }
 
-    private var kind: Code
+    /// The code as a closed set, for callers that must handle each (the daemon maps each to a
+    /// `BrokerErrorCode`).
+    package private(set) var kind: Code
     package var message: String
 
     /// `empty_target`, `not_absolute`, `unsupported_scheme`, `missing_host`, `invalid_host`,

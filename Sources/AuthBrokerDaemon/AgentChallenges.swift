@@ -132,7 +132,7 @@ package final class AgentChallenges: Sendable {
                 try self.store.addAnchors(pem: PEMDocument(type: "CERTIFICATE", derBytes: topmost).pemString, hosts: [host])
             }
         } catch {
-            throw BrokerError(code: error.code, status: .internalServerError, title: "Cannot save the trust decision", detail: error.message)
+            throw BrokerError(code: BrokerErrorCode(error.kind), status: .internalServerError, title: "Cannot save the trust decision", detail: error.message)
         }
         self.logger.notice(
             "an agent trusted a server",
@@ -145,7 +145,7 @@ package final class AgentChallenges: Sendable {
 
     private static func notHeld(_ challenge: UInt64, agent: UInt64) -> BrokerError {
         BrokerError(
-            code: "challenge_not_found", status: .notFound, title: "No such challenge",
+            code: .challengeNotFound, status: .notFound, title: "No such challenge",
             detail: "Challenge \(challenge) is not pending for agent \(agent): it was answered, withdrawn or timed out, "
                 + "or that agent is not attached. Nothing was kept or trusted; answer the challenges your agent's stream offers."
         )
@@ -153,7 +153,7 @@ package final class AgentChallenges: Sendable {
 
     private static func wrongKind(_ challenge: UInt64, expected: String) -> BrokerError {
         BrokerError.badRequest(
-            code: "wrong_answer_kind", detail: "Challenge \(challenge) is of another kind; answer it with \(expected), or {\"challenge\", \"decline\": true}."
+            code: .wrongAnswerKind, detail: "Challenge \(challenge) is of another kind; answer it with \(expected), or {\"challenge\", \"decline\": true}."
         )
     }
 }

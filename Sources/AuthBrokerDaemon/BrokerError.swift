@@ -1,4 +1,5 @@
 import AuthBrokerCore
+import AuthBrokerPAM
 import AuthBrokerSecrets
 import AuthBrokerTrust
 import Foundation
@@ -12,8 +13,8 @@ import NIOSSL
 /// One value carries everything the one mapping needs: the HTTP status, the RFC 9209 error type
 /// for `Proxy-Status`, and the RFC 9457 problem body that tells the user what to do.
 package struct BrokerError: Error, CustomStringConvertible, Sendable {
-    /// Stable snake_case code; also the last part of the problem `type`.
-    package var code: String
+    /// Stable snake_case code; also the last part of the problem `type`, and `Authbroker-Error`.
+    package var code: BrokerErrorCode
     package var status: HTTPResponseStatus
     package var proxyErrorType: ProxyErrorType?
     package var title: String
@@ -34,7 +35,7 @@ package struct BrokerError: Error, CustomStringConvertible, Sendable {
     package var serverTrustFailure: UntrustedServer?
 
     package init(
-        code: String, status: HTTPResponseStatus, proxyErrorType: ProxyErrorType? = nil,
+        code: BrokerErrorCode, status: HTTPResponseStatus, proxyErrorType: ProxyErrorType? = nil,
         title: String, detail: String, host: String? = nil, reasons: [String]? = nil,
         chain: [CertificateInfo]? = nil, fix: [String]? = nil, retryAfterSeconds: Int? = nil, nextHop: String? = nil,
         proxyChallenges: [String] = [], serverTrustFailure: UntrustedServer? = nil
@@ -58,7 +59,7 @@ package struct BrokerError: Error, CustomStringConvertible, Sendable {
 
     package func problem(requestID: String?) -> ProblemDetails {
         ProblemDetails(
-            code: self.code, title: self.title, status: Int(self.status.code), detail: self.detail,
+            code: self.code.rawValue, title: self.title, status: Int(self.status.code), detail: self.detail,
             instance: requestID, proxyStatus: self.proxyErrorType, host: self.host,
             reasons: self.reasons, chain: self.chain, fix: self.fix
         )
@@ -72,7 +73,7 @@ package struct BrokerError: Error, CustomStringConvertible, Sendable {
         headers.add(name: "Content-Type", value: ProblemDetails.mediaType)
         headers.add(name: "Content-Length", value: String(body.count))
         headers.add(name: "Cache-Control", value: "no-store")
-        headers.add(name: BrokerHeaders.error, value: self.code)
+        headers.add(name: BrokerHeaders.error, value: self.code.rawValue)
         if let proxyErrorType {
             headers.add(
                 name: "Proxy-Status",
@@ -108,18 +109,18 @@ package struct UntrustedServer: Sendable {
 extension BrokerError {
     package static func badRequest(_ error: RequestTargetError) -> BrokerError {
         BrokerError(
-            code: error.code, status: .badRequest, title: "Bad request target",
+            code: BrokerErrorCode(error.kind), status: .badRequest, title: "Bad request target",
             detail: error.message
         )
     }
 
-    package static func badRequest(code: String, detail: String) -> BrokerError {
+    package static func badRequest(code: BrokerErrorCode, detail: String) -> BrokerError {
         BrokerError(code: code, status: .badRequest, title: "Bad request", detail: detail)
     }
 
     package static func malformedRequest(_ error: any Error) -> BrokerError {
         BrokerError(
-            code: "malformed_request", status: .badRequest, proxyErrorType: .httpRequestError,
+            code: .malformedRequest, status: .badRequest, proxyErrorType: .httpRequestError,
             title: "Malformed HTTP request",
             detail:
                 "The request could not be parsed as HTTP/1.1 (\(error)). Send `METHOD https://host/path HTTP/1.1` requests, or /v1/ control requests."
@@ -128,7 +129,7 @@ extension BrokerError {
 
     package static func requestHeadTooLarge(limit: Int) -> BrokerError {
         BrokerError(
-            code: "request_head_too_large", status: .requestHeaderFieldsTooLarge,
+            code: .requestHeadTooLarge, status: .requestHeaderFieldsTooLarge,
             title: "Request header section too large",
             detail:
                 "The request line and headers exceed \(limit) bytes. Send fewer or smaller headers, or raise [limits] max_request_head_bytes in config.toml."
@@ -137,7 +138,7 @@ extension BrokerError {
 
     package static func requestHeadTimeout(milliseconds: Int) -> BrokerError {
         BrokerError(
-            code: "request_head_timeout", status: .requestTimeout, title: "Request not received in time",
+            code: .requestHeadTimeout, status: .requestTimeout, title: "Request not received in time",
             detail:
                 "The request line and headers did not all arrive within \(milliseconds) ms of their first byte, so the connection was closed. Send the whole head at once, or raise [limits] request_head_timeout_ms in config.toml."
         )
@@ -145,7 +146,7 @@ extension BrokerError {
 
     package static func clientConnectionsFull() -> BrokerError {
         BrokerError(
-            code: "client_connections_full", status: .serviceUnavailable, title: "Too many client connections",
+            code: .clientConnectionsFull, status: .serviceUnavailable, title: "Too many client connections",
             detail:
                 "Every connection slot for requests is taken (see [limits] max_client_connections); this one was kept for /v1/ control requests only. Close connections your apps hold idle, or raise the limit.",
             retryAfterSeconds: 1
@@ -154,7 +155,7 @@ extension BrokerError {
 
     package static func connectNotSupported(host: String, port: Int) -> BrokerError {
         BrokerError(
-            code: "connect_not_supported", status: .notImplemented, title: "CONNECT is not supported",
+            code: .connectNotSupported, status: .notImplemented, title: "CONNECT is not supported",
             detail:
                 "authbrokerd does not open tunnels (CONNECT \(host):\(port)), because it must see each request to answer its challenges. Send the request itself in absolute form, e.g. `GET https://\(host)/path HTTP/1.1`.",
             host: host
@@ -163,7 +164,7 @@ extension BrokerError {
 
     package static func shuttingDown() -> BrokerError {
         BrokerError(
-            code: "shutting_down", status: .serviceUnavailable, title: "authbrokerd is shutting down",
+            code: .shuttingDown, status: .serviceUnavailable, title: "authbrokerd is shutting down",
             detail: "The daemon is stopping and takes no new requests. Retry once it has restarted."
         )
     }
@@ -196,7 +197,7 @@ extension BrokerError {
         var summary = reasons.first ?? "the chain did not verify"
         while summary.hasSuffix(".") { summary.removeLast() }
         return BrokerError(
-            code: "untrusted_server", status: .badGateway, proxyErrorType: .tlsCertificateError,
+            code: .untrustedServer, status: .badGateway, proxyErrorType: .tlsCertificateError,
             title: "The server's certificate is not trusted",
             detail:
                 "\(origin.hostHeader) presented a certificate chain that is not trusted: \(summary). "
@@ -222,7 +223,7 @@ extension BrokerError {
 
     private static func tlsFailed(origin: CanonicalOrigin, underlying: any Error) -> BrokerError {
         BrokerError(
-            code: "tls_handshake_failed", status: .badGateway, proxyErrorType: .tlsProtocolError,
+            code: .tlsHandshakeFailed, status: .badGateway, proxyErrorType: .tlsProtocolError,
             title: "TLS handshake failed",
             detail:
                 "The TLS handshake with \(origin.hostHeader) failed (\(underlying)). Check that the server speaks TLS 1.2 or later on this port and that the URL's scheme is right; if it requires a client certificate, import one with `authbrokerctl identities import`.",
@@ -233,19 +234,19 @@ extension BrokerError {
     /// The secret store refused or failed; its message says what is wrong and what to do.
     package static func secretStore(_ error: SecretStoreError) -> BrokerError {
         let status: HTTPResponseStatus =
-            switch error.code {
-            case "invalid_input": .badRequest
-            case "locked", "service_unavailable", "busy": .serviceUnavailable
-            default: .internalServerError
+            switch error.kind {
+            case .invalidInput: .badRequest
+            case .locked, .serviceUnavailable, .busy: .serviceUnavailable
+            case .corrupt, .keyMissing, .keyInvalid, .permission, .io, .serviceFailed: .internalServerError
             }
-        return BrokerError(code: "secret_store_" + error.code, status: status, title: "The secret store failed", detail: error.message)
+        return BrokerError(code: BrokerErrorCode(error.kind), status: status, title: "The secret store failed", detail: error.message)
     }
 
     package static func clientCertificateRequired(origin: CanonicalOrigin, presented: String?) -> BrokerError {
         let scope = HostScope.suggestedPattern(for: origin.host)
         let what = presented.map { "The broker presented the identity '\($0)', which it did not accept as one" } ?? "The broker had no client identity for this host"
         return BrokerError(
-            code: "client_certificate_required", status: .badGateway, proxyErrorType: .tlsCertificateError,
+            code: .clientCertificateRequired, status: .badGateway, proxyErrorType: .tlsCertificateError,
             title: "The server requires a client certificate",
             detail:
                 "\(origin.hostHeader) asked for a client certificate (mTLS). \(what). Import yours for this host: `authbrokerctl identities import FILE.p12 --hosts '\(scope)'`, or name one per request with the header `Authbroker-Identity: NAME`.",
@@ -257,7 +258,7 @@ extension BrokerError {
     package static func clientCertificateRejected(origin: CanonicalOrigin, presented: String?) -> BrokerError {
         guard let presented else { return .clientCertificateRequired(origin: origin, presented: nil) }
         return BrokerError(
-            code: "client_certificate_rejected", status: .badGateway, proxyErrorType: .tlsCertificateError,
+            code: .clientCertificateRejected, status: .badGateway, proxyErrorType: .tlsCertificateError,
             title: "The server rejected the client certificate",
             detail:
                 "\(origin.hostHeader) refused the client identity '\(presented)' (its certificate is expired, revoked, or not from a CA that server accepts). Check it with `authbrokerctl identities list`, or import the right one for this host.",
@@ -268,7 +269,7 @@ extension BrokerError {
     /// The client identity chosen for a request could not be loaded (its key is in the secret store).
     package static func clientIdentityUnavailable(name: String, origin: CanonicalOrigin, reason: String) -> BrokerError {
         BrokerError(
-            code: "client_identity_unavailable", status: .badGateway, proxyErrorType: .proxyInternalError,
+            code: .clientIdentityUnavailable, status: .badGateway, proxyErrorType: .proxyInternalError,
             title: "The client identity could not be used",
             detail:
                 "The client identity '\(name)' for \(origin.hostHeader) could not be loaded: \(reason). `authbrokerctl status` shows the secret store's state; import the identity again if it is damaged.",
@@ -278,7 +279,7 @@ extension BrokerError {
 
     package static func tlsHandshakeTimeout(origin: CanonicalOrigin, milliseconds: Int) -> BrokerError {
         BrokerError(
-            code: "tls_handshake_timeout", status: .gatewayTimeout, proxyErrorType: .connectionTimeout,
+            code: .tlsHandshakeTimeout, status: .gatewayTimeout, proxyErrorType: .connectionTimeout,
             title: "TLS handshake timed out",
             detail:
                 "\(origin.hostHeader) did not complete the TLS handshake within \(milliseconds) ms. Check that the server speaks TLS on this port, or raise [upstream] tls_handshake_timeout_ms.",
@@ -288,7 +289,7 @@ extension BrokerError {
 
     package static func dnsFailed(origin: CanonicalOrigin, underlying: any Error) -> BrokerError {
         BrokerError(
-            code: "dns_error", status: .badGateway, proxyErrorType: .dnsError,
+            code: .dnsError, status: .badGateway, proxyErrorType: .dnsError,
             title: "Host name did not resolve",
             detail:
                 "\(origin.host) could not be resolved (\(underlying)). Check the spelling and your DNS; for test hosts, add an [upstream] resolve entry in config.toml.",
@@ -298,7 +299,7 @@ extension BrokerError {
 
     package static func connectionRefused(origin: CanonicalOrigin) -> BrokerError {
         BrokerError(
-            code: "connection_refused", status: .badGateway, proxyErrorType: .connectionRefused,
+            code: .connectionRefused, status: .badGateway, proxyErrorType: .connectionRefused,
             title: "Connection refused",
             detail: "\(origin.hostHeader) refused the connection. Check that the server is running and the port is right.",
             host: origin.hostHeader
@@ -307,7 +308,7 @@ extension BrokerError {
 
     package static func connectTimeout(origin: CanonicalOrigin, milliseconds: Int) -> BrokerError {
         BrokerError(
-            code: "connection_timeout", status: .gatewayTimeout, proxyErrorType: .connectionTimeout,
+            code: .connectionTimeout, status: .gatewayTimeout, proxyErrorType: .connectionTimeout,
             title: "Connection timed out",
             detail:
                 "No TCP connection to \(origin.hostHeader) within \(milliseconds) ms. Check the host and the network, or raise [upstream] connect_timeout_ms.",
@@ -317,7 +318,7 @@ extension BrokerError {
 
     package static func connectFailed(origin: CanonicalOrigin, underlying: any Error) -> BrokerError {
         BrokerError(
-            code: "destination_unavailable", status: .badGateway, proxyErrorType: .destinationUnavailable,
+            code: .destinationUnavailable, status: .badGateway, proxyErrorType: .destinationUnavailable,
             title: "Could not connect",
             detail: "Connecting to \(origin.hostHeader) failed (\(underlying)). Check the host, the port and the network.",
             host: origin.hostHeader
@@ -326,7 +327,7 @@ extension BrokerError {
 
     package static func responseHeadTimeout(origin: CanonicalOrigin, milliseconds: Int) -> BrokerError {
         BrokerError(
-            code: "http_response_timeout", status: .gatewayTimeout, proxyErrorType: .httpResponseTimeout,
+            code: .httpResponseTimeout, status: .gatewayTimeout, proxyErrorType: .httpResponseTimeout,
             title: "The server did not answer in time",
             detail:
                 "\(origin.hostHeader) sent no response head within \(milliseconds) ms of the request. Retry later, or raise [upstream] response_head_timeout_ms.",
@@ -336,7 +337,7 @@ extension BrokerError {
 
     package static func idleTimeout(origin: CanonicalOrigin, milliseconds: Int) -> BrokerError {
         BrokerError(
-            code: "idle_timeout", status: .gatewayTimeout, proxyErrorType: .httpResponseTimeout,
+            code: .idleTimeout, status: .gatewayTimeout, proxyErrorType: .httpResponseTimeout,
             title: "The connection went idle",
             detail:
                 "No bytes moved to or from \(origin.hostHeader) for \(milliseconds) ms. Retry, or raise [upstream] idle_timeout_ms.",
@@ -346,7 +347,7 @@ extension BrokerError {
 
     package static func upstreamProtocolError(origin: CanonicalOrigin, underlying: any Error) -> BrokerError {
         BrokerError(
-            code: "http_protocol_error", status: .badGateway, proxyErrorType: .httpProtocolError,
+            code: .httpProtocolError, status: .badGateway, proxyErrorType: .httpProtocolError,
             title: "The server's response was not valid HTTP/1.1",
             detail: "\(origin.hostHeader) sent a response that could not be parsed (\(underlying)).",
             host: origin.hostHeader
@@ -355,7 +356,7 @@ extension BrokerError {
 
     package static func responseHeadTooLarge(origin: CanonicalOrigin, limit: Int) -> BrokerError {
         BrokerError(
-            code: "response_head_too_large", status: .badGateway,
+            code: .responseHeadTooLarge, status: .badGateway,
             proxyErrorType: .httpResponseHeaderSectionSize,
             title: "The server's response head is too large",
             detail:
@@ -366,7 +367,7 @@ extension BrokerError {
 
     package static func responseIncomplete(origin: CanonicalOrigin) -> BrokerError {
         BrokerError(
-            code: "http_response_incomplete", status: .badGateway, proxyErrorType: .httpResponseIncomplete,
+            code: .httpResponseIncomplete, status: .badGateway, proxyErrorType: .httpResponseIncomplete,
             title: "The server's response was cut off",
             detail: "\(origin.hostHeader) closed the connection in the middle of the response head. Retry; if it keeps happening, the server is failing.",
             host: origin.hostHeader
@@ -375,7 +376,7 @@ extension BrokerError {
 
         package static func connectionClosedEarly(origin: CanonicalOrigin) -> BrokerError {
         BrokerError(
-            code: "connection_terminated", status: .badGateway, proxyErrorType: .connectionTerminated,
+            code: .connectionTerminated, status: .badGateway, proxyErrorType: .connectionTerminated,
             title: "The server closed the connection",
             detail: "\(origin.hostHeader) closed the connection before sending a complete response head.",
             host: origin.hostHeader
@@ -384,7 +385,7 @@ extension BrokerError {
 
     package static func tooManyPending(origin: CanonicalOrigin, limit: Int) -> BrokerError {
         BrokerError(
-            code: "connection_limit_reached", status: .serviceUnavailable,
+            code: .connectionLimitReached, status: .serviceUnavailable,
             proxyErrorType: .connectionLimitReached,
             title: "Too many requests waiting for this server",
             detail:
@@ -395,7 +396,7 @@ extension BrokerError {
 
     package static func internalError(_ what: String) -> BrokerError {
         BrokerError(
-            code: "internal_error", status: .internalServerError, proxyErrorType: .proxyInternalError,
+            code: .internalError, status: .internalServerError, proxyErrorType: .proxyInternalError,
             title: "Internal error in authbrokerd",
             detail: "\(what). This is a bug in authbrokerd; please report it with the daemon's log lines for this request id."
         )
@@ -500,7 +501,7 @@ extension BrokerError {
             ? "Its rules do not allow this destination: ask its administrator, or list \(origin.host) in [upstream] no_proxy if it can be reached directly."
             : "It could not reach \(origin.hostHeader): check the host and port, and the proxy's own log."
         return BrokerError(
-            code: "proxy_tunnel_refused", status: .badGateway,
+            code: .proxyTunnelRefused, status: .badGateway,
             proxyErrorType: denied ? .httpRequestDenied : .destinationUnavailable,
             title: "The upstream proxy refused the tunnel",
             detail:
@@ -512,7 +513,7 @@ extension BrokerError {
     /// The proxy answered CONNECT with something that is not an HTTP response, or closed first.
     package static func proxyTunnelFailed(proxy: CanonicalOrigin, origin: CanonicalOrigin, reason: String) -> BrokerError {
         BrokerError(
-            code: "proxy_tunnel_failed", status: .badGateway, proxyErrorType: .connectionTerminated,
+            code: .proxyTunnelFailed, status: .badGateway, proxyErrorType: .connectionTerminated,
             title: "The upstream proxy did not open the tunnel",
             detail:
                 "The upstream proxy \(proxy.hostHeader) did not answer CONNECT \(origin.authorityForm) properly (\(reason)). Check that [upstream] proxy names an HTTP proxy that allows CONNECT to port \(origin.port).",
@@ -524,11 +525,88 @@ extension BrokerError {
     /// gets the 407 with the proxy's Basic and Digest challenges, and how to store a password.
     package static func proxyAuthenticationRequired(proxy: CanonicalOrigin, origin: CanonicalOrigin, challenges: [String]) -> BrokerError {
         BrokerError(
-            code: "proxy_authentication_required", status: .proxyAuthenticationRequired,
+            code: .proxyAuthenticationRequired, status: .proxyAuthenticationRequired,
             title: "The upstream proxy requires authentication",
             detail:
                 "The upstream proxy \(proxy.hostHeader) asked for credentials to reach \(origin.hostHeader), and no stored password answers it (or the stored one was refused; `authbrokerctl passwords list` shows REFUSED). Store the proxy's password with `authbrokerctl passwords add \(proxy) --user NAME`, or send Proxy-Authorization yourself.",
             host: origin.hostHeader, fix: ["authbrokerctl passwords add \(proxy) --user NAME"], proxyChallenges: challenges
         )
+    }
+}
+
+// MARK: - The codes of other modules' errors
+
+/// Each code of a request-target, trust-store, PAM or secret-store error, as the broker sends it.
+/// Exhaustive, so that a new code in one of those modules must be given its broker code here;
+/// every one keeps its wire form (`BrokerErrorCodeMappingTests`).
+extension BrokerErrorCode {
+    package init(_ code: RequestTargetError.Code) {
+        self =
+            switch code {
+            case .emptyTarget: .emptyTarget
+            case .notAbsolute: .notAbsolute
+            case .unsupportedScheme: .unsupportedScheme
+            case .missingHost: .missingHost
+            case .invalidHost: .invalidHost
+            case .invalidPort: .invalidPort
+            case .userinfoNotAllowed: .userinfoNotAllowed
+            case .fragmentNotAllowed: .fragmentNotAllowed
+            case .invalidCharacter: .invalidCharacter
+            case .tooLong: .tooLong
+            }
+    }
+
+    package init(_ code: TrustStoreError.Code) {
+        self =
+            switch code {
+            case .notFound: .notFound
+            case .ambiguous: .ambiguous
+            case .invalidPrefix: .invalidPrefix
+            case .invalidCertificate: .invalidCertificate
+            case .notACertificate: .notACertificate
+            case .inputTooLarge: .inputTooLarge
+            case .invalidPin: .invalidPin
+            case .corruptFile: .corruptFile
+            case .changedOnDisk: .changedOnDisk
+            case .ioError: .ioError
+            case .invalidIdentityName: .invalidIdentityName
+            case .identityExists: .identityExists
+            case .unknownIdentity: .unknownIdentity
+            case .identityNotForHost: .identityNotForHost
+            case .identityExpired: .identityExpired
+            case .invalidIdentity: .invalidIdentity
+            case .invalidHost: .invalidHost
+            case .invalidFingerprint: .invalidFingerprint
+            }
+    }
+
+    package init(_ code: PAMError.Code) {
+        self =
+            switch code {
+            case .authenticationFailed: .authenticationFailed
+            case .accountUnavailable: .accountUnavailable
+            case .userUnknown: .userUnknown
+            case .timedOut: .timedOut
+            case .cancelled: .cancelled
+            case .conversationFailed: .conversationFailed
+            case .systemError: .systemError
+            }
+    }
+
+    /// `secret_store_` and the store's own code.
+    package init(_ code: SecretStoreError.Code) {
+        self =
+            switch code {
+            case .locked: .secretStoreLocked
+            case .serviceUnavailable: .secretStoreServiceUnavailable
+            case .corrupt: .secretStoreCorrupt
+            case .keyMissing: .secretStoreKeyMissing
+            case .keyInvalid: .secretStoreKeyInvalid
+            case .permission: .secretStorePermission
+            case .io: .secretStoreIO
+            case .busy: .secretStoreBusy
+            case .invalidInput: .secretStoreInvalidInput
+            case .serviceFailed: .secretStoreServiceFailed
+            }
     }
 }

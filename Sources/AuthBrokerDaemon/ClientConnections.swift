@@ -324,7 +324,7 @@ package struct ClientConnectionServer: Sendable {
             case .success(.asterisk):
                 outcome = await self.interceptor.respondWithError(
                     .badRequest(
-                        code: "asterisk_not_supported",
+                        code: .asteriskNotSupported,
                         detail: "OPTIONS * asks about the broker itself, which has nothing to say; send OPTIONS https://host/path for an origin."
                     ),
                     requestID: requestID, logger: logger, requests: &requests, writer: writer,
@@ -393,7 +393,7 @@ package struct ClientConnectionServer: Sendable {
                 case .body(var chunk):
                     guard body.readableBytes + chunk.readableBytes <= ControlAPI.maxBodyBytes else {
                         let error = BrokerError(
-                            code: "body_too_large", status: .payloadTooLarge, title: "Request body too large",
+                            code: .bodyTooLarge, status: .payloadTooLarge, title: "Request body too large",
                             detail: "Control requests take at most \(ControlAPI.maxBodyBytes) bytes of JSON."
                         )
                         return await self.interceptor.respondWithError(

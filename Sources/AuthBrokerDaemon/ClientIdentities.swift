@@ -73,11 +73,11 @@ package final class ClientIdentities: ClientIdentitySource {
         do {
             identity = try ClientIdentity(name: name, chainDER: chainDER, hosts: hosts, addedAt: Date())
         } catch {
-            throw BrokerError.badRequest(code: error.code, detail: error.message)
+            throw BrokerError.badRequest(code: BrokerErrorCode(error.kind), detail: error.message)
         }
         if !replace, self.store.identities().contains(where: { $0.name == name }) {
             throw BrokerError(
-                code: "identity_exists", status: .conflict, title: "Identity exists",
+                code: .identityExists, status: .conflict, title: "Identity exists",
                 detail: "A client identity named '\(name)' exists already. Choose another --name, or remove it first with `authbrokerctl identities remove \(name)`."
             )
         }
@@ -87,7 +87,7 @@ package final class ClientIdentities: ClientIdentitySource {
             try self.store.addIdentity(identity, replace: replace)
         } catch {
             try? await self.blocking { try self.keys.removeKey(name: name) }
-            throw BrokerError.badRequest(code: error.code, detail: error.message)
+            throw BrokerError.badRequest(code: BrokerErrorCode(error.kind), detail: error.message)
         }
         return identity
     }
@@ -97,7 +97,7 @@ package final class ClientIdentities: ClientIdentitySource {
         do {
             removed = try self.store.removeIdentity(name: name)
         } catch {
-            throw BrokerError(code: error.code, status: .notFound, title: "No such identity", detail: error.message)
+            throw BrokerError(code: BrokerErrorCode(error.kind), status: .notFound, title: "No such identity", detail: error.message)
         }
         try await self.blocking { try self.keys.removeKey(name: name) }
         return removed
@@ -108,7 +108,7 @@ package final class ClientIdentities: ClientIdentitySource {
     package func export(name: String) async throws -> (format: String, data: [UInt8], passphrase: [UInt8]?) {
         guard let identity = self.store.identities().first(where: { $0.name == name }) else {
             throw BrokerError(
-                code: "unknown_identity", status: .notFound, title: "No such identity",
+                code: .unknownIdentity, status: .notFound, title: "No such identity",
                 detail: "There is no client identity named '\(name.prefix(80))'. `authbrokerctl identities list` shows the ones there are."
             )
         }
@@ -133,7 +133,7 @@ package final class ClientIdentities: ClientIdentitySource {
     private func material(name: String) async throws -> IdentityKeyMaterial {
         guard let bytes = try await self.blocking({ try self.keys.key(name: name) }) else {
             throw BrokerError(
-                code: "identity_key_missing", status: .badGateway, proxyErrorType: .proxyInternalError,
+                code: .identityKeyMissing, status: .badGateway, proxyErrorType: .proxyInternalError,
                 title: "The identity's key is missing",
                 detail: "The private key of the client identity '\(name)' is not in the secret store (was it deleted there?). Import the identity again."
             )
@@ -193,7 +193,7 @@ package final class ClientIdentities: ClientIdentitySource {
     }
 
     private static func invalid(_ detail: String) -> BrokerError {
-        BrokerError.badRequest(code: "invalid_identity", detail: detail)
+        BrokerError.badRequest(code: .invalidIdentity, detail: detail)
     }
 
     /// Runs a call that may block (a keyring look-up) on the blocking pool, never on an event

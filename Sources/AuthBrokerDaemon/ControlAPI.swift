@@ -180,7 +180,7 @@ package struct ControlAPI: Sendable {
             let origin = try Self.origin(request.url)
             guard !request.user.contains(":") else {
                 throw BrokerError.badRequest(
-                    code: "invalid_user", detail: "The user name must not contain ':' (Basic authentication cannot carry it, RFC 7617 §2)."
+                    code: .invalidUser, detail: "The user name must not contain ':' (Basic authentication cannot carry it, RFC 7617 §2)."
                 )
             }
             let persistence = try Self.persistence(request.persistence)
@@ -207,14 +207,14 @@ package struct ControlAPI: Sendable {
             let input: IdentityImport
             if let pkcs12 = request.pkcs12Base64 {
                 guard let data = Data(base64Encoded: pkcs12) else {
-                    throw BrokerError.badRequest(code: "invalid_identity", detail: "pkcs12_base64 is not base64.")
+                    throw BrokerError.badRequest(code: .invalidIdentity, detail: "pkcs12_base64 is not base64.")
                 }
                 input = .pkcs12(data: Array(data), passphrase: Array((request.passphrase ?? "").utf8))
             } else if let cert = request.certPEM, let key = request.keyPEM {
                 input = .pem(chain: Array(cert.utf8), key: Array(key.utf8), passphrase: request.passphrase.map { Array($0.utf8) })
             } else {
                 throw BrokerError.badRequest(
-                    code: "missing_identity", detail: "Give pkcs12_base64 (and passphrase), or cert_pem and key_pem."
+                    code: .missingIdentity, detail: "Give pkcs12_base64 (and passphrase), or cert_pem and key_pem."
                 )
             }
             let imported = try await self.identityService().importIdentity(
@@ -245,11 +245,11 @@ package struct ControlAPI: Sendable {
             )
         case (.POST, let s) where s.count == 4 && s[0] == "v1" && s[1] == "agent" && s[3] == "answer":
             guard let agent = UInt64(s[2]) else {
-                throw BrokerError.badRequest(code: "invalid_agent", detail: "'\(s[2].prefix(40))' is not an agent id (the first event of GET /v1/agent names it).")
+                throw BrokerError.badRequest(code: .invalidAgent, detail: "'\(s[2].prefix(40))' is not an agent id (the first event of GET /v1/agent names it).")
             }
             let request = try Self.decode(AgentAnswerRequest.self, from: body)
             guard let challenge = UInt64(request.challenge) else {
-                throw BrokerError.badRequest(code: "invalid_challenge", detail: "'\(request.challenge.prefix(40))' is not a challenge id.")
+                throw BrokerError.badRequest(code: .invalidChallenge, detail: "'\(request.challenge.prefix(40))' is not a challenge id.")
             }
             let reply: AgentChallenges.AgentReply
             if request.decline == true {
@@ -258,13 +258,13 @@ package struct ControlAPI: Sendable {
                 reply = try Self.trustReply(trust, scope: request.scope)
             } else if let user = request.user, let password = request.password {
                 guard !user.contains(":") else {
-                    throw BrokerError.badRequest(code: "invalid_user", detail: "A user name for Basic authentication cannot contain ':' (RFC 7617 §2).")
+                    throw BrokerError.badRequest(code: .invalidUser, detail: "A user name for Basic authentication cannot contain ':' (RFC 7617 §2).")
                 }
                 let persistence = try Self.persistence(request.persistence ?? "none", allowNone: true)
                 reply = .credential(PasswordCredential(user: user, password: password), persistence: persistence)
             } else {
                 throw BrokerError.badRequest(
-                    code: "missing_answer",
+                    code: .missingAnswer,
                     detail: "Answer with {\"challenge\", \"user\", \"password\", \"persistence\"} (a password challenge), {\"challenge\", \"trust\": \"once\"|\"always\"|\"reject\", \"scope\"?} (a server-trust challenge) or {\"challenge\", \"decline\": true}."
                 )
             }
@@ -277,7 +277,7 @@ package struct ControlAPI: Sendable {
         case (.POST, let s) where s.count == 3 && s[0] == "v1" && s[1] == "reauth":
             let (reauth, peer) = try self.reauthAndPeer(peer)
             guard let id = UInt64(s[2]) else {
-                throw BrokerError.badRequest(code: "invalid_transaction", detail: "'\(s[2].prefix(40))' is not a re-authentication transaction id.")
+                throw BrokerError.badRequest(code: .invalidTransaction, detail: "'\(s[2].prefix(40))' is not a re-authentication transaction id.")
             }
             let request = try Self.decode(ReauthAnswerRequest.self, from: body)
             let response: PAMResponse
@@ -286,11 +286,11 @@ package struct ControlAPI: Sendable {
             } else if let answer = request.answer {
                 response = .answer(PAMSecret(answer))
             } else {
-                throw BrokerError.badRequest(code: "missing_answer", detail: "Send {\"answer\": \"...\"} to answer the prompt, or {\"cancel\": true}.")
+                throw BrokerError.badRequest(code: .missingAnswer, detail: "Send {\"answer\": \"...\"} to answer the prompt, or {\"cancel\": true}.")
             }
             guard let step = await reauth.answer(transaction: id, from: peer, response) else {
                 throw BrokerError(
-                    code: "transaction_not_found", status: .notFound, title: "No such re-authentication",
+                    code: .transactionNotFound, status: .notFound, title: "No such re-authentication",
                     detail: "Transaction \(id) does not exist, has ended, or belongs to another process. Start again with POST /v1/reauth."
                 )
             }
@@ -300,7 +300,7 @@ package struct ControlAPI: Sendable {
             let parameters = Self.queryParameters(query)
             guard let url = parameters["url"], let user = parameters["user"] else {
                 throw BrokerError.badRequest(
-                    code: "missing_parameter",
+                    code: .missingParameter,
                     detail: "DELETE /v1/passwords needs the query parameters url and user (and realm, if the password has one), percent-encoded."
                 )
             }
@@ -318,7 +318,7 @@ package struct ControlAPI: Sendable {
             let parameters = Self.queryParameters(query)
             guard let hostText = parameters["host"], let spki = parameters["spki_sha256"] else {
                 throw BrokerError.badRequest(
-                    code: "missing_parameter",
+                    code: .missingParameter,
                     detail: "DELETE /v1/pins needs the query parameters host and spki_sha256 (percent-encoded)."
                 )
             }
@@ -340,7 +340,7 @@ package struct ControlAPI: Sendable {
                 do {
                     expiresAt = Date().addingTimeInterval(TimeInterval(try LifetimeText.seconds(lifetime)))
                 } catch {
-                    throw BrokerError.badRequest(code: "invalid_lifetime", detail: "expires: \(error.message)")
+                    throw BrokerError.badRequest(code: .invalidLifetime, detail: "expires: \(error.message)")
                 }
             }
             let added = try Self.mapStoreError { () throws(TrustStoreError) in
@@ -353,7 +353,7 @@ package struct ControlAPI: Sendable {
             let parameters = Self.queryParameters(query)
             guard let hostText = parameters["host"], let sha256 = parameters["sha256"] else {
                 throw BrokerError.badRequest(
-                    code: "missing_parameter",
+                    code: .missingParameter,
                     detail: "DELETE /v1/exceptions needs the query parameters host (host or host:port, as listed) and sha256 (percent-encoded)."
                 )
             }
@@ -369,11 +369,11 @@ package struct ControlAPI: Sendable {
             do {
                 origin = try CanonicalOrigin(parsing: request.url)
             } catch {
-                throw BrokerError.badRequest(code: "invalid_url", detail: "\(request.url) is not a usable URL: \(error.message)")
+                throw BrokerError.badRequest(code: .invalidURL, detail: "\(request.url) is not a usable URL: \(error.message)")
             }
             guard origin.scheme == .https else {
                 throw BrokerError.badRequest(
-                    code: "invalid_url", detail: "Only https:// URLs present certificates; got \(request.url)."
+                    code: .invalidURL, detail: "Only https:// URLs present certificates; got \(request.url)."
                 )
             }
             let inspection = try await self.inspect(origin)
@@ -383,12 +383,12 @@ package struct ControlAPI: Sendable {
             let allowed = Self.allowedMethods(segments)
             guard !allowed.isEmpty else {
                 throw BrokerError(
-                    code: "not_found", status: .notFound, title: "No such control endpoint",
+                    code: .notFound, status: .notFound, title: "No such control endpoint",
                     detail: "\(path) is not a control API endpoint. See docs/api/openapi.yaml; `authbrokerctl --help` lists what the CLI can do."
                 )
             }
             var error = BrokerError(
-                code: "method_not_allowed", status: .methodNotAllowed, title: "Method not allowed",
+                code: .methodNotAllowed, status: .methodNotAllowed, title: "Method not allowed",
                 detail: "\(path) accepts \(allowed.joined(separator: ", ")), not \(method.rawValue)."
             )
             error.reasons = nil
@@ -425,14 +425,14 @@ package struct ControlAPI: Sendable {
             return try body()
         } catch {
             let status: HTTPResponseStatus =
-                switch error.code {
-                case "not_found": .notFound
-                case "ambiguous": .conflict
-                case "io_error", "corrupt_file": .internalServerError
-                case "changed_on_disk": .conflict
+                switch error.kind {
+                case .notFound: .notFound
+                case .ambiguous: .conflict
+                case .ioError, .corruptFile: .internalServerError
+                case .changedOnDisk: .conflict
                 default: .badRequest
                 }
-            throw BrokerError(code: error.code, status: status, title: "Trust store request failed", detail: error.description)
+            throw BrokerError(code: BrokerErrorCode(error.kind), status: status, title: "Trust store request failed", detail: error.description)
         }
     }
 
@@ -440,7 +440,7 @@ package struct ControlAPI: Sendable {
     private func requireGrant(_ peer: PeerIdentity?, for action: String) throws {
         guard let reauth = self.reauth, let peer, reauth.hasGrant(peer) else {
             throw BrokerError(
-                code: "reauthentication_required", status: .forbidden, title: "Re-authentication required",
+                code: .reauthenticationRequired, status: .forbidden, title: "Re-authentication required",
                 detail:
                     "To \(action), first prove you are the user: POST /v1/reauth and answer its prompts (authbrokerctl does this for you, asking for your login password)."
             )
@@ -450,13 +450,13 @@ package struct ControlAPI: Sendable {
     private func reauthAndPeer(_ peer: PeerIdentity?) throws -> (ReauthService, PeerIdentity) {
         guard let reauth = self.reauth else {
             throw BrokerError(
-                code: "reauthentication_unavailable", status: .serviceUnavailable, title: "Re-authentication unavailable",
+                code: .reauthenticationUnavailable, status: .serviceUnavailable, title: "Re-authentication unavailable",
                 detail: "This daemon cannot run PAM, so it reveals no secrets. See the daemon's log for why."
             )
         }
         guard let peer else {
             throw BrokerError(
-                code: "peer_unknown", status: .forbidden, title: "Unknown peer",
+                code: .peerUnknown, status: .forbidden, title: "Unknown peer",
                 detail: "The daemon could not identify the process on this connection (SO_PEERCRED and /proc), so it grants nothing to it."
             )
         }
@@ -478,9 +478,9 @@ package struct ControlAPI: Sendable {
         case .refused(let code, let message, let messages):
             let status: HTTPResponseStatus =
                 switch code {
-                case "authentication_failed", "account_unavailable", "user_unknown", "cancelled": .forbidden
-                case "attempt_in_progress": .conflict
-                case "timed_out": .gatewayTimeout
+                case .authenticationFailed, .accountUnavailable, .userUnknown, .cancelled: .forbidden
+                case .attemptInProgress: .conflict
+                case .timedOut: .gatewayTimeout
                 default: .internalServerError
                 }
             let extra = messages.isEmpty ? "" : " PAM said: " + messages.joined(separator: " ")
@@ -488,7 +488,7 @@ package struct ControlAPI: Sendable {
         case .retryAfter(let delay):
             let seconds = max(1, Int(delay.components.seconds) + (delay.components.attoseconds > 0 ? 1 : 0))
             throw BrokerError(
-                code: "too_many_attempts", status: .tooManyRequests, title: "Too many failed attempts",
+                code: .tooManyAttempts, status: .tooManyRequests, title: "Too many failed attempts",
                 detail: "Re-authentication failed several times; try again in \(seconds) s.",
                 retryAfterSeconds: seconds
             )
@@ -500,14 +500,14 @@ package struct ControlAPI: Sendable {
         do {
             return try CanonicalOrigin(parsing: url)
         } catch {
-            throw BrokerError.badRequest(code: "invalid_url", detail: "'\(url.prefix(200))' is not a usable URL: \(error.message)")
+            throw BrokerError.badRequest(code: .invalidURL, detail: "'\(url.prefix(200))' is not a usable URL: \(error.message)")
         }
     }
 
     private func identityService() throws -> ClientIdentities {
         guard let identities = self.identities else {
             throw BrokerError(
-                code: "secret_store_unavailable", status: .serviceUnavailable, title: "No secret store",
+                code: .secretStoreUnavailable, status: .serviceUnavailable, title: "No secret store",
                 detail: "Client identities keep their keys in the secret store, which this daemon could not open; `authbrokerctl status` says why."
             )
         }
@@ -530,12 +530,12 @@ package struct ControlAPI: Sendable {
         case ("reject", _): return .decline
         case ("once", _), ("always", _):
             throw BrokerError.badRequest(
-                code: "invalid_scope",
+                code: .invalidScope,
                 detail: "scope must be \"exception\" (trust exactly this certificate from this server) or \"anchor\" (for always: trust the chain's topmost certificate as an anchor for this host), not '\(scope?.prefix(40) ?? "")'."
             )
         default:
             throw BrokerError.badRequest(
-                code: "invalid_trust",
+                code: .invalidTrust,
                 detail: "trust must be \"once\" (until the daemon stops), \"always\" (saved) or \"reject\", not '\(trust.prefix(40))'."
             )
         }
@@ -545,7 +545,7 @@ package struct ControlAPI: Sendable {
         guard let text else { return .session }
         guard let persistence = CredentialPersistence(rawValue: text), allowNone || persistence != .none else {
             throw BrokerError.badRequest(
-                code: "invalid_persistence",
+                code: .invalidPersistence,
                 detail: "persistence must be \"session\" (kept until the daemon stops) or \"permanent\" (kept in the secret store), not '\(text.prefix(40))'."
             )
         }
@@ -563,7 +563,7 @@ package struct ControlAPI: Sendable {
     private func refuseIfCoversPublicSuffix(_ pattern: HostPattern) throws {
         guard let suffix = self.publicSuffixes.coveredSuffix(by: pattern) else { return }
         throw BrokerError.badRequest(
-            code: "public_suffix_pattern",
+            code: .publicSuffixPattern,
             detail: "'\(pattern)' covers the public suffix \(suffix) (Public Suffix List): the names under it belong to unrelated owners, "
                 + "so trust scoped to it would reach their servers too. Name your own domain instead, such as *.example.\(suffix.hasPrefix("*.") ? suffix.dropFirst(2) : Substring(suffix)) or a host name."
         )
@@ -574,7 +574,7 @@ package struct ControlAPI: Sendable {
             do {
                 return try HostPattern(parsing: text)
             } catch {
-                throw BrokerError.badRequest(code: "invalid_host_pattern", detail: "\(error)")
+                throw BrokerError.badRequest(code: .invalidHostPattern, detail: "\(error)")
             }
         }
     }
@@ -584,7 +584,7 @@ package struct ControlAPI: Sendable {
             return try BrokerJSON.decoder().decode(T.self, from: Data(body.readableBytesView))
         } catch {
             throw BrokerError.badRequest(
-                code: "invalid_json",
+                code: .invalidJSON,
                 detail: "The request body is not the JSON this endpoint takes (\(Self.describe(decodingError: error))). See docs/api/openapi.yaml."
             )
         }

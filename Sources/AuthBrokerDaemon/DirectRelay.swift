@@ -378,7 +378,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             interceptor.counters.brokerErrors.add(1)
             relayed.status = Int(brokerError.status.code)
             relayed.bytes = body.readableBytes
-            self.finish(relayed, reusable: false, brokerError: brokerError.code, context: context)
+            self.finish(relayed, reusable: false, brokerError: brokerError.code.rawValue, context: context)
         case .relaying:
             // After the head the client cannot be told: what came before the failure goes out,
             // then its connection is cut, as on the full path.

@@ -357,7 +357,7 @@ package final class HTTPAuthenticator: Sendable {
                     metadata: ["origin": "\(origin)", "user": "\(credential.user)", "persistence": "\(persistence.rawValue)"]
                 )
             } catch {
-                logger.notice("could not keep the credential the client supplied", metadata: ["origin": "\(origin)", "error": "\((error as? BrokerError)?.code ?? "\(error)")"])
+                logger.notice("could not keep the credential the client supplied", metadata: ["origin": "\(origin)", "error": "\((error as? BrokerError)?.code.rawValue ?? "\(error)")"])
             }
         }
     }

@@ -254,7 +254,7 @@ package struct Interceptor: Sendable {
                 try? await writer.write(contentsOf: [.head(errorHead), .body(.byteBuffer(body)), .end(nil)])
                 self.counters.brokerErrors.add(1)
                 return RequestOutcome(
-                    status: Int(brokerError.status.code), bytes: body.readableBytes, brokerError: brokerError.code,
+                    status: Int(brokerError.status.code), bytes: body.readableBytes, brokerError: brokerError.code.rawValue,
                     disposition: keepAlive ? .keepAlive : .close
                 )
 
@@ -369,7 +369,7 @@ package struct Interceptor: Sendable {
         case .errorSent(let brokerError, let bytes, _)?:
             self.counters.brokerErrors.add(1)
             return RequestOutcome(
-                status: Int(brokerError.status.code), bytes: bytes, brokerError: brokerError.code, disposition: keepAlive ? .keepAlive : .close
+                status: Int(brokerError.status.code), bytes: bytes, brokerError: brokerError.code.rawValue, disposition: keepAlive ? .keepAlive : .close
             )
         default:
             return RequestOutcome(status: 0, bytes: 0, brokerError: nil, disposition: keepAlive ? .keepAlive : .close)
@@ -394,7 +394,7 @@ package struct Interceptor: Sendable {
             let identity = try self.store.clientIdentity(for: origin.host, requested: requested)
             return UpstreamRoute(origin, clientIdentity: identity?.name, proxy: self.settings.upstream.proxy(for: origin))
         } catch {
-            throw BrokerError.badRequest(code: error.code, detail: error.message)
+            throw BrokerError.badRequest(code: BrokerErrorCode(error.kind), detail: error.message)
         }
     }
 
@@ -813,7 +813,7 @@ package struct Interceptor: Sendable {
         if !keepAlive { head.headers.replaceOrAdd(name: "Connection", value: "close") }
         try? await writer.write(contentsOf: [.head(head), .body(.byteBuffer(body)), .end(nil)])
         return RequestOutcome(
-            status: Int(error.status.code), bytes: body.readableBytes, brokerError: error.code,
+            status: Int(error.status.code), bytes: body.readableBytes, brokerError: error.code.rawValue,
             disposition: keepAlive ? .keepAlive : .close
         )
     }

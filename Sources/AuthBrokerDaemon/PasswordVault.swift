@@ -278,7 +278,7 @@ package final class PasswordVault: Sendable {
     private static func notFound(origin: CanonicalOrigin, realm: String?, user: String) -> BrokerError {
         let realmText = realm.map { " (realm \"\($0)\")" } ?? ""
         return BrokerError(
-            code: "password_not_found", status: .notFound, title: "No such password",
+            code: .passwordNotFound, status: .notFound, title: "No such password",
             detail: "There is no password for \(user) at \(origin)\(realmText). `authbrokerctl passwords list` shows the ones there are."
         )
     }
@@ -286,7 +286,7 @@ package final class PasswordVault: Sendable {
     private func permanentStore() throws(BrokerError) -> SecretStorePasswords {
         guard let permanent = self.permanent else {
             throw BrokerError(
-                code: "secret_store_unavailable", status: .serviceUnavailable, title: "No secret store",
+                code: .secretStoreUnavailable, status: .serviceUnavailable, title: "No secret store",
                 detail: "Permanent passwords are kept in the secret store, which this daemon could not open; `authbrokerctl status` says why. Use persistence \"session\" meanwhile."
             )
         }

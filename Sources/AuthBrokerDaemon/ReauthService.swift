@@ -1,3 +1,4 @@
+import AuthBrokerCore
 import AuthBrokerPAM
 import Logging
 import NIOConcurrencyHelpers
@@ -15,8 +16,9 @@ package final class ReauthService: Sendable {
         /// informational or error texts that came before the prompt.
         case prompt(transaction: UInt64, prompt: PAMPrompt, messages: [String])
         case granted(expiresInSeconds: Int, messages: [String])
-        /// `code` is PAM's outcome code (`authentication_failed`, `timed_out`, …) or `attempt_in_progress`.
-        case refused(code: String, message: String, messages: [String])
+        /// `code` is PAM's outcome code (`authentication_failed`, `timed_out`, …), `attempt_in_progress`
+        /// or `system_error`.
+        case refused(code: BrokerErrorCode, message: String, messages: [String])
         /// Too many failures: try again after this long.
         case retryAfter(Duration)
     }
@@ -48,7 +50,7 @@ package final class ReauthService: Sendable {
             return .retryAfter(delay)
         case .attemptInProgress:
             return .refused(
-                code: "attempt_in_progress",
+                code: .attemptInProgress,
                 message: "Another re-authentication for your user is under way; finish or cancel it, then try again.",
                 messages: []
             )
@@ -58,7 +60,7 @@ package final class ReauthService: Sendable {
         guard let user = PAMAuthenticator.currentUserName() else {
             self.grants.withLockedValue { $0.recordAbandoned(peer) }
             return .refused(
-                code: "system_error", message: "The daemon cannot find the name of the user it runs as (getpwuid failed).", messages: []
+                code: .systemError, message: "The daemon cannot find the name of the user it runs as (getpwuid failed).", messages: []
             )
         }
         let id = self.nextID.withLockedValue { id in
@@ -107,7 +109,7 @@ package final class ReauthService: Sendable {
                     }
                 }
                 self.logger.notice("re-authentication refused", metadata: ["peer": "\(transaction.peer)", "code": "\(error.code)"])
-                return .refused(code: error.code, message: error.message, messages: event.messages)
+                return .refused(code: BrokerErrorCode(error.kind), message: error.message, messages: event.messages)
             }
         }
     }

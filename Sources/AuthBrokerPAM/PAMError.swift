@@ -4,7 +4,7 @@
 /// (the shape of swift-certificates' `CertificateError`). No message ever contains an answer
 /// given to a prompt.
 package struct PAMError: Error, CustomStringConvertible, Equatable {
-    enum Code: String {
+    package enum Code: String, CaseIterable {
         case authenticationFailed = "authentication_failed"
         case accountUnavailable = "account_unavailable"
         case userUnknown = "user_unknown"
@@ -14,16 +14,18 @@ package struct PAMError: Error, CustomStringConvertible, Equatable {
         case systemError = "system_error"
     }
 
-    let _code: Code
+    /// The code as a closed set, for callers that must handle each (the daemon maps each to a
+    /// `BrokerErrorCode`).
+    package let kind: Code
     /// A stable snake_case code: the control API and the CLI map it to statuses and exit codes.
-    package var code: String { self._code.rawValue }
+    package var code: String { self.kind.rawValue }
     /// What happened and what to do.
     package let message: String
     /// The PAM status that ended the transaction, when PAM produced one (for logs).
     package let pamStatus: Int32?
 
     init(_ code: Code, _ message: String, pamStatus: Int32? = nil) {
-        self._code = code
+        self.kind = code
         self.message = message
         self.pamStatus = pamStatus
     }
@@ -31,7 +33,7 @@ package struct PAMError: Error, CustomStringConvertible, Equatable {
     package var description: String { self.message }
 
     package static func == (lhs: PAMError, rhs: PAMError) -> Bool {
-        lhs._code == rhs._code
+        lhs.kind == rhs.kind
     }
 
     // One value per code, for comparisons (`outcome.error == .timedOut`); their messages are empty.

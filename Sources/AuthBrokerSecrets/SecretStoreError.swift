@@ -6,7 +6,7 @@
 /// - Warning: a message never contains secret bytes; every message is built from paths,
 ///   attribute names, lengths and library error texts only.
 package struct SecretStoreError: Error, CustomStringConvertible, Equatable {
-    enum Code: String {
+    package enum Code: String, CaseIterable {
         /// The Secret Service keyring (or the item) is locked.
         case locked
         /// No Secret Service answers (no session bus, no keyring daemon, a timeout).
@@ -29,16 +29,18 @@ package struct SecretStoreError: Error, CustomStringConvertible, Equatable {
         case serviceFailed = "service_failed"
     }
 
-    let _code: Code
+    /// The code as a closed set, for callers that must handle each (the daemon maps each to a
+    /// `BrokerErrorCode`).
+    package let kind: Code
     /// A stable snake_case code: the control API and the CLI map it to statuses and exit codes.
-    package var code: String { self._code.rawValue }
+    package var code: String { self.kind.rawValue }
     /// What happened and what to do.
     package let message: String
     /// What happened only, without the advice (for a sentence that gives its own).
     package let cause: String
 
     init(_ code: Code, _ message: String, cause: String? = nil) {
-        self._code = code
+        self.kind = code
         self.message = message
         self.cause = cause ?? message
     }
@@ -46,7 +48,7 @@ package struct SecretStoreError: Error, CustomStringConvertible, Equatable {
     package var description: String { self.message }
 
     package static func == (lhs: SecretStoreError, rhs: SecretStoreError) -> Bool {
-        lhs._code == rhs._code
+        lhs.kind == rhs.kind
     }
 
     // Codes for callers that switch on them (and for tests).

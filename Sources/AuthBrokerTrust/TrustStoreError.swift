@@ -3,7 +3,7 @@
 /// Equality compares the code only, so that messages can be reworded without breaking callers
 /// (the shape of swift-certificates' `CertificateError`).
 package struct TrustStoreError: Error, CustomStringConvertible, Equatable {
-    enum Code: String {
+    package enum Code: String, CaseIterable {
         case notFound = "not_found"
         case ambiguous
         case invalidPrefix = "invalid_prefix"
@@ -25,20 +25,22 @@ package struct TrustStoreError: Error, CustomStringConvertible, Equatable {
         case invalidFingerprint = "invalid_fingerprint"
     }
 
-    let _code: Code
+    /// The code as a closed set, for callers that must handle each (the daemon maps each to a
+    /// `BrokerErrorCode`).
+    package let kind: Code
     /// A stable snake_case code: the control API and the CLI map it to statuses and exit codes.
-    package var code: String { self._code.rawValue }
+    package var code: String { self.kind.rawValue }
     /// What happened and what to do.
     package let message: String
 
     init(_ code: Code, _ message: String) {
-        self._code = code
+        self.kind = code
         self.message = message
     }
 
     package var description: String { self.message }
 
     package static func == (lhs: TrustStoreError, rhs: TrustStoreError) -> Bool {
-        lhs._code == rhs._code
+        lhs.kind == rhs.kind
     }
 }

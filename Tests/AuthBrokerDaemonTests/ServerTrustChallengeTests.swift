@@ -228,12 +228,12 @@ struct ServerTrustChallengeTests {
                 agent: agent.id, challenge: offer.id, .credential(PasswordCredential(user: "a", password: "b"), persistence: .none)
             )
         }
-        #expect(wrong?.code == "wrong_answer_kind")
+        #expect(wrong?.code == .wrongAnswerKind)
         #expect(fixture.challenges.broker.pending.count == 1)
         let gone = await #expect(throws: BrokerError.self) {
             try await fixture.challenges.agentReplied(agent: agent.id, challenge: 999, .serverTrust(.once))
         }
-        #expect(gone?.code == "challenge_not_found")
+        #expect(gone?.code == .challengeNotFound)
         try await fixture.challenges.agentReplied(agent: agent.id, challenge: offer.id, .serverTrust(.once))
         #expect(await ask.value)
         await fixture.challenges.detachAgent(agent.id)

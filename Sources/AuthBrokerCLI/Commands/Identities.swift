@@ -189,7 +189,7 @@ struct Identities: AsyncParsableCommand {
                 let path = "/v1/identities/\(encoded)/export"
                 for attempt in 0..<2 {
                     let response = try await api.client.control(method: .POST, path: path, json: Data("{}".utf8))
-                    if attempt == 0, response.status == 403, response.problem?.code == "reauthentication_required" {
+                    if attempt == 0, response.status == 403, response.problem?.code == BrokerErrorCode.reauthenticationRequired.rawValue {
                         try await Reauthentication.run(api: api, passwordFromStdin: loginPasswordStdin)
                         continue
                     }

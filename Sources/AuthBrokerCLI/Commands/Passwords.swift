@@ -222,7 +222,7 @@ extension Passwords {
                 let request = try RevealPasswordRequest(url: url, user: user, realm: realm).brokerJSON()
                 for attempt in 0..<2 {
                     let response = try await api.client.control(method: .POST, path: "/v1/passwords/reveal", json: request)
-                    if attempt == 0, response.status == 403, response.problem?.code == "reauthentication_required" {
+                    if attempt == 0, response.status == 403, response.problem?.code == BrokerErrorCode.reauthenticationRequired.rawValue {
                         try await Reauthentication.run(api: api, passwordFromStdin: loginPasswordStdin)
                         continue
                     }
