@@ -231,6 +231,8 @@ package enum BrokerDaemon {
         }
         // The service has closed its listener, client connections and pool; this ends the threads.
         try? await group.shutdownGracefully()
+        // Written in batches off the request threads: what is still queued goes to disk now.
+        audit.flush()
         if case .failure(let error) = outcome {
             throw StartupError(description: "authbrokerd: \(error)", exitCode: 1)
         }
