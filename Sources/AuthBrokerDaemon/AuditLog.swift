@@ -2,12 +2,15 @@ import AuthBrokerCore
 import AuthBrokerHTTPAuth
 import Foundation
 import Logging
-import NIOConcurrencyHelpers
 
 /// An append-only record of which process used which stored credential or client identity for
 /// which server (DESIGN.md: caller awareness), one JSON object per line in
 /// `$XDG_STATE_HOME/authbroker/audit.jsonl`, mode 0600. It never holds a secret: user names,
 /// realms and identity names only.
+///
+/// Lines are written in batches like the access log's (`BatchedLogOutput`), off the threads
+/// that record them: within 100 ms, at once when 32 KiB wait, and all of them when the daemon
+/// stops (`flush`). A crash can lose the last fraction of a second.
 package final class AuditLog: Sendable {
     package enum Event: Sendable {
         case credentialUsed(space: ProtectionSpace, user: String, requester: Requester?)
@@ -37,8 +40,7 @@ package final class AuditLog: Sendable {
     }
 
     package let path: String
-    private let descriptor: NIOLockedValueBox<Int32>
-    private let logger: Logger
+    private let output: BatchedLogOutput
 
     /// Opens (creating, 0600) the log for appending; never through a symlink, and only a file
     /// of the user's that nobody else can write (`PrivateFiles.openForAppending`).
@@ -50,15 +52,18 @@ package final class AuditLog: Sendable {
             throw StartupError(description: "authbrokerd: \(error)", exitCode: 1)
         }
         self.path = path
-        self.descriptor = NIOLockedValueBox(fd)
-        self.logger = logger
+        self.output = BatchedLogOutput(fileDescriptor: fd, label: "authbrokerd.audit", closesDescriptor: true) { failure in
+            logger.warning(
+                "cannot append to the audit log; lines lost",
+                metadata: [
+                    "path": "\(path)", "error": "\(String(cString: strerror(failure.code)))", "lines": "\(failure.lines)",
+                ]
+            )
+        }
     }
 
-    deinit {
-        self.descriptor.withLockedValue { _ = close($0) }
-    }
-
-    /// Appends one line; a failure is logged and the request goes on.
+    /// Queues one line, written with the next batch (`BatchedLogOutput`): the caller never waits
+    /// on the disk. A failed write is logged and the request goes on.
     package func record(_ event: Event) {
         let line: Line
         switch event {
@@ -74,13 +79,15 @@ package final class AuditLog: Sendable {
                 identity: name, pid: requester?.pid, uid: requester?.uid, executable: requester?.executable
             )
         }
-        guard var bytes = try? BrokerJSON.encoder().encode(line) else { return }
-        bytes.append(UInt8(ascii: "\n"))
-        let written = self.descriptor.withLockedValue { fd in
-            bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        guard let bytes = try? BrokerJSON.encoder().encode(line) else { return }
+        self.output.writeBatched { batch in
+            batch.append(contentsOf: bytes)
+            batch.append(UInt8(ascii: "\n"))
         }
-        if written != bytes.count {
-            self.logger.warning("cannot append to the audit log", metadata: ["path": "\(self.path)"])
-        }
+    }
+
+    /// Writes every line recorded so far before it returns (the daemon calls it when it stops).
+    package func flush() {
+        self.output.flush()
     }
 }

@@ -115,7 +115,8 @@ package enum BrokerDaemon {
         let vault = PasswordVault(
             permanent: SecretStorePasswords(store: selected.store),
             failuresPath: (stateDirectory as NSString).appendingPathComponent("password-failures.json"),
-            digestOnlyPath: (stateDirectory as NSString).appendingPathComponent("password-digest-only.json")
+            digestOnlyPath: (stateDirectory as NSString).appendingPathComponent("password-digest-only.json"),
+            logger: logger
         )
         let audit: AuditLog
         do {
@@ -231,6 +232,9 @@ package enum BrokerDaemon {
         }
         // The service has closed its listener, client connections and pool; this ends the threads.
         try? await group.shutdownGracefully()
+        // Written in batches off the request threads: what is still queued goes to disk now.
+        audit.flush()
+        vault.flushMarks()
         if case .failure(let error) = outcome {
             throw StartupError(description: "authbrokerd: \(error)", exitCode: 1)
         }

@@ -242,29 +242,56 @@ package struct AccessLine: Sendable {
 
 /// A file descriptor that takes some lines at once and batches others (`writeBatched`), keeping
 /// the order in which they were logged.
+///
+/// Batched lines are written by a `BackgroundWriter`, never on the thread that logs them (an
+/// event loop, mostly): within `flushDelay`, at once when `maxPending` bytes wait, and by the
+/// caller itself only when the output has fallen `maxQueued` bytes behind (then it waits, rather
+/// than lose lines or let them grow without bound). `write` and `flush` write on the caller's
+/// thread, after every line before them.
 package final class BatchedLogOutput: Sendable {
-    package static let standardError = BatchedLogOutput(fileDescriptor: 2)
+    package static let standardError = BatchedLogOutput(fileDescriptor: 2, label: "authbrokerd.stderr")
     /// How long a batched line may wait to be written.
     static let flushDelay: DispatchTimeInterval = .milliseconds(100)
     /// Batched bytes written at once when reached, without waiting for the delay.
     static let maxPending = 32 * 1024
+    /// Batched bytes beyond which the caller writes them itself.
+    static let maxQueued = 1 << 20
 
-    private struct State {
-        var pending: [UInt8] = []
-        var flushScheduled = false
+    /// A write that failed: the `errno`, and how many lines were lost with it.
+    package struct WriteFailure: Sendable {
+        package var code: Int32
+        package var lines: Int
     }
-    private let fileDescriptor: CInt
-    private let state = NIOLockedValueBox(State())
 
-    package init(fileDescriptor: CInt) {
-        self.fileDescriptor = fileDescriptor
+    private let writer: BackgroundWriter<[UInt8]>
+
+    /// - Parameters:
+    ///   - closesDescriptor: the output owns `fileDescriptor` and closes it once everything
+    ///     batched has been written and the output is gone.
+    ///   - onFailure: told (on the writing thread) when a write fails; its lines are lost,
+    ///     later ones are tried again. It must not write to this output.
+    package init(
+        fileDescriptor: CInt, label: String = "authbrokerd.log", closesDescriptor: Bool = false,
+        onFailure: (@Sendable (WriteFailure) -> Void)? = nil
+    ) {
+        let descriptor = Descriptor(fileDescriptor, closes: closesDescriptor)
+        self.writer = BackgroundWriter(
+            label: label, initial: [],
+            take: { pending in
+                defer { pending = [] }
+                return pending
+            },
+            write: { bytes in
+                if let failure = descriptor.writeAll(bytes) { onFailure?(failure) }
+            }
+        )
     }
 
     /// Writes `line` after every batched line.
     package func write(_ line: String) {
-        self.state.withLockedValue { state in
-            state.pending.append(contentsOf: line.utf8)
-            self.writeAll(&state.pending)
+        self.writer.submit { pending in
+            pending.append(contentsOf: line.utf8)
+            return .now
         }
     }
 
@@ -277,41 +304,54 @@ package final class BatchedLogOutput: Sendable {
     /// `writeBatched` for a line `format` appends to the batch itself (the access line), under
     /// the batch's lock; it must append one whole line and nothing else.
     package func writeBatched(_ format: (inout [UInt8]) -> Void) {
-        let scheduleFlush = self.state.withLockedValue { state -> Bool in
-            format(&state.pending)
-            if state.pending.count >= Self.maxPending { self.writeAll(&state.pending) }
-            guard !state.flushScheduled else { return false }
-            state.flushScheduled = true
-            return true
-        }
-        if scheduleFlush {
-            DispatchQueue.global().asyncAfter(deadline: .now() + Self.flushDelay) { self.flush() }
+        self.writer.submit { pending in
+            if pending.isEmpty { pending.reserveCapacity(Self.maxPending) }
+            format(&pending)
+            if pending.count >= Self.maxQueued { return .now }
+            return pending.count >= Self.maxPending ? .soon : .within(Self.flushDelay)
         }
     }
 
+    /// Writes every batched line before it returns.
     package func flush() {
-        self.state.withLockedValue { state in
-            state.flushScheduled = false
-            self.writeAll(&state.pending)
-        }
+        self.writer.flush()
+    }
+}
+
+/// The descriptor a `BatchedLogOutput` writes to, closed with the last reference to it when
+/// the output owns it (the writer's queued work holds one until it has run).
+private final class Descriptor: Sendable {
+    let fd: CInt
+    let closes: Bool
+
+    init(_ fd: CInt, closes: Bool) {
+        self.fd = fd
+        self.closes = closes
     }
 
-    /// Writes and empties `bytes` (under the lock, so lines from several threads stay whole and in order).
-    private func writeAll(_ bytes: inout [UInt8]) {
-        guard !bytes.isEmpty else { return }
-        bytes.withUnsafeBytes { buffer in
+    deinit {
+        if self.closes { _ = close(self.fd) }
+    }
+
+    /// Writes all of `bytes`; on failure, what failed and how many lines were not written whole.
+    func writeAll(_ bytes: [UInt8]) -> BatchedLogOutput.WriteFailure? {
+        guard !bytes.isEmpty else { return nil }
+        return bytes.withUnsafeBytes { buffer -> BatchedLogOutput.WriteFailure? in
             var offset = 0
             while offset < buffer.count {
-                let written = Glibc.write(self.fileDescriptor, buffer.baseAddress! + offset, buffer.count - offset)  // non-empty: checked above
+                let written = Glibc.write(self.fd, buffer.baseAddress! + offset, buffer.count - offset)  // non-empty: checked above
                 if written > 0 {
                     offset += written
                 } else if written < 0 && errno == EINTR {
                     continue
                 } else {
-                    return  // stderr is gone or broken: nothing sensible to do with a log line
+                    let code = written < 0 ? errno : EIO
+                    // The lines not written whole: one per newline not yet written.
+                    let lost = buffer[offset...].reduce(0) { $0 + ($1 == UInt8(ascii: "\n") ? 1 : 0) }
+                    return BatchedLogOutput.WriteFailure(code: code, lines: lost)
                 }
             }
+            return nil
         }
-        bytes.removeAll(keepingCapacity: bytes.count <= Self.maxPending)
     }
 }

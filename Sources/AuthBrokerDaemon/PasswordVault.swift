@@ -4,6 +4,7 @@ import AuthBrokerSecrets
 import NIOConcurrencyHelpers
 import NIOPosix
 import Foundation
+import Logging
 import NIOHTTP1
 
 /// How long a credential is kept, as URLCredential's persistence: for this request only (`none`,
@@ -41,61 +42,7 @@ package final class PasswordVault: Sendable {
         var credential: PasswordCredential
     }
 
-    private struct Key: Hashable, Sendable {
-        var origin: CanonicalOrigin
-        var realm: String?
-        var user: String
-    }
-
-    /// A mark as kept on disk (refused, or Digest-only), so it holds after a restart too (a
-    /// lockout counts across restarts, and so does a downgrade).
-    private struct KeyRecord: Codable {
-        var url: String
-        var realm: String?
-        var user: String
-    }
-
-    /// One set of marks and the file that keeps it (nil: memory only).
-    private struct MarkFile: Sendable {
-        let path: String?
-        let keys: NIOLockedValueBox<Set<Key>>
-
-        /// Reads the marks at `path`; an unreadable file starts empty.
-        init(path: String?) {
-            self.path = path
-            var keys: Set<Key> = []
-            if let path, let data = FileManager.default.contents(atPath: path),
-                let records = try? JSONDecoder().decode([KeyRecord].self, from: data)
-            {
-                keys = Set(
-                    records.compactMap { record -> Key? in
-                        guard let origin = try? CanonicalOrigin(parsing: record.url) else { return nil }
-                        return Key(origin: origin, realm: record.realm, user: record.user)
-                    }
-                )
-            }
-            self.keys = NIOLockedValueBox(keys)
-        }
-
-        func contains(_ key: Key) -> Bool { self.keys.withLockedValue { $0.contains(key) } }
-        var all: Set<Key> { self.keys.withLockedValue { $0 } }
-
-        /// Changes the marks and, when they changed, writes them (temp file, then rename: never
-        /// half a file).
-        func update(_ change: (inout Set<Key>) -> Void) {
-            let (before, after) = self.keys.withLockedValue { keys -> (Set<Key>, Set<Key>) in
-                let before = keys
-                change(&keys)
-                return (before, keys)
-            }
-            guard before != after, let path = self.path else { return }
-            let records = after.map { KeyRecord(url: $0.origin.description, realm: $0.realm, user: $0.user) }
-            guard let data = try? JSONEncoder().encode(records.sorted { ($0.url, $0.user) < ($1.url, $1.user) }) else { return }
-            let temporary = path + ".tmp"
-            guard FileManager.default.createFile(atPath: temporary, contents: data, attributes: [.posixPermissions: 0o600]) else { return }
-            _ = rename(temporary, path)
-        }
-    }
+    private typealias Key = PasswordKey
 
     private let session = NIOLockedValueBox<[Entry]>([])
     /// Permanent credentials read from the store so far.
@@ -112,14 +59,22 @@ package final class PasswordVault: Sendable {
     ///   - failuresPath: where refused marks survive restarts (`password-failures.json` in the
     ///     state directory); an unreadable file starts empty.
     ///   - digestOnlyPath: the same for Digest-only marks (`password-digest-only.json`).
+    ///   - logger: where a marks file that cannot be read or written is reported.
     package init(
         permanent: SecretStorePasswords? = nil, failuresPath: String? = nil, digestOnlyPath: String? = nil,
-        pool: NIOThreadPool = .singleton
+        pool: NIOThreadPool = .singleton, logger: Logger? = nil
     ) {
         self.permanent = permanent
         self.pool = pool
-        self.failed = MarkFile(path: failuresPath)
-        self.digestOnly = MarkFile(path: digestOnlyPath)
+        self.failed = MarkFile(path: failuresPath, what: "the refused-password marks", logger: logger)
+        self.digestOnly = MarkFile(path: digestOnlyPath, what: "the Digest-only password marks", logger: logger)
+    }
+
+    /// Writes both marks files, when a change is not written yet, before it returns (the daemon
+    /// calls it when it stops: the marks are written off the request's thread, a moment later).
+    package func flushMarks() {
+        self.failed.flush()
+        self.digestOnly.flush()
     }
 
     /// Adds a password, replacing one for the same origin, realm and user (and clearing its failed mark).

@@ -21,6 +21,10 @@ import Darwin
 /// the new store, never half of one. The parent directory is created 0700 when missing.
 /// `generation` bumps on every change so that cached trust decisions can key on it.
 ///
+/// Changes are made one at a time, under a lock only changes take, held across reading the
+/// file, saving it and publishing the result; the lock readers take (every TLS evaluation, on
+/// an event loop) is held only to copy the state in and to publish it, never across file I/O.
+///
 /// The file is the user's too: a hand edit (an anchor deleted with an editor) is picked up, not
 /// undone. The store remembers the `FileStamp` of the file as it last read or wrote it; every
 /// change first reads the file again when it is no longer that file, and applies the change to
@@ -52,7 +56,13 @@ package final class TrustStore: Sendable {
         var unreadable: (stamp: FileStamp?, error: TrustStoreError)?
     }
 
+    /// What readers see: taken briefly, never across file I/O.
     private let state: Mutex<State>
+    /// Held by one change at a time across its read, save and publication (`modify`), so that
+    /// changes are serialized and none is lost, while readers go on with the published state.
+    private let changing = Mutex<Void>(())
+    /// Called by a change just before it saves, for tests (to hold a save while readers run).
+    private let willSave: (@Sendable () -> Void)?
     /// `state.generation`, stored after each change under the lock: every relayed HTTPS request
     /// reads it (is its pooled connection still trusted?), and both event loops taking the
     /// store's lock for it was a point of contention.
@@ -60,9 +70,12 @@ package final class TrustStore: Sendable {
 
     /// Opens the store at `path`: a missing file is an empty store; an unreadable or corrupt
     /// one is an error naming the file and what to do.
-    package init(path: String) throws(TrustStoreError) {
+    ///
+    /// - Parameter willSave: for tests: called by every change just before it saves the file.
+    package init(path: String, willSave: (@Sendable () -> Void)? = nil) throws(TrustStoreError) {
         self.path = path
         self.state = Mutex(try Self.read(path: path))
+        self.willSave = willSave
     }
 
     /// The file's contents as a state (generation 0, no session exceptions), stamped before
@@ -91,10 +104,10 @@ package final class TrustStore: Sendable {
     @discardableResult
     package func refreshFromDisk() throws(TrustStoreError) -> Bool {
         let stamp = FileStamp.of(path: self.path)
-        let known = self.state.withLock { state -> (current: Bool, unreadable: TrustStoreError?) in
-            if stamp == state.fileStamp { return (true, nil) }
-            if let unreadable = state.unreadable, unreadable.stamp == stamp { return (true, unreadable.error) }
-            return (false, nil)
+        let known = self.state.withLock { state -> (current: Bool, unreadable: TrustStoreError?, installed: FileStamp?) in
+            if stamp == state.fileStamp { return (true, nil, state.fileStamp) }
+            if let unreadable = state.unreadable, unreadable.stamp == stamp { return (true, unreadable.error, state.fileStamp) }
+            return (false, nil, state.fileStamp)
         }
         if let unreadable = known.unreadable { throw unreadable }
         if known.current { return false }
@@ -106,11 +119,14 @@ package final class TrustStore: Sendable {
             self.state.withLock { $0.unreadable = (stamp, changed) }
             throw changed
         }
-        self.state.withLock { state in
+        return self.state.withLock { state in
+            // A change (or another refresh) published meanwhile is at least as new as this
+            // read, which may have begun before that change saved: it is kept.
+            guard state.fileStamp == known.installed else { return false }
             Self.install(read, into: &state)
             self.bumpGeneration(&state)
+            return true
         }
-        return true
     }
 
     /// `refreshFromDisk` for readers, which go on with the current contents when the file
@@ -143,8 +159,7 @@ package final class TrustStore: Sendable {
         self.publishedGeneration.load(ordering: .acquiring)
     }
 
-    /// A change to `state`, under the lock: the generation bumps and is published. (Published
-    /// before a `modify` copy replaces the state, still under the lock: readers see it after.)
+    /// A change to `state`, under the lock: the generation bumps and is published.
     private func bumpGeneration(_ state: inout State) {
         state.generation &+= 1
         self.publishedGeneration.store(state.generation, ordering: .releasing)
@@ -444,29 +459,38 @@ package final class TrustStore: Sendable {
     /// Applies `change` to a copy of the state, saves it, and only then publishes it. When the
     /// file is no longer the one last read or written, the change applies to what the file
     /// holds now (a hand edit is kept, not undone); a file that cannot be read is not written over.
+    ///
+    /// One change at a time (`changing`); readers' lock (`state`) is taken only to copy the
+    /// state and to publish it, so evaluations go on while the file is read and saved.
     private func modify<Result: Sendable>(
         _ change: (inout State) throws(TrustStoreError) -> Result
     ) throws(TrustStoreError) -> Result {
-        try self.state.withLock { (state: inout State) throws(TrustStoreError) -> Result in
-            var copy = state
+        try self.changing.withLock { _ throws(TrustStoreError) -> Result in
+            // What the last change published, or a refresh installed since: no other change can
+            // publish before this one does.
+            var copy = self.state.withLock { $0 }
             let stamp = FileStamp.of(path: self.path)
             if stamp != copy.fileStamp {
                 do throws(TrustStoreError) {
                     Self.install(try Self.read(path: self.path), into: &copy)
                 } catch {
                     let changed = Self.changedOnDisk(self.path, error)
-                    state.unreadable = (stamp, changed)
+                    self.state.withLock { $0.unreadable = (stamp, changed) }
                     throw changed
                 }
             }
             let result = try change(&copy)
+            self.willSave?()
             try Self.save(
                 StoreFile(anchors: copy.anchors, pins: copy.pins, identities: copy.identities, exceptions: copy.exceptions),
                 path: self.path
             )
             copy.fileStamp = FileStamp.of(path: self.path)
-            self.bumpGeneration(&copy)
-            state = copy
+            // The saved contents only: session exceptions may have changed meanwhile, and stay.
+            self.state.withLock { state in
+                Self.install(copy, into: &state)
+                self.bumpGeneration(&state)
+            }
             return result
         }
     }

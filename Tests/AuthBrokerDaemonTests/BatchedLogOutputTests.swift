@@ -1,6 +1,8 @@
 import AuthBrokerDaemon
 import Foundation
 import Logging
+import NIOConcurrencyHelpers
+import TestSupport
 import Testing
 
 #if canImport(Glibc)
@@ -49,6 +51,49 @@ struct BatchedLogOutputTests {
         output.writeBatched("access 4\n")
         output.flush()
         #expect(available(fds[0]) == "access 4\n")
+    }
+
+    @Test("a write that fails is reported with the number of lines lost; the next batch is tried again")
+    func failedWriteReported() throws {
+        let readOnly = open("/dev/null", O_RDONLY)
+        #expect(readOnly >= 0)
+        defer { close(readOnly) }
+        let failures = NIOLockedValueBox<[BatchedLogOutput.WriteFailure]>([])
+        let output = BatchedLogOutput(fileDescriptor: readOnly) { failure in failures.withLockedValue { $0.append(failure) } }
+        output.writeBatched("one\n")
+        output.writeBatched("two\n")
+        output.writeBatched("three\n")
+        output.flush()
+        output.write("four\n")
+        let seen = failures.withLockedValue { $0 }
+        #expect(seen.map(\.code) == [EBADF, EBADF])
+        #expect(seen.map(\.lines) == [3, 1])
+    }
+
+    @Test("lines batched on many threads while others are written at once come out whole, each thread's in order")
+    func concurrentLinesStayWhole() throws {
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let fd = open(directory + "/log", O_WRONLY | O_CREAT | O_APPEND, 0o600)
+        #expect(fd >= 0)
+        let output = BatchedLogOutput(fileDescriptor: fd, closesDescriptor: true)
+        let perThread = 2000
+        onThreads(4) { thread in
+            for index in 0..<perThread {
+                let line = "thread \(thread) line \(index) x" + String(repeating: "x", count: index % 97) + "\n"
+                if index % 500 == 0 { output.write(line) } else { output.writeBatched(line) }
+            }
+        }
+        output.flush()
+        let text = try String(contentsOfFile: directory + "/log", encoding: .utf8)
+        var next = [Int](repeating: 0, count: 4)
+        for line in text.split(separator: "\n") {
+            let words = line.split(separator: " ")
+            let thread = try #require(Int(words[1]))
+            #expect(words.count == 5 && Int(words[3]) == next[thread] && words[4].count == next[thread] % 97 + 1, "\(line)")
+            next[thread] += 1
+        }
+        #expect(next == [Int](repeating: perThread, count: 4))
     }
 }
 

@@ -314,6 +314,7 @@ struct PersistAndAuditTests {
                 "/usr/bin/env", ["python3", "-c", python, daemon.socketPath, StoredCredentialTests.base(origin) + "/digest/MD5/auth/exec", perl]
             )
             #expect(run.stdout.hasPrefix("HTTP/1.1 200"), "\(run.stdout) \(run.stderr)")
+            await daemon.stop()  // the audit log is written in batches: all of it is there once stopped
             let text = try String(contentsOfFile: daemon.directory + "/state/authbroker/audit.jsonl", encoding: .utf8)
             let executable = text.split(separator: "\n").compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }
                 .last?["executable"] as? String
@@ -330,6 +331,8 @@ struct PersistAndAuditTests {
             let connection = try UnixSocketConnection(path: daemon.socketPath)
             #expect(try connection.request("GET", StoredCredentialTests.base(origin) + "/digest/MD5/auth/a").status == 200)
             #expect(try connection.request("GET", StoredCredentialTests.base(origin) + "/digest/MD5/auth/b").status == 200)
+            // Written in batches off the request's thread; a stop writes whatever is still queued.
+            await daemon.stop()
             let text = try String(contentsOfFile: daemon.directory + "/state/authbroker/audit.jsonl", encoding: .utf8)
             let lines = text.split(separator: "\n").compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }
             #expect(lines.count == 2)

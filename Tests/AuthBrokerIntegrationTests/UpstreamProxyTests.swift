@@ -92,7 +92,8 @@ struct UpstreamProxyTests {
             #expect(proxy.stats.proxyAuthenticationRequired == 1)
             #expect(proxy.stats.forwarded == 1000)
             #expect(proxy.authStats.failures == 0)
-            // The audit log names the proxy's space.
+            // The audit log names the proxy's space (all of it is written once the daemon stops).
+            await daemon.stop()
             let audit = try String(contentsOfFile: daemon.directory + "/state/authbroker/audit.jsonl", encoding: .utf8)
             #expect(audit.contains("\"proxy\":true"))
         }
