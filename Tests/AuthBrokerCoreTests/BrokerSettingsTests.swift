@@ -28,8 +28,8 @@ struct BrokerSettingsTests {
         #expect(settings.upstream.responseHeadTimeoutMilliseconds == 60_000)
         #expect(settings.upstream.idleTimeoutMilliseconds == 60_000)
         #expect(settings.upstream.poolIdleTimeoutMilliseconds == 30_000)
-        #expect(settings.upstream.maxConnectionsPerOrigin == 8)
-        #expect(settings.upstream.maxIdleConnectionsPerOrigin == 4)
+        #expect(settings.upstream.maxConnectionsPerOrigin == 32)
+        #expect(settings.upstream.maxIdleConnectionsPerOrigin == 32)
         #expect(settings.upstream.maxPendingRequestsPerOrigin == 256)
         #expect(settings.upstream.resolve == [])
         #expect(settings.upstream.connectTimeout == .milliseconds(10_000))
@@ -42,6 +42,18 @@ struct BrokerSettingsTests {
     @Test(arguments: ["", "\n\n", "# only a comment\n", "[daemon]\n[trust]\n[upstream]\n[limits]\n"])
     func textWithoutSettingsGivesDefaults(text: String) throws {
         #expect(try BrokerSettings.parse(text, file: Self.file) == .defaults)
+    }
+
+    @Test("unset, the idle connections kept follow max_connections_per_origin; set, they are checked against it")
+    func idleConnectionsFollowTheMaximum() throws {
+        let lowered = try BrokerSettings.parse("[upstream]\nmax_connections_per_origin = 2\n", file: Self.file)
+        #expect(lowered.upstream.maxConnectionsPerOrigin == 2 && lowered.upstream.maxIdleConnectionsPerOrigin == 2)
+        let raised = try BrokerSettings.parse("[upstream]\nmax_connections_per_origin = 100\n", file: Self.file)
+        #expect(raised.upstream.maxIdleConnectionsPerOrigin == 100)
+        let explicit = try BrokerSettings.parse(
+            "[upstream]\nmax_connections_per_origin = 100\nmax_idle_connections_per_origin = 4\n", file: Self.file
+        )
+        #expect(explicit.upstream.maxIdleConnectionsPerOrigin == 4)
     }
 
     // MARK: The shipped sample
@@ -269,8 +281,11 @@ struct BrokerSettingsTests {
         BadCase("[upstream]\npool_idle_timeout_ms = 9223372036854775807", .outOfRange, line: 2, key: "upstream.pool_idle_timeout_ms", "out of range"),
         BadCase("[upstream]\nmax_connections_per_origin = 0", .outOfRange, line: 2, key: "upstream.max_connections_per_origin", "use 1 to 1024"),
         BadCase("[upstream]\nmax_pending_requests_per_origin = 0", .outOfRange, line: 2, key: "upstream.max_pending_requests_per_origin", "use 1 to 65536"),
-        BadCase("[upstream]\nmax_idle_connections_per_origin = 9", .outOfRange, line: 2, key: "upstream.max_idle_connections_per_origin", "max_idle_connections_per_origin (9) must not exceed max_connections_per_origin (8)"),
-        BadCase("[upstream]\nmax_connections_per_origin = 2", .outOfRange, line: 2, key: "upstream.max_connections_per_origin", "lower the first or raise the second"),
+        BadCase("[upstream]\nmax_idle_connections_per_origin = 33", .outOfRange, line: 2, key: "upstream.max_idle_connections_per_origin", "max_idle_connections_per_origin (33) must not exceed max_connections_per_origin (32)"),
+        BadCase(
+            "[upstream]\nmax_connections_per_origin = 2\nmax_idle_connections_per_origin = 3", .outOfRange, line: 3,
+            key: "upstream.max_idle_connections_per_origin", "lower the first or raise the second"
+        ),
         BadCase("[daemon]\nshutdown_grace_seconds = -1", .outOfRange, line: 2, key: "daemon.shutdown_grace_seconds", "-1.0 is out of range; use 0 to 3600 seconds"),
         BadCase("[daemon]\nshutdown_grace_seconds = 3600.5", .outOfRange, line: 2, key: "daemon.shutdown_grace_seconds", "use 0 to 3600 seconds"),
         BadCase("[daemon]\nshutdown_grace_seconds = nan", .outOfRange, line: 2, key: "daemon.shutdown_grace_seconds", "out of range"),
