@@ -110,6 +110,7 @@ public struct BrokerClient: Sendable {
             throw first == nil ? BrokerClientError.connectionClosed : BrokerClientError.protocolError(reason: "body data before a response head")
         }
         let requestID = responseHead.headers.first(name: "Authbroker-Request-Id")
+        let mark = responseHead.headers.first(name: AuthBrokerCore.BrokerHeaders.error)
         switch BrokerErrorDetection.classify(responseHead) {
         case .origin:
             return BrokerResponse(head: BrokerResponseHead(responseHead), body: BrokerResponseBody(exchange: exchange))
@@ -119,17 +120,16 @@ public struct BrokerClient: Sendable {
             if let problem = BrokerErrorDetection.brokerProblem(in: Array(chunks.joined())) {
                 throw BrokerError(problem: problem, proxyStatus: proxyStatus, requestID: requestID)
             }
-            throw BrokerError(status: Int(responseHead.status.code), proxyStatus: proxyStatus, details: details, requestID: requestID)
+            throw BrokerError(
+                status: Int(responseHead.status.code), code: mark, proxyStatus: proxyStatus, details: details, requestID: requestID
+            )
         case .brokerProblem:
             let (chunks, _) = try await Self.read(exchange, upTo: BrokerErrorDetection.maxProblemBytes)
             exchange.cancel()
             if let problem = BrokerErrorDetection.brokerProblem(in: Array(chunks.joined())) {
                 throw BrokerError(problem: problem, proxyStatus: nil, requestID: requestID)
             }
-            throw BrokerError(
-                status: Int(responseHead.status.code), proxyStatus: nil,
-                details: responseHead.headers.first(name: AuthBrokerCore.BrokerHeaders.error), requestID: requestID
-            )
+            throw BrokerError(status: Int(responseHead.status.code), code: mark, proxyStatus: nil, details: nil, requestID: requestID)
         }
     }
 
