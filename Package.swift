@@ -123,19 +123,19 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
-        // authbrokerctl's logic: a client of the daemon's socket.
+        // authbrokerctl's logic: commands and their output, over AuthBrokerClient (its one way
+        // to the daemon). NIOPosix only for its thread pool, which takes the blocking file I/O.
         .target(
             name: "AuthBrokerCLI",
             dependencies: [
+                "AuthBrokerClient",
                 "AuthBrokerCore",
-                .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
-                .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             swiftSettings: strictSettings
         ),
-        // The library apps link: async client, control API wrappers, BrokerURLProtocol.
+        // The library apps (and authbrokerctl) link: async client, control API, BrokerURLProtocol.
         .target(
             name: "AuthBrokerClient",
             dependencies: [

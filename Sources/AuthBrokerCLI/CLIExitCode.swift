@@ -1,4 +1,5 @@
-import AuthBrokerCore
+import AuthBrokerClient
+import Foundation
 
 /// The process exit status of `authbrokerctl`, one per class of failure.
 ///
@@ -26,32 +27,16 @@ package enum CLIExitCode: Int32, Sendable, CaseIterable {
     /// The command line itself is wrong (swift-argument-parser's own code).
     case usage = 64
 
-    /// The exit status for a problem the broker reported, by its RFC 9209 error type first and
-    /// its HTTP status otherwise.
-    package static func forProblem(_ problem: ProblemDetails) -> CLIExitCode {
-        if problem.code == BrokerErrorCode.untrustedServer.rawValue { return .untrustedServer }
-        if let proxyStatus = problem.proxyStatus { return forProxyError(proxyStatus) }
-        switch problem.status {
-        case 404: return .notFound
-        case 400..<500, 501: return .badRequest
-        default: return .failure
-        }
-    }
-
-    /// The exit status for a broker error known only by its `Proxy-Status` error type.
-    package static func forProxyError(_ error: ProxyErrorType) -> CLIExitCode {
-        switch error {
-        case .tlsCertificateError:
-            return .untrustedServer
-        case .dnsError, .dnsTimeout, .destinationNotFound, .destinationUnavailable, .connectionRefused,
-            .connectionTerminated, .connectionTimeout, .connectionLimitReached, .httpResponseTimeout:
-            return .connection
-        case .tlsProtocolError, .httpResponseIncomplete, .httpResponseHeaderSectionSize, .httpProtocolError:
-            return .upstream
-        case .httpRequestError, .httpRequestDenied:
-            return .badRequest
-        case .proxyInternalError, .proxyConfigurationError:
-            return .failure
+    /// The exit status for a failure the daemon reported, by its class (`BrokerError.kind`:
+    /// the problem's code, then its RFC 9209 error type, then its HTTP status).
+    package init(_ kind: BrokerError.Kind) {
+        switch kind {
+        case .untrustedServer: self = .untrustedServer
+        case .unreachable: self = .connection
+        case .upstreamProtocol: self = .upstream
+        case .rejectedRequest: self = .badRequest
+        case .notFound: self = .notFound
+        case .brokerFailure: self = .failure
         }
     }
 }
@@ -76,4 +61,71 @@ package struct CLIError: Error, Sendable, Equatable, CustomStringConvertible {
     }
 
     package var description: String { message }
+}
+
+// MARK: - From any error
+
+extension CLIError {
+    /// The user-facing form of any error a command can meet: the one place where the client
+    /// library's errors become `authbrokerctl`'s messages and exit statuses.
+    ///
+    /// - Parameters:
+    ///   - context: what was being done, the first words of a daemon refusal's message
+    ///     (`cannot add anchor`).
+    ///   - socketPath: the daemon's socket, named when it cut a response short.
+    package init(_ error: any Error, context: String? = nil, socketPath: String? = nil) {
+        switch error {
+        case let error as CLIError:
+            self = error
+        case let error as BrokerError:
+            self.init(CLIExitCode(error.kind), HumanFormat.problem(error, context: context ?? "authbrokerd refused the request", now: Date()))
+        case let error as BrokerClientError:
+            self.init(clientError: error, context: context, socketPath: socketPath)
+        case let error as InputError:
+            self = .plain(.badRequest, error.message)
+        case let error as LocalFile.Failure:
+            self = .plain(.failure, error.message)
+        case is CancellationError:
+            self = .plain(.failure, "cancelled")
+        default:
+            self = .plain(.failure, "unexpected error: \(error)")
+        }
+    }
+
+    private init(clientError: BrokerClientError, context: String?, socketPath: String?) {
+        switch clientError {
+        case .daemonNotRunning(let socket):
+            self.init(.daemonNotRunning, HumanFormat.daemonNotRunning(socket: socket))
+        case .permissionDenied(let socket):
+            self = .plain(
+                .failure,
+                "permission denied connecting to \(socket); authbrokerd serves only the user it runs as, so use your own daemon's socket"
+            )
+        case .unusableSocket(let socket, let reason):
+            self = .plain(.failure, "cannot connect to \(socket): \(reason)")
+        case .foreignListener:
+            // The library's text: who listens there, that nothing was sent, what to do.
+            self = .plain(.failure, clientError.description)
+        case .connectionClosed:
+            let daemon = socketPath.map { "authbrokerd on \($0)" } ?? "authbrokerd"
+            self = .plain(
+                .upstream,
+                "the response is incomplete: \(daemon) closed the connection before its end (the upstream may have cut it off); see the daemon's log (journalctl --user -u authbrokerd)"
+            )
+        case .protocolError(let reason):
+            self = .plain(.upstream, "the daemon's answer is not valid HTTP/1.1 (\(reason)); is \(AuthBrokerCtl.version) the version of authbrokerd too?")
+        case .responseTooLarge(let limit):
+            self = .plain(.failure, "the daemon's answer is larger than \(limit / (1024 * 1024)) MiB; use --json and a filter, or report this as a bug")
+        case .invalidRequest(let reason):
+            self = .plain(.badRequest, "\(context.map { "\($0): " } ?? "")invalid request: \(HumanFormat.sanitized(reason))")
+        case .unexpectedResponse(let status, let reason):
+            // 3xx and 4xx: the request, 5xx (and a 2xx this CLI cannot read): the daemon.
+            self = .plain(
+                (300..<500).contains(status) ? .badRequest : .failure,
+                "\(context.map { "\($0): " } ?? "")the daemon answered HTTP \(status) \(HumanFormat.sanitized(reason)); is authbrokerd version \(AuthBrokerCtl.version)?"
+            )
+        case .challengeCancelled:
+            self = .plain(.failure, "cancelled")
+        }
+    }
 }

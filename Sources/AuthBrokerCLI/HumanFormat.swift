@@ -1,3 +1,4 @@
+import AuthBrokerClient
 import AuthBrokerCore
 import Foundation
 
@@ -9,65 +10,31 @@ import Foundation
 package enum HumanFormat {
     // MARK: Problems
 
-    /// The whole stderr text for a problem the broker reported.
+    /// The whole stderr text for a failure the daemon reported.
     ///
     /// `context` says what failed, e.g. `cannot fetch https://x.test/`. The first line is
     /// `authbrokerctl: <context>: <title>`, then the detail, each reason bulleted, the chain
     /// for trust failures, and the commands under "To fix:".
-    package static func problem(_ problem: ProblemDetails, context: String, now: Date) -> String {
-        var lines = ["authbrokerctl: \(context): \(sanitized(problem.title))"]
-        let detail = sanitized(problem.detail)
-        if !detail.isEmpty, detail != sanitized(problem.title) { lines.append(detail) }
-        for reason in problem.reasons ?? [] { lines.append("  - \(sanitized(reason))") }
-        if let chain = problem.chain, !chain.isEmpty {
-            let presenter = problem.host.map { sanitized($0) } ?? "the server"
+    package static func problem(_ error: BrokerError, context: String, now: Date) -> String {
+        var lines = ["authbrokerctl: \(context): \(sanitized(error.title))"]
+        let detail = sanitized(error.detail)
+        if !detail.isEmpty, detail != sanitized(error.title) { lines.append(detail) }
+        for reason in error.reasons { lines.append("  - \(sanitized(reason))") }
+        if !error.chain.isEmpty {
+            let presenter = error.host.map { sanitized($0) } ?? "the server"
             lines.append("")
             lines.append("Certificates presented by \(presenter) (leaf first):")
-            for (index, certificate) in chain.enumerated() {
-                lines.append(contentsOf: self.certificate(certificate, index: index, now: now))
+            for (index, certificate) in error.chain.enumerated() {
+                lines.append(contentsOf: self.certificate(CertificateInfo(certificate), index: index, now: now))
             }
         }
-        if let fix = problem.fix, !fix.isEmpty {
+        if !error.fix.isEmpty {
             lines.append("")
             lines.append("To fix:")
-            for command in fix { lines.append("  \(sanitized(command))") }
+            for command in error.fix { lines.append("  \(sanitized(command))") }
         }
-        if let instance = problem.instance { lines.append("(request id \(sanitized(instance)))") }
+        if let requestID = error.requestID { lines.append("(request id \(sanitized(requestID)))") }
         return lines.joined(separator: "\n")
-    }
-
-    /// A problem for a broker error that came without a readable problem+json body.
-    package static func syntheticProblem(
-        error: ProxyErrorType, status: Int, details: String?, requestID: String?
-    ) -> ProblemDetails {
-        ProblemDetails(
-            code: error.rawValue, title: describe(error), status: status,
-            detail: details ?? "", instance: requestID, proxyStatus: error
-        )
-    }
-
-    /// A short phrase for each RFC 9209 error type.
-    package static func describe(_ error: ProxyErrorType) -> String {
-        switch error {
-        case .dnsError: "the host name could not be resolved"
-        case .dnsTimeout: "the DNS lookup timed out"
-        case .destinationNotFound: "the destination was not found"
-        case .destinationUnavailable: "the destination is unavailable"
-        case .connectionRefused: "the server refused the connection"
-        case .connectionTerminated: "the server closed the connection"
-        case .connectionTimeout: "connecting to the server timed out"
-        case .connectionLimitReached: "the broker's upstream connection limit was reached"
-        case .tlsProtocolError: "the TLS handshake failed"
-        case .tlsCertificateError: "the server's certificate is not trusted"
-        case .httpRequestError: "the request was rejected"
-        case .httpRequestDenied: "the request was denied by the broker's configuration"
-        case .httpResponseIncomplete: "the server's response was incomplete"
-        case .httpResponseHeaderSectionSize: "the server's response headers were too large"
-        case .httpResponseTimeout: "the server did not answer in time"
-        case .httpProtocolError: "the server broke the HTTP protocol"
-        case .proxyInternalError: "the broker had an internal error"
-        case .proxyConfigurationError: "the broker's configuration is wrong"
-        }
     }
 
     /// The message for a socket nobody listens on.

@@ -1,5 +1,4 @@
 import Foundation
-import NIOCore
 import NIOPosix
 
 #if canImport(Glibc)
@@ -63,32 +62,70 @@ package enum LocalFile {
     }
 
     /// Up to `maxBytes` from `descriptor`, or nil at end of file.
-    package static func read(_ descriptor: CInt, upTo maxBytes: Int) async throws -> ByteBuffer? {
+    package static func read(_ descriptor: CInt, upTo maxBytes: Int) async throws -> [UInt8]? {
         try await NIOThreadPool.singleton.runIfActive {
-            var buffer = ByteBufferAllocator().buffer(capacity: maxBytes)
+            var buffer = [UInt8](repeating: 0, count: maxBytes)
             while true {
-                let count = buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: maxBytes) { pointer in
-                    posixRead(descriptor, pointer.baseAddress, maxBytes)
-                }
+                let count = buffer.withUnsafeMutableBytes { posixRead(descriptor, $0.baseAddress, maxBytes) }
                 if count < 0 {
                     if errno == EINTR { continue }
-                    throw BrokerClientError.requestBody(reason: String(cString: strerror(errno)))
+                    throw Failure(message: "cannot send the request body: \(String(cString: strerror(errno)))")
                 }
-                return count == 0 ? nil : buffer
+                if count == 0 { return nil }
+                buffer.removeSubrange(count...)
+                return buffer
             }
         }
     }
 
-    /// Writes all of `buffer` to `descriptor`.
-    package static func write(_ buffer: ByteBuffer, to descriptor: CInt) async throws {
-        try await NIOThreadPool.singleton.runIfActive {
-            try writeAll(buffer, to: descriptor)
+    /// A request body read from an open descriptor in chunks as it is sent: with `length`,
+    /// exactly that many bytes (a file that shrinks meanwhile fails the upload), otherwise
+    /// until end of file. The caller closes the descriptor.
+    package struct Chunks: AsyncSequence, Sendable {
+        package typealias Element = [UInt8]
+        /// Size of each read.
+        static let chunkBytes = 64 * 1024
+
+        let descriptor: CInt
+        let length: Int64?
+
+        package init(descriptor: CInt, length: Int64?) {
+            self.descriptor = descriptor
+            self.length = length
+        }
+
+        package func makeAsyncIterator() -> Iterator { Iterator(descriptor: descriptor, length: length) }
+
+        package struct Iterator: AsyncIteratorProtocol {
+            let descriptor: CInt
+            let length: Int64?
+            var sent: Int64 = 0
+
+            package mutating func next() async throws -> [UInt8]? {
+                let want = length.map { Int(Swift.min(Int64(Chunks.chunkBytes), $0 - sent)) } ?? Chunks.chunkBytes
+                if want == 0 { return nil }
+                guard let chunk = try await LocalFile.read(descriptor, upTo: want) else {
+                    if let length, sent != length {
+                        throw LocalFile.Failure(message: "cannot send the request body: the file shrank while it was sent (\(sent) of \(length) bytes)")
+                    }
+                    return nil
+                }
+                sent += Int64(chunk.count)
+                return chunk
+            }
         }
     }
 
-    /// Writes all of `buffer` to `descriptor` on the calling thread.
-    package static func writeAll(_ buffer: ByteBuffer, to descriptor: CInt) throws {
-        try buffer.withUnsafeReadableBytes { bytes in
+    /// Writes all of `bytes` to `descriptor`.
+    package static func write(_ bytes: [UInt8], to descriptor: CInt) async throws {
+        try await NIOThreadPool.singleton.runIfActive {
+            try writeAll(bytes, to: descriptor)
+        }
+    }
+
+    /// Writes all of `bytes` to `descriptor` on the calling thread.
+    package static func writeAll(_ data: some ContiguousBytes, to descriptor: CInt) throws {
+        try data.withUnsafeBytes { bytes in
             var offset = 0
             while offset < bytes.count {
                 let written = posixWrite(descriptor, bytes.baseAddress.map { $0 + offset }, bytes.count - offset)
@@ -121,18 +158,18 @@ private func posixWrite(_ fd: CInt, _ buffer: UnsafeRawPointer?, _ count: Int) -
 /// Text to stdout and stderr, unbuffered with respect to each other.
 package enum Console {
     package static func out(_ text: String) {
-        try? LocalFile.writeAll(ByteBuffer(string: text + "\n"), to: STDOUT_FILENO)
+        try? LocalFile.writeAll(Array((text + "\n").utf8), to: STDOUT_FILENO)
     }
 
     package static func error(_ text: String) {
-        try? LocalFile.writeAll(ByteBuffer(string: text + "\n"), to: STDERR_FILENO)
+        try? LocalFile.writeAll(Array((text + "\n").utf8), to: STDERR_FILENO)
     }
 
     /// Raw bytes to stdout (the daemon's JSON for `--json`), newline-terminated.
-    package static func out(_ bytes: ByteBuffer) {
-        var buffer = bytes
-        if buffer.readableBytesView.last != UInt8(ascii: "\n") { buffer.writeString("\n") }
-        try? LocalFile.writeAll(buffer, to: STDOUT_FILENO)
+    package static func out(_ bytes: Data) {
+        var data = bytes
+        if data.last != UInt8(ascii: "\n") { data.append(UInt8(ascii: "\n")) }
+        try? LocalFile.writeAll(data, to: STDOUT_FILENO)
     }
 }
 
@@ -143,7 +180,7 @@ package enum Terminal {
         let descriptor = open("/dev/tty", O_RDWR | O_CLOEXEC | O_NOCTTY)
         guard descriptor >= 0 else { return nil }
         defer { close(descriptor) }
-        guard (try? LocalFile.writeAll(ByteBuffer(string: question + " [y/N] "), to: descriptor)) != nil else {
+        guard (try? LocalFile.writeAll(Array((question + " [y/N] ").utf8), to: descriptor)) != nil else {
             return nil
         }
         var answer: [UInt8] = []
@@ -163,7 +200,7 @@ package enum Terminal {
         let descriptor = open("/dev/tty", O_RDWR | O_CLOEXEC | O_NOCTTY)
         guard descriptor >= 0 else { return nil }
         defer { close(descriptor) }
-        guard (try? LocalFile.writeAll(ByteBuffer(string: prompt), to: descriptor)) != nil else { return nil }
+        guard (try? LocalFile.writeAll(Array(prompt.utf8), to: descriptor)) != nil else { return nil }
         return String(decoding: readLine(descriptor), as: UTF8.self)
     }
 
@@ -179,9 +216,9 @@ package enum Terminal {
         guard tcsetattr(descriptor, TCSAFLUSH, &quiet) == 0 else { return nil }
         defer {
             _ = tcsetattr(descriptor, TCSAFLUSH, &saved)
-            _ = try? LocalFile.writeAll(ByteBuffer(string: "\n"), to: descriptor)
+            _ = try? LocalFile.writeAll(Array("\n".utf8), to: descriptor)
         }
-        guard (try? LocalFile.writeAll(ByteBuffer(string: prompt), to: descriptor)) != nil else { return nil }
+        guard (try? LocalFile.writeAll(Array(prompt.utf8), to: descriptor)) != nil else { return nil }
         return readLine(descriptor)
     }
 }

@@ -23,6 +23,9 @@ public struct BrokerClient: Sendable {
     public let socketPath: String
     /// Answers the Basic/Digest 401s the daemon passes through; nil returns them as responses.
     public var challengeHandler: BrokerChallengeHandler?
+    /// Sent as `User-Agent` with control requests, and with fetches whose headers set none
+    /// (`myapp/1.2`); nil sends none of its own.
+    public var userAgent: String?
     private let group: any EventLoopGroup
 
     /// A client of the daemon at `socketPath`, by default where `authbrokerctl` finds it:
@@ -60,7 +63,9 @@ public struct BrokerClient: Sendable {
         var authorization: String?
         var persist: String?
         while true {
-            let head = try Self.requestHead(request, target: target, authorization: authorization, persist: persist)
+            let head = try Self.requestHead(
+                request, target: target, authorization: authorization, persist: persist, userAgent: userAgent
+            )
             let response = try await exchange(head, body: request.body.storage)
             guard response.status == 401, let handler = challengeHandler, request.body.isReplayable,
                 !response.headers.values("WWW-Authenticate").isEmpty
@@ -110,6 +115,7 @@ public struct BrokerClient: Sendable {
             throw first == nil ? BrokerClientError.connectionClosed : BrokerClientError.protocolError(reason: "body data before a response head")
         }
         let requestID = responseHead.headers.first(name: "Authbroker-Request-Id")
+        let mark = responseHead.headers.first(name: AuthBrokerCore.BrokerHeaders.error)
         switch BrokerErrorDetection.classify(responseHead) {
         case .origin:
             return BrokerResponse(head: BrokerResponseHead(responseHead), body: BrokerResponseBody(exchange: exchange))
@@ -119,17 +125,16 @@ public struct BrokerClient: Sendable {
             if let problem = BrokerErrorDetection.brokerProblem(in: Array(chunks.joined())) {
                 throw BrokerError(problem: problem, proxyStatus: proxyStatus, requestID: requestID)
             }
-            throw BrokerError(status: Int(responseHead.status.code), proxyStatus: proxyStatus, details: details, requestID: requestID)
+            throw BrokerError(
+                status: Int(responseHead.status.code), code: mark, proxyStatus: proxyStatus, details: details, requestID: requestID
+            )
         case .brokerProblem:
             let (chunks, _) = try await Self.read(exchange, upTo: BrokerErrorDetection.maxProblemBytes)
             exchange.cancel()
             if let problem = BrokerErrorDetection.brokerProblem(in: Array(chunks.joined())) {
                 throw BrokerError(problem: problem, proxyStatus: nil, requestID: requestID)
             }
-            throw BrokerError(
-                status: Int(responseHead.status.code), proxyStatus: nil,
-                details: responseHead.headers.first(name: AuthBrokerCore.BrokerHeaders.error), requestID: requestID
-            )
+            throw BrokerError(status: Int(responseHead.status.code), code: mark, proxyStatus: nil, details: nil, requestID: requestID)
         }
     }
 
@@ -153,11 +158,9 @@ public struct BrokerClient: Sendable {
     }
 
     static func requestHead(
-        _ request: BrokerRequest, target: BrokerRequest.Target, authorization: String?, persist: String?
+        _ request: BrokerRequest, target: BrokerRequest.Target, authorization: String?, persist: String?, userAgent: String? = nil
     ) throws(BrokerClientError) -> HTTPRequestHead {
-        guard !request.method.isEmpty, request.method.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: ":") }) else {
-            throw .invalidRequest(reason: "'\(request.method.prefix(40))' is not an HTTP method")
-        }
+        try Self.checkMethod(request.method)
         var headers = HTTPHeaders()
         headers.add(name: "Host", value: target.hostHeader)
         for (name, value) in request.headers.storage {
@@ -170,6 +173,7 @@ public struct BrokerClient: Sendable {
         if let identity = request.identity { headers.replaceOrAdd(name: "Authbroker-Identity", value: identity) }
         if let authorization { headers.add(name: "Authorization", value: authorization) }
         if let persist { headers.replaceOrAdd(name: "Authbroker-Persist", value: persist) }
+        if let userAgent, !headers.contains(name: "User-Agent") { headers.add(name: "User-Agent", value: userAgent) }
         switch request.body.storage {
         case .empty:
             if ["POST", "PUT", "PATCH"].contains(request.method.uppercased()) { headers.add(name: "Content-Length", value: "0") }
@@ -182,6 +186,13 @@ public struct BrokerClient: Sendable {
         }
         headers.add(name: "Connection", value: "close")
         return HTTPRequestHead(version: .http1_1, method: HTTPMethod(rawValue: request.method), uri: target.absolute, headers: headers)
+    }
+
+    /// A method token fit for a request line (no space, control character or colon).
+    static func checkMethod(_ method: String) throws(BrokerClientError) {
+        guard !method.isEmpty, method.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: ":") }) else {
+            throw .invalidRequest(reason: "'\(method.prefix(40))' is not an HTTP method")
+        }
     }
 }
 

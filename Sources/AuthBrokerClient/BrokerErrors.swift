@@ -45,6 +45,56 @@ public struct BrokerError: Error, Sendable, Hashable, CustomStringConvertible {
         return text
     }
 
+    /// What kind of failure this is, for programs that branch on it: ask the user to trust a
+    /// server, retry later, report a bug. Decided by `code`, then the RFC 9209 error type in
+    /// `proxyStatus`, then the HTTP `status`.
+    public var kind: Kind {
+        if code == BrokerErrorCode.untrustedServer.rawValue { return .untrustedServer }
+        if let proxyStatus {
+            guard let type = ProxyErrorType(rawValue: proxyStatus) else { return .brokerFailure }
+            switch type {
+            case .tlsCertificateError:
+                return .untrustedServer
+            case .dnsError, .dnsTimeout, .destinationNotFound, .destinationUnavailable, .connectionRefused,
+                .connectionTerminated, .connectionTimeout, .connectionLimitReached, .httpResponseTimeout:
+                return .unreachable
+            case .tlsProtocolError, .httpResponseIncomplete, .httpResponseHeaderSectionSize, .httpProtocolError:
+                return .upstreamProtocol
+            case .httpRequestError, .httpRequestDenied:
+                return .rejectedRequest
+            case .proxyInternalError, .proxyConfigurationError:
+                return .brokerFailure
+            }
+        }
+        switch status {
+        case 404: return .notFound
+        case 400..<500, 501: return .rejectedRequest
+        default: return .brokerFailure
+        }
+    }
+
+    /// The classes of `BrokerError`, coarse enough to branch on (`authbrokerctl`'s exit statuses
+    /// are these); `code` says exactly what happened.
+    public enum Kind: Sendable, Hashable, CaseIterable {
+        /// The server's certificate is not trusted, or not the one a pin requires: `chain` shows
+        /// what it presented and `fix` how to trust it.
+        case untrustedServer
+        /// The server could not be reached: DNS failure or timeout, connection refused, reset or
+        /// timed out, no response in time, the daemon's connection limit. Retrying later may work.
+        case unreachable
+        /// The server was reached but broke the protocol: a failed TLS handshake, a malformed,
+        /// oversized or cut-off HTTP response.
+        case upstreamProtocol
+        /// The daemon refused the request as invalid or not allowed (a bad URL, certificate or
+        /// host pattern, an unknown identity, re-authentication refused or required, ...).
+        case rejectedRequest
+        /// A control request named an anchor, pin, exception, password or identity that does not exist.
+        case notFound
+        /// The daemon itself failed (an internal or configuration error, a locked secret store),
+        /// or reported an error type this library does not know.
+        case brokerFailure
+    }
+
     init(problem: ProblemDetails, proxyStatus: String?, requestID: String?) {
         self.status = problem.status
         self.proxyStatus = proxyStatus ?? problem.proxyStatus?.rawValue
@@ -58,12 +108,13 @@ public struct BrokerError: Error, Sendable, Hashable, CustomStringConvertible {
         self.requestID = requestID ?? problem.instance
     }
 
-    /// A broker error whose body could not be read: what the head says is all there is.
-    init(status: Int, proxyStatus: String?, details: String?, requestID: String?) {
+    /// A broker error whose problem body could not be read (the answer to a `HEAD` request has
+    /// none): what the head says is all there is. `code` is the `Authbroker-Error` mark's value.
+    init(status: Int, code: String?, proxyStatus: String?, details: String?, requestID: String?) {
         self.status = status
         self.proxyStatus = proxyStatus
-        self.code = proxyStatus ?? "broker_error"
-        self.title = "The broker could not complete the request"
+        self.code = code ?? proxyStatus ?? "broker_error"
+        self.title = proxyStatus.flatMap(ProxyErrorType.init(rawValue:))?.summary ?? "The broker could not complete the request"
         self.detail = details ?? "authbrokerd answered \(status) without a readable problem description."
         self.host = nil
         self.reasons = []
@@ -103,6 +154,45 @@ public struct BrokerCertificate: Sendable, Hashable {
     }
 }
 
+extension CertificateInfo {
+    /// The certificate as the daemon's JSON describes it, for code that formats both alike.
+    package init(_ certificate: BrokerCertificate) {
+        self.init(
+            subject: certificate.subject, issuer: certificate.issuer, notBefore: certificate.notBefore,
+            notAfter: certificate.notAfter, sha256: certificate.sha256, spkiSHA256: certificate.spkiSHA256,
+            dnsNames: certificate.dnsNames, ipAddresses: certificate.ipAddresses, isSelfSigned: certificate.isSelfSigned,
+            isCA: certificate.isCA
+        )
+    }
+}
+
+extension ProxyErrorType {
+    /// What the RFC 9209 error type means, as a problem title: for a broker error whose problem
+    /// body could not be read.
+    var summary: String {
+        switch self {
+        case .dnsError: "The host name could not be resolved"
+        case .dnsTimeout: "The DNS lookup timed out"
+        case .destinationNotFound: "The destination was not found"
+        case .destinationUnavailable: "The destination is unavailable"
+        case .connectionRefused: "The server refused the connection"
+        case .connectionTerminated: "The server closed the connection"
+        case .connectionTimeout: "Connecting to the server timed out"
+        case .connectionLimitReached: "The broker's upstream connection limit was reached"
+        case .tlsProtocolError: "The TLS handshake failed"
+        case .tlsCertificateError: "The server's certificate is not trusted"
+        case .httpRequestError: "The request was rejected"
+        case .httpRequestDenied: "The request was denied by the broker's configuration"
+        case .httpResponseIncomplete: "The server's response was incomplete"
+        case .httpResponseHeaderSectionSize: "The server's response headers were too large"
+        case .httpResponseTimeout: "The server did not answer in time"
+        case .httpProtocolError: "The server broke the HTTP protocol"
+        case .proxyInternalError: "The broker had an internal error"
+        case .proxyConfigurationError: "The broker's configuration is wrong"
+        }
+    }
+}
+
 /// Why a request could not be made or finished, apart from errors the daemon reports
 /// (those are `BrokerError`).
 public enum BrokerClientError: Error, Sendable, Hashable, CustomStringConvertible {
@@ -125,7 +215,9 @@ public enum BrokerClientError: Error, Sendable, Hashable, CustomStringConvertibl
     case responseTooLarge(limit: Int)
     /// The challenge handler answered `.cancel`.
     case challengeCancelled
-    /// A control API answer that was not what its documentation promises.
+    /// A control API answer that was not what its documentation promises: a status other than
+    /// 2xx without the daemon's problem document (`reason` names the request), or JSON a wrapper
+    /// could not decode. The socket is most likely not served by a daemon of this version.
     case unexpectedResponse(status: Int, reason: String)
 
     public var description: String {

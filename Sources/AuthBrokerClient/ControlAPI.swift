@@ -116,9 +116,6 @@ private struct RemovedPassword: Decodable { var removed: PasswordJSON }
 private struct IdentityList: Decodable { var identities: [BrokerIdentity] }
 
 extension BrokerClient {
-    /// Largest control-API response accepted.
-    static let maxControlResponseBytes = 16 * 1024 * 1024
-
     /// The daemon's version, uptime and counters.
     public func status() async throws -> BrokerStatus {
         let json: StatusJSON = try await control(.GET, "/v1/status")
@@ -190,6 +187,66 @@ extension BrokerClient {
         return list.identities
     }
 
+    // MARK: Any control request
+
+    /// Sends one request to the daemon's control API (`/v1/...`, docs/api/openapi.yaml) and
+    /// returns its answer as it arrives: the head at once, the body streaming. For endpoints
+    /// without a wrapper here (pins, exceptions, inspect, challenges, reauth, ...), for the
+    /// `GET /v1/agent` event stream (one JSON object per line, for as long as the connection
+    /// stays open), and for programs that pass the daemon's JSON on unchanged.
+    ///
+    /// - Parameters:
+    ///   - method: `GET`, `POST`, `DELETE`, ...
+    ///   - path: the path and query, already percent-encoded (`/v1/pins?host=a.test&spki_sha256=...`).
+    ///   - json: the request body, sent as `application/json`; nil sends none.
+    /// - Returns: a 2xx answer.
+    /// - Throws: `BrokerError` when the daemon refused the request (its problem document: `code`
+    ///   `not_found`, `reauthentication_required`, ...; `kind` classifies it);
+    ///   `BrokerClientError.unexpectedResponse` for any other answer that is not 2xx;
+    ///   `.invalidRequest` for a method or path that cannot be sent; as `send` when the daemon
+    ///   cannot be reached.
+    public func sendControl(method: String, path: String, json: Data? = nil) async throws -> BrokerResponse {
+        try Self.checkMethod(method)
+        // Whatever would break the request line (space, control characters) is refused.
+        guard path.hasPrefix("/"), path.utf8.allSatisfy({ $0 > 0x20 && $0 != 0x7F }) else {
+            throw BrokerClientError.invalidRequest(reason: "'\(path.prefix(200))' is not a percent-encoded control API path")
+        }
+        var headers = HTTPHeaders()
+        headers.add(name: "Host", value: "authbrokerd")
+        if let userAgent { headers.add(name: "User-Agent", value: userAgent) }
+        headers.add(name: "Accept", value: "application/json")
+        headers.add(name: "Connection", value: "close")
+        var body = BrokerRequestBody.Storage.empty
+        if let json {
+            headers.add(name: "Content-Type", value: "application/json")
+            headers.add(name: "Content-Length", value: String(json.count))
+            body = .bytes(Array(json))
+        } else if ["POST", "PUT", "PATCH"].contains(method.uppercased()) {
+            headers.add(name: "Content-Length", value: "0")
+        }
+        let head = HTTPRequestHead(version: .http1_1, method: HTTPMethod(rawValue: method), uri: path, headers: headers)
+        let response = try await exchange(head, body: body)
+        guard (200..<300).contains(response.status) else {
+            // Not the daemon's own refusal (that is thrown as BrokerError): what answered is no
+            // daemon of this version, and its body is not worth reading.
+            response.body.cancel()
+            throw BrokerClientError.unexpectedResponse(
+                status: response.status, reason: "\(response.head.reasonPhrase) for \(method) \(path.prefix(200))"
+            )
+        }
+        return response
+    }
+
+    /// `sendControl` with the body collected: the daemon's JSON exactly as it sent it, and the
+    /// head.
+    /// - Throws: `BrokerClientError.responseTooLarge` when the body exceeds `maxBytes`; as `sendControl`.
+    public func controlData(
+        method: String, path: String, json: Data? = nil, maxBytes: Int = 16 * 1024 * 1024
+    ) async throws -> (Data, BrokerResponseHead) {
+        let response = try await sendControl(method: method, path: path, json: json)
+        return (try await response.body.collect(maxBytes: maxBytes), response.head)
+    }
+
     // MARK: Plumbing
 
     /// A JSON value small enough for control request bodies.
@@ -206,33 +263,14 @@ extension BrokerClient {
         }
     }
 
-    /// One control request: JSON in and out; a non-2xx answer becomes `BrokerError`.
+    /// One control request with a typed answer: `controlData`, then the JSON decoded.
     func control<Response: Decodable>(_ method: HTTPMethod, _ path: String, json: [String: JSONValue]? = nil) async throws -> Response {
-        var headers = HTTPHeaders()
-        headers.add(name: "Host", value: "authbrokerd")
-        headers.add(name: "Accept", value: "application/json")
-        headers.add(name: "Connection", value: "close")
-        var body = BrokerRequestBody.Storage.empty
-        if let json {
-            let data = try BrokerJSON.encoder().encode(json)
-            headers.add(name: "Content-Type", value: "application/json")
-            headers.add(name: "Content-Length", value: String(data.count))
-            body = .bytes(Array(data))
-        } else if method == .POST || method == .PUT {
-            headers.add(name: "Content-Length", value: "0")
-        }
-        let response = try await exchange(HTTPRequestHead(version: .http1_1, method: method, uri: path, headers: headers), body: body)
-        let data = try await response.body.collect(maxBytes: Self.maxControlResponseBytes)
-        guard (200..<300).contains(response.status) else {
-            if let problem = try? BrokerJSON.decoder().decode(ProblemDetails.self, from: data) {
-                throw BrokerError(problem: problem, proxyStatus: nil, requestID: response.head.requestID)
-            }
-            throw BrokerClientError.unexpectedResponse(status: response.status, reason: String(decoding: data.prefix(200), as: UTF8.self))
-        }
+        let body = try json.map { try BrokerJSON.encoder().encode($0) }
+        let (data, head) = try await controlData(method: method.rawValue, path: path, json: body)
         do {
             return try BrokerJSON.decoder().decode(Response.self, from: data)
         } catch {
-            throw BrokerClientError.unexpectedResponse(status: response.status, reason: "\(path): \(error)")
+            throw BrokerClientError.unexpectedResponse(status: head.status, reason: "\(path): \(error)")
         }
     }
 

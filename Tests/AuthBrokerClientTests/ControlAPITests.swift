@@ -47,4 +47,40 @@ struct ControlAPITests {
             #expect(try await client.identities().isEmpty)
         }
     }
+
+    @Test("any control request: the daemon's JSON as it sent it, a refusal as BrokerError with its kind, the agent stream streamed")
+    func anyControlRequest() async throws {
+        try await withDaemon { _, client in
+            var client = client
+            client.userAgent = "control-test/1"
+            let (data, head) = try await client.controlData(method: "GET", path: "/v1/pins")
+            #expect(head.status == 200)
+            #expect(String(decoding: data, as: UTF8.self).contains(#""pins""#))
+
+            do {
+                _ = try await client.controlData(method: "DELETE", path: "/v1/anchors/0123456789abcdef")
+                Issue.record("removing an anchor that does not exist must be refused")
+            } catch let error as BrokerError {
+                #expect(error.status == 404)
+                #expect(error.kind == .notFound)
+                #expect(error.requestID != nil)
+            }
+
+            // Nothing that would break the request line is sent.
+            await #expect(throws: BrokerClientError.self) {
+                _ = try await client.controlData(method: "GET", path: "/v1/status HTTP/1.1\r\nX-Injected: 1")
+            }
+            await #expect(throws: BrokerClientError.self) {
+                _ = try await client.controlData(method: "GET /", path: "/v1/status")
+            }
+
+            // The agent stream returns at its head; its lines arrive as they are written.
+            let events = try await client.sendControl(method: "GET", path: "/v1/agent")
+            #expect(events.status == 200)
+            var lines = events.body.makeAsyncIterator()
+            let first = try await lines.next() ?? []
+            #expect(String(decoding: first, as: UTF8.self).contains(#""attached""#))
+            events.body.cancel()
+        }
+    }
 }

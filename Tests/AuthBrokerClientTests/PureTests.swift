@@ -91,6 +91,38 @@ struct PureTests {
         )
     }
 
+    @Test("a BrokerError's kind: by its code, then its RFC 9209 error type, then its status")
+    func errorKinds() {
+        func kind(_ status: Int, code: String? = nil, proxyStatus: String? = nil) -> BrokerError.Kind {
+            BrokerError(status: status, code: code, proxyStatus: proxyStatus, details: nil, requestID: nil).kind
+        }
+        #expect(kind(502, code: "untrusted_server") == .untrustedServer)
+        #expect(kind(502, proxyStatus: "tls_certificate_error") == .untrustedServer)
+        #expect(kind(502, proxyStatus: "dns_error") == .unreachable)
+        #expect(kind(504, proxyStatus: "http_response_timeout") == .unreachable)
+        #expect(kind(503, proxyStatus: "connection_limit_reached") == .unreachable)
+        #expect(kind(502, proxyStatus: "tls_protocol_error") == .upstreamProtocol)
+        #expect(kind(502, proxyStatus: "http_response_incomplete") == .upstreamProtocol)
+        #expect(kind(400, proxyStatus: "http_request_error") == .rejectedRequest)
+        // An error type from a newer daemon: its status does not make it the request's fault.
+        #expect(kind(400, proxyStatus: "some_future_error") == .brokerFailure)
+        #expect(kind(500, proxyStatus: "proxy_internal_error") == .brokerFailure)
+        #expect(kind(404, code: "not_found") == .notFound)
+        #expect(kind(403, code: "reauthentication_required") == .rejectedRequest)
+        #expect(kind(501) == .rejectedRequest)
+        #expect(kind(500, code: "internal_error") == .brokerFailure)
+        #expect(kind(503, code: "secret_store_locked") == .brokerFailure)
+
+        // Without a readable problem body (a HEAD request's answer): the mark's code, a title
+        // from the error type.
+        let bare = BrokerError(status: 502, code: "untrusted_server", proxyStatus: "tls_certificate_error", details: "d", requestID: "r")
+        #expect(bare.code == "untrusted_server")
+        #expect(bare.title == "The server's certificate is not trusted")
+        #expect(bare.detail == "d")
+        #expect(bare.requestID == "r")
+        #expect(BrokerError(status: 400, code: nil, proxyStatus: nil, details: nil, requestID: nil).code == "broker_error")
+    }
+
     @Test("challenges are offered strongest first: Digest by hash strength, then Basic; unanswerable ones never")
     func challengeOrder() {
         let fields = [

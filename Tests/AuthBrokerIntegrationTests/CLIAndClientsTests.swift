@@ -2,6 +2,10 @@ import Foundation
 import Testing
 import TestSupport
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// `authbrokerctl` (the built binary) and the README's curl and Python examples, against the real daemon.
 @Suite("authbrokerctl and other clients")
 struct CLIAndClientsTests {
@@ -117,6 +121,123 @@ struct CLIAndClientsTests {
             let failing = try Self.ctl(daemon, ["fetch", "--fail", "http://echo.internal.test:\(origin.port)/status/404"])
             #expect(failing.status == 22)
         }
+    }
+
+    @Test("fetch sends curl's defaults, then the user's headers; the target goes percent-encoded as a URL")
+    func fetchRequestHead() async throws {
+        let origin = try await TestOrigin.start(name: "cli-head")
+        defer { Task { await origin.stop() } }
+        try await withDaemon(config: configText(resolving: [("head.internal.test", origin)])) { daemon in
+            let base = "http://head.internal.test:\(origin.port)"
+            func seen(_ run: Run) throws -> (method: String?, uri: String?, fields: [String: String]) {
+                let object = try JSONSerialization.jsonObject(with: Data(run.stdout.utf8)) as? [String: Any]
+                var fields: [String: String] = [:]
+                for pair in (object?["headers"] as? [[String]]) ?? [] where pair.count == 2 { fields[pair[0].lowercased()] = pair[1] }
+                return (object?["method"] as? String, object?["uri"] as? String, fields)
+            }
+
+            let plain = try Self.ctl(daemon, ["fetch", base + "/headers?q={x}|y"])
+            #expect(plain.status == 0, "\(plain.stderr)")
+            let defaults = try seen(plain)
+            #expect(defaults.method == "GET")
+            // What RFC 3986 leaves out of a URI is percent-encoded, as Foundation's URL writes it.
+            #expect(defaults.uri == "/headers?q=%7Bx%7D%7Cy")
+            #expect(defaults.fields["user-agent"]?.hasPrefix("authbrokerctl/") == true)
+            #expect(defaults.fields["accept"] == "*/*")
+            #expect(defaults.fields["content-length"] == nil)
+
+            let custom = try Self.ctl(
+                daemon, ["fetch", "-X", "POST", "-H", "Accept: text/plain", "-H", "User-Agent: mine/1", "-H", "X-One: 1", base + "/headers"]
+            )
+            #expect(custom.status == 0, "\(custom.stderr)")
+            let chosen = try seen(custom)
+            #expect(chosen.method == "POST")
+            #expect(chosen.fields["accept"] == "text/plain")
+            #expect(chosen.fields["user-agent"] == "mine/1")
+            #expect(chosen.fields["x-one"] == "1")
+            // A POST without a body says so (RFC 9110 §8.6).
+            #expect(chosen.fields["content-length"] == "0")
+        }
+    }
+
+    @Test("fetch -X HEAD: a broker error whose answer has no body is still explained, with its exit status")
+    func headBrokerErrors() async throws {
+        let leaf = try TestPKI.makeLeaf(dnsNames: ["head-untrusted.internal.test"], issuer: nil)
+        let origin = try await TestOrigin.start(name: "cli-head-untrusted", identity: leaf)
+        defer { Task { await origin.stop() } }
+        try await withDaemon(config: configText(resolving: [("head-untrusted.internal.test", origin)])) { daemon in
+            let url = "https://head-untrusted.internal.test:\(origin.port)/hello"
+            let untrusted = try Self.ctl(daemon, ["fetch", "-X", "HEAD", url])
+            #expect(untrusted.status == 4, "\(untrusted.stderr)")
+            #expect(untrusted.stdout.isEmpty)
+            #expect(untrusted.stderr.hasPrefix("authbrokerctl: cannot fetch \(url): The server's certificate is not trusted"), "\(untrusted.stderr)")
+            #expect(untrusted.stderr.contains("(request id "))
+
+            // The daemon's code from its Authbroker-Error mark decides, as with a body.
+            let unknown = try Self.ctl(daemon, ["fetch", "-X", "HEAD", "-H", "Authbroker-Identity: nobody", url])
+            #expect(unknown.status == 7, "\(unknown.stderr)")
+            #expect(unknown.stderr.hasPrefix("authbrokerctl: cannot fetch \(url): "), "\(unknown.stderr)")
+        }
+    }
+
+    @Test("a socket that does not answer like authbrokerd: what it did is said, with exit 7 or 6")
+    func notTheDaemon() async throws {
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let socketPath = directory + "/fake.sock"
+        // One answer per request line, then the connection is closed; three connections, then it exits.
+        let server = """
+            import socket, sys
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(sys.argv[1])
+            listener.listen(8)
+            for _ in range(3):
+                connection, _ = listener.accept()
+                request = b""
+                while b"\\r\\n\\r\\n" not in request:
+                    chunk = connection.recv(65536)
+                    if not chunk:
+                        break
+                    request += chunk
+                line = request.split(b"\\r\\n", 1)[0]
+                if b"/v1/status" in line:
+                    connection.sendall(b"HTTP/1.1 418 I'm a teapot\\r\\nContent-Length: 5\\r\\nConnection: close\\r\\n\\r\\nnope!")
+                elif b"/garbage" in line:
+                    connection.sendall(b"this is not HTTP\\r\\n\\r\\n")
+                else:
+                    connection.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Length: 100\\r\\nConnection: close\\r\\n\\r\\npartial")
+                connection.close()
+            """
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = ["python3", "-c", server, socketPath]
+        try process.run()
+        defer {
+            // SIGKILL: the child inherits this thread's signal mask, which may block SIGTERM.
+            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+            process.waitUntilExit()
+        }
+        #expect(await waitUntil { FileManager.default.fileExists(atPath: socketPath) })
+        let ctl = DaemonProcess.binDirectory + "/authbrokerctl"
+
+        let status = try Self.run(ctl, ["status", "--socket", socketPath])
+        #expect(status.status == 7)
+        #expect(
+            status.stderr.hasPrefix("authbrokerctl: cannot get status: the daemon answered HTTP 418 I'm a teapot for GET /v1/status; is authbrokerd version "),
+            "\(status.stderr)"
+        )
+
+        let cut = try Self.run(ctl, ["fetch", "http://origin.internal.test/big", "--socket", socketPath])
+        #expect(cut.status == 6)
+        #expect(cut.stdout == "partial")
+        #expect(
+            cut.stderr.hasPrefix("authbrokerctl: the response is incomplete: authbrokerd on \(socketPath) closed the connection before its end"),
+            "\(cut.stderr)"
+        )
+
+        let garbage = try Self.run(ctl, ["fetch", "http://origin.internal.test/garbage", "--socket", socketPath])
+        #expect(garbage.status == 6)
+        #expect(garbage.stderr.hasPrefix("authbrokerctl: the daemon's answer is not valid HTTP/1.1"), "\(garbage.stderr)")
     }
 
     @Test("the README's curl and Python examples work")

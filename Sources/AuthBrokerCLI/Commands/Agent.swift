@@ -1,8 +1,7 @@
 import ArgumentParser
+import AuthBrokerClient
 import AuthBrokerCore
 import Foundation
-import NIOCore
-import NIOHTTP1
 
 /// `authbrokerctl challenges`: what waits for an answer.
 struct Challenges: AsyncParsableCommand {
@@ -26,7 +25,7 @@ struct Challenges: AsyncParsableCommand {
     func run() async throws {
         try await CommandRunner.run {
             let api = ControlAPI(client: try connection.client())
-            let (list, raw) = try await api.call(.GET, "/v1/challenges", context: "cannot list challenges", as: ChallengeList.self)
+            let (list, raw) = try await api.call("GET", "/v1/challenges", context: "cannot list challenges", as: ChallengeList.self)
             if output.json { Console.out(raw) } else { Console.out(HumanFormat.challengesTable(list.challenges)) }
         }
     }
@@ -61,22 +60,22 @@ struct Agent: AsyncParsableCommand {
 
     func run() async throws {
         try await CommandRunner.run {
-            let client = try connection.client()
-            var head = HTTPRequestHead(version: .http1_1, method: .GET, uri: "/v1/agent")
-            head.headers.add(name: "Host", value: "localhost")
-            try await client.execute(head) { responseHead, body in
-                guard responseHead.status == .ok else {
-                    throw CLIError.plain(.failure, "cannot attach as an agent: the daemon answered HTTP \(responseHead.status.code)")
+            let api = ControlAPI(client: try connection.client())
+            try await api.mappingErrors(context: "cannot attach as an agent") {
+                // The event stream: one JSON object per line, for as long as the connection lasts.
+                let events = try await api.client.sendControl(method: "GET", path: "/v1/agent")
+                guard events.status == 200 else {
+                    events.body.cancel()
+                    throw CLIError.plain(.failure, "cannot attach as an agent: the daemon answered HTTP \(events.status)")
                 }
-                var pending = ByteBuffer()
+                var pending: [UInt8] = []
                 var agentID: String?
-                while var chunk = try await body.next() {
-                    pending.writeBuffer(&chunk)
-                    while let newline = pending.readableBytesView.firstIndex(of: UInt8(ascii: "\n")) {
-                        let length = newline - pending.readerIndex
-                        guard let line = pending.readBytes(length: length) else { break }
-                        pending.moveReaderIndex(forwardBy: 1)
-                        try await Self.handle(line: line, client: client, agentID: &agentID)
+                for try await chunk in events.body {
+                    pending.append(contentsOf: chunk)
+                    while let newline = pending.firstIndex(of: UInt8(ascii: "\n")) {
+                        let line = Array(pending[..<newline])
+                        pending.removeSubrange(...newline)
+                        try await Self.handle(line: line, api: api, agentID: &agentID)
                     }
                 }
                 Console.error("the daemon ended the agent stream")
@@ -84,7 +83,7 @@ struct Agent: AsyncParsableCommand {
         }
     }
 
-    static func handle(line: [UInt8], client: BrokerSocketClient, agentID: inout String?) async throws {
+    static func handle(line: [UInt8], api: ControlAPI, agentID: inout String?) async throws {
         guard let event = try? BrokerJSON.decoder().decode(AgentEvent.self, from: Data(line)) else { return }
         switch event.event {
         case "attached":
@@ -96,10 +95,9 @@ struct Agent: AsyncParsableCommand {
             guard let challenge = event.challenge, let agent = agentID else { return }
             Console.out(HumanFormat.challengeOffer(challenge))
             let answer = challenge.isServerTrust ? Self.askTrust(challenge) : Self.ask(challenge)
-            let api = ControlAPI(client: client)
             do {
                 _ = try await api.call(
-                    .POST, "/v1/agent/\(agent)/answer", json: try answer.brokerJSON(), context: "cannot answer the challenge",
+                    "POST", "/v1/agent/\(agent)/answer", json: try answer.brokerJSON(), context: "cannot answer the challenge",
                     as: AgentAnswerAccepted.self
                 )
                 Console.out(answer.trust == "reject" ? "Rejected." : answer.decline == true ? "Declined." : "Answered.")

@@ -1,7 +1,6 @@
 import ArgumentParser
 import AuthBrokerCore
 import Foundation
-import NIOHTTP1
 
 /// `authbrokerctl anchors ...`: the user's own trust anchors.
 struct Anchors: AsyncParsableCommand {
@@ -37,7 +36,7 @@ struct Anchors: AsyncParsableCommand {
         func run() async throws {
             try await CommandRunner.run {
                 let api = ControlAPI(client: try connection.client())
-                let (list, raw) = try await api.call(.GET, "/v1/anchors", context: "cannot list anchors", as: AnchorList.self)
+                let (list, raw) = try await api.call("GET", "/v1/anchors", context: "cannot list anchors", as: AnchorList.self)
                 if output.json { Console.out(raw) } else { Console.out(HumanFormat.anchorsTable(list.anchors, now: Date())) }
             }
         }
@@ -92,7 +91,7 @@ struct Anchors: AsyncParsableCommand {
                 let api = ControlAPI(client: try connection.client())
                 let request = try AddAnchorRequest(pem: pem, hosts: patterns).brokerJSON()
                 let (list, raw) = try await api.call(
-                    .POST, "/v1/anchors", json: request, context: "cannot add anchor", as: AnchorList.self
+                    "POST", "/v1/anchors", json: request, context: "cannot add anchor", as: AnchorList.self
                 )
                 if output.json {
                     Console.out(raw)
@@ -130,7 +129,7 @@ struct Anchors: AsyncParsableCommand {
                 let hex = try AnchorID.normalize(id)
                 let api = ControlAPI(client: try connection.client())
                 let (removed, raw) = try await api.call(
-                    .DELETE, "/v1/anchors/\(hex)", context: "cannot remove anchor \(hex)", as: RemovedAnchor.self
+                    "DELETE", "/v1/anchors/\(hex)", context: "cannot remove anchor \(hex)", as: RemovedAnchor.self
                 )
                 if output.json { Console.out(raw) } else { Console.out(HumanFormat.removedAnchor(removed.removed)) }
             }
@@ -244,7 +243,7 @@ struct Anchors: AsyncParsableCommand {
                 }
                 let request = try AddAnchorRequest(pem: pems[index], hosts: scope).brokerJSON()
                 let (added, _) = try await api.call(
-                    .POST, "/v1/anchors", json: request, context: "cannot add anchor", as: AnchorList.self
+                    "POST", "/v1/anchors", json: request, context: "cannot add anchor", as: AnchorList.self
                 )
                 for anchor in added.anchors { Console.out(HumanFormat.addedAnchor(anchor, now: Date())) }
 
@@ -266,7 +265,7 @@ struct Anchors: AsyncParsableCommand {
         private func inspect(_ api: ControlAPI, _ target: FetchTarget) async throws -> InspectReport {
             let request = try InspectRequest(url: target.absoluteForm).brokerJSON()
             return try await api.call(
-                .POST, "/v1/inspect", json: request, context: "cannot inspect \(target.origin.description)",
+                "POST", "/v1/inspect", json: request, context: "cannot inspect \(target.origin.description)",
                 as: InspectReport.self
             ).answer
         }

@@ -1,7 +1,6 @@
 import ArgumentParser
 import AuthBrokerCore
 import Foundation
-import NIOHTTP1
 
 /// `authbrokerctl exceptions ...`: exact-certificate exceptions.
 struct Exceptions: AsyncParsableCommand {
@@ -43,7 +42,7 @@ struct Exceptions: AsyncParsableCommand {
         func run() async throws {
             try await CommandRunner.run {
                 let api = ControlAPI(client: try connection.client())
-                let (list, raw) = try await api.call(.GET, "/v1/exceptions", context: "cannot list exceptions", as: ExceptionList.self)
+                let (list, raw) = try await api.call("GET", "/v1/exceptions", context: "cannot list exceptions", as: ExceptionList.self)
                 if output.json { Console.out(raw) } else { Console.out(HumanFormat.exceptionsTable(list.exceptions)) }
             }
         }
@@ -105,7 +104,7 @@ struct Exceptions: AsyncParsableCommand {
                 let api = ControlAPI(client: try connection.client())
                 let request = try AddExceptionRequest(host: exception.host, sha256: exception.sha256, expires: expires).brokerJSON()
                 let (added, raw) = try await api.call(
-                    .POST, "/v1/exceptions", json: request, context: "cannot add the exception", as: AddedException.self
+                    "POST", "/v1/exceptions", json: request, context: "cannot add the exception", as: AddedException.self
                 )
                 if output.json {
                     Console.out(raw)
@@ -140,7 +139,7 @@ struct Exceptions: AsyncParsableCommand {
             try await CommandRunner.run {
                 let api = ControlAPI(client: try connection.client())
                 let path = "/v1/exceptions?host=\(QueryEncoding.encode(exception.host))&sha256=\(QueryEncoding.encode(exception.sha256))"
-                let (removed, raw) = try await api.call(.DELETE, path, context: "cannot remove the exception", as: RemovedException.self)
+                let (removed, raw) = try await api.call("DELETE", path, context: "cannot remove the exception", as: RemovedException.self)
                 if output.json {
                     Console.out(raw)
                 } else {

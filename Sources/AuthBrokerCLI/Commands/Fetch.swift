@@ -1,8 +1,6 @@
 import ArgumentParser
-import AuthBrokerCore
+import AuthBrokerClient
 import Foundation
-import NIOCore
-import NIOHTTP1
 
 #if canImport(Glibc)
 import Glibc
@@ -88,112 +86,73 @@ struct Fetch: AsyncParsableCommand {
             let client = try connection.client()
             let target = try FetchTarget(parsing: url)
             let userHeaders = try headers.map { try HeaderLine(parsing: $0) }
+            // Foundation's URL percent-encodes what RFC 3986 does not allow (`{`, `|`, ...); the
+            // rest of the target goes as the daemon's own parser accepted it.
+            guard let requestURL = URL(string: target.absoluteForm) else {
+                throw CLIError.plain(.badRequest, "'\(HumanFormat.sanitized(url))' cannot be sent as a URL")
+            }
 
-            var body = BrokerRequestBody.none
+            var body = BrokerRequestBody.empty
             var bodyDescriptor: CInt?
-            var framing: (name: String, value: String)?
             if let dataFile {
                 let (descriptor, length) = try LocalFile.openForReading(dataFile)
                 bodyDescriptor = descriptor
-                body = .file(descriptor: descriptor, length: length)
-                framing = length.map { ("Content-Length", String($0)) } ?? ("Transfer-Encoding", "chunked")
+                // With a length: Content-Length; from a pipe: chunked (the library frames it).
+                body = .stream(LocalFile.Chunks(descriptor: descriptor, length: length), length: length.map { Int($0) })
             }
             defer { if let bodyDescriptor, bodyDescriptor != STDIN_FILENO { close(bodyDescriptor) } }
 
             let methodName = try method.map(MethodName.validate) ?? (dataFile == nil ? "GET" : "POST")
-            let head = HTTPRequestHead(
-                version: .http1_1, method: HTTPMethod(rawValue: methodName), uri: target.absoluteForm,
-                headers: Self.requestHeaders(target: target, user: userHeaders, framing: framing)
-            )
-            let printer = ResponsePrinter(
-                url: target.absoluteForm, outputPath: output, include: include, fail: fail
-            )
-            try await client.execute(head, body: body) { responseHead, responseBody in
-                try await printer.handle(responseHead, &responseBody)
+            let request = BrokerRequest(url: requestURL, method: methodName, headers: Self.requestHeaders(user: userHeaders), body: body)
+            let printer = ResponsePrinter(url: target.absoluteForm, outputPath: output, include: include, fail: fail)
+            try await ControlAPI(client: client).mappingErrors(context: "cannot fetch \(HumanFormat.sanitized(target.absoluteForm))") {
+                try await printer.print(try await client.send(request))
             }
         }
     }
 
-    /// `Host` from the URL (RFC 9112 §3.2.2), curl's defaults unless the user set them, the
-    /// user's headers in order, the body framing, and `Connection: close` (one request per run).
-    static func requestHeaders(
-        target: FetchTarget, user: [HeaderLine], framing: (name: String, value: String)?
-    ) -> HTTPHeaders {
-        var headers = HTTPHeaders()
-        headers.add(name: "Host", value: target.origin.hostHeader)
+    /// curl's defaults unless the user set them, then the user's headers in order. The library
+    /// adds `Host` from the URL (RFC 9112 §3.2.2), the body framing and `Connection: close`.
+    static func requestHeaders(user: [HeaderLine]) -> BrokerHeaders {
+        var headers = BrokerHeaders()
         let names = Set(user.map { $0.name.lowercased() })
-        if !names.contains("user-agent") { headers.add(name: "User-Agent", value: "authbrokerctl/\(AuthBrokerCtl.version)") }
-        if !names.contains("accept") { headers.add(name: "Accept", value: "*/*") }
-        for header in user { headers.add(name: header.name, value: header.value) }
-        if let framing { headers.add(name: framing.name, value: framing.value) }
-        headers.add(name: "Connection", value: "close")
+        if !names.contains("user-agent") { headers.add("User-Agent", "authbrokerctl/\(AuthBrokerCtl.version)") }
+        if !names.contains("accept") { headers.add("Accept", "*/*") }
+        for header in user { headers.add(header.name, header.value) }
         return headers
     }
 }
 
-/// Where a fetched response goes: broker errors to stderr as an explanation, the origin's
-/// response (optionally with its head) to the output, chunk by chunk.
+/// Where a fetched response goes: the origin's response (optionally with its head) to the
+/// output, chunk by chunk. The daemon's own failures never get here: the library throws them.
 struct ResponsePrinter: Sendable {
     let url: String
     let outputPath: String?
     let include: Bool
     let fail: Bool
 
-    /// Largest problem+json body read to explain a broker error.
-    static let maxProblemBytes = 1024 * 1024
-
-    func handle(_ head: HTTPResponseHead, _ body: inout BrokerResponseBody) async throws {
-        switch BrokerErrorDetection.classify(head) {
-        case .brokerError(let error, let details):
-            let (buffer, complete) = try await body.collect(upTo: Self.maxProblemBytes)
-            let problem =
-                (complete ? BrokerErrorDetection.brokerProblem(in: buffer.readableBytesView) : nil)
-                ?? HumanFormat.syntheticProblem(
-                    error: ProxyErrorType(rawValue: error) ?? .proxyInternalError, status: Int(head.status.code), details: details,
-                    requestID: head.headers.first(name: "Authbroker-Request-Id")
-                )
-            throw brokerFailure(problem)
-        case .brokerProblem:
-            let (buffer, complete) = try await body.collect(upTo: Self.maxProblemBytes)
-            let problem =
-                (complete ? BrokerErrorDetection.brokerProblem(in: buffer.readableBytesView) : nil)
-                ?? HumanFormat.syntheticProblem(
-                    error: .proxyInternalError, status: Int(head.status.code),
-                    details: head.headers.first(name: BrokerHeaders.error),
-                    requestID: head.headers.first(name: "Authbroker-Request-Id")
-                )
-            throw brokerFailure(problem)
-        case .origin:
-            break
-        }
-
-        if fail, head.status.code >= 400 {
+    func print(_ response: BrokerResponse) async throws {
+        if fail, response.status >= 400 {
+            response.body.cancel()
             throw CLIError.plain(
-                .httpError, "\(HumanFormat.sanitized(url)) returned HTTP \(head.status.code) \(HumanFormat.sanitized(head.status.reasonPhrase))"
+                .httpError, "\(HumanFormat.sanitized(url)) returned HTTP \(response.status) \(HumanFormat.sanitized(response.head.reasonPhrase))"
             )
         }
 
         let descriptor = try outputPath.map(LocalFile.openForWriting) ?? STDOUT_FILENO
         defer { if descriptor != STDOUT_FILENO { close(descriptor) } }
-        if include { try await LocalFile.write(Self.renderHead(head), to: descriptor) }
-        while let chunk = try await body.next() {
+        if include { try await LocalFile.write(Self.renderHead(response.head), to: descriptor) }
+        for try await chunk in response.body {
             try await LocalFile.write(chunk, to: descriptor)
         }
     }
 
-    private func brokerFailure(_ problem: ProblemDetails) -> CLIError {
-        CLIError(
-            CLIExitCode.forProblem(problem),
-            HumanFormat.problem(problem, context: "cannot fetch \(HumanFormat.sanitized(url))", now: Date())
-        )
-    }
-
-    /// The status line and header section as they would appear on the wire, as `curl -i` prints them.
-    static func renderHead(_ head: HTTPResponseHead) -> ByteBuffer {
-        var buffer = ByteBuffer()
-        buffer.writeString("HTTP/\(head.version.major).\(head.version.minor) \(head.status.code) \(head.status.reasonPhrase)\r\n")
-        for (name, value) in head.headers { buffer.writeString("\(name): \(value)\r\n") }
-        buffer.writeString("\r\n")
-        return buffer
+    /// The status line and header section as they would appear on the wire, as `curl -i` prints
+    /// them (the daemon always answers HTTP/1.1).
+    static func renderHead(_ head: BrokerResponseHead) -> [UInt8] {
+        var text = "HTTP/1.1 \(head.status) \(head.reasonPhrase)\r\n"
+        for (name, value) in head.headers { text += "\(name): \(value)\r\n" }
+        text += "\r\n"
+        return Array(text.utf8)
     }
 }

@@ -1,8 +1,6 @@
 import ArgumentParser
 import AuthBrokerCore
 import Foundation
-import NIOCore
-import NIOHTTP1
 
 #if canImport(Glibc)
 import Glibc
@@ -43,7 +41,7 @@ struct Identities: AsyncParsableCommand {
         func run() async throws {
             try await CommandRunner.run {
                 let api = ControlAPI(client: try connection.client())
-                let (list, raw) = try await api.call(.GET, "/v1/identities", context: "cannot list identities", as: IdentityList.self)
+                let (list, raw) = try await api.call("GET", "/v1/identities", context: "cannot list identities", as: IdentityList.self)
                 if output.json { Console.out(raw) } else { Console.out(HumanFormat.identitiesTable(list.identities)) }
             }
         }
@@ -129,7 +127,7 @@ struct Identities: AsyncParsableCommand {
                 }
                 let api = ControlAPI(client: try connection.client())
                 let (imported, raw) = try await api.call(
-                    .POST, "/v1/identities", json: try request.brokerJSON(), context: "cannot import identity", as: ImportedIdentity.self
+                    "POST", "/v1/identities", json: try request.brokerJSON(), context: "cannot import identity", as: ImportedIdentity.self
                 )
                 request.passphrase = nil
                 if output.json { Console.out(raw) } else { Console.out(HumanFormat.importedIdentity(imported.identity)) }
@@ -159,7 +157,7 @@ struct Identities: AsyncParsableCommand {
                 let api = ControlAPI(client: try connection.client())
                 let encoded = name.addingPercentEncoding(withAllowedCharacters: Identities.unreserved) ?? name
                 let (removed, raw) = try await api.call(
-                    .DELETE, "/v1/identities/\(encoded)", context: "cannot remove identity", as: RemovedIdentity.self
+                    "DELETE", "/v1/identities/\(encoded)", context: "cannot remove identity", as: RemovedIdentity.self
                 )
                 if output.json { Console.out(raw) } else { Console.out("Removed identity \(HumanFormat.sanitized(removed.removed.name)) and its key.") }
             }
@@ -186,30 +184,25 @@ struct Identities: AsyncParsableCommand {
             try await CommandRunner.run {
                 let api = ControlAPI(client: try connection.client())
                 let encoded = name.addingPercentEncoding(withAllowedCharacters: Identities.unreserved) ?? name
-                let path = "/v1/identities/\(encoded)/export"
-                for attempt in 0..<2 {
-                    let response = try await api.client.control(method: .POST, path: path, json: Data("{}".utf8))
-                    if attempt == 0, response.status == 403, response.problem?.code == BrokerErrorCode.reauthenticationRequired.rawValue {
-                        try await Reauthentication.run(api: api, passwordFromStdin: loginPasswordStdin)
-                        continue
-                    }
-                    let (exported, _) = try ControlAPI.decode(response, method: .POST, path: path, context: "cannot export identity", as: ExportedIdentity.self)
-                    guard let data = Data(base64Encoded: exported.dataBase64) else {
-                        throw CLIError.plain(.failure, "cannot export identity: the daemon's answer is not base64")
-                    }
-                    let descriptor = open(output, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
-                    guard descriptor >= 0 else {
-                        throw CLIError.plain(.failure, "cannot write \(output): \(String(cString: strerror(errno))) (it must not exist yet)")
-                    }
-                    defer { close(descriptor) }
-                    try LocalFile.writeAll(ByteBuffer(bytes: data), to: descriptor)
-                    let what = exported.format == "pkcs12" ? "the PKCS#12 file" : "the PEM certificate chain and key"
-                    let protection = exported.passphrase == nil
-                        ? "The key in it is not encrypted (it was imported that way): keep the file private."
-                        : "It is protected by the passphrase it was imported with."
-                    Console.out("Wrote \(what) of \(name) to \(output). \(protection)")
-                    return
+                let (exported, _) = try await api.call(
+                    "POST", "/v1/identities/\(encoded)/export", json: Data("{}".utf8), context: "cannot export identity",
+                    as: ExportedIdentity.self,
+                    reauthenticate: { try await Reauthentication.run(api: api, passwordFromStdin: loginPasswordStdin) }
+                )
+                guard let data = Data(base64Encoded: exported.dataBase64) else {
+                    throw CLIError.plain(.failure, "cannot export identity: the daemon's answer is not base64")
                 }
+                let descriptor = open(output, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+                guard descriptor >= 0 else {
+                    throw CLIError.plain(.failure, "cannot write \(output): \(String(cString: strerror(errno))) (it must not exist yet)")
+                }
+                defer { close(descriptor) }
+                try LocalFile.writeAll(data, to: descriptor)
+                let what = exported.format == "pkcs12" ? "the PKCS#12 file" : "the PEM certificate chain and key"
+                let protection = exported.passphrase == nil
+                    ? "The key in it is not encrypted (it was imported that way): keep the file private."
+                    : "It is protected by the passphrase it was imported with."
+                Console.out("Wrote \(what) of \(name) to \(output). \(protection)")
             }
         }
     }

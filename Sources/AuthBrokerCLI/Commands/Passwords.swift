@@ -1,7 +1,7 @@
 import ArgumentParser
+import AuthBrokerClient
 import AuthBrokerCore
 import Foundation
-import NIOHTTP1
 
 #if canImport(Glibc)
 import Glibc
@@ -50,7 +50,7 @@ struct Passwords: AsyncParsableCommand {
         func run() async throws {
             try await CommandRunner.run {
                 let api = ControlAPI(client: try connection.client())
-                let (list, raw) = try await api.call(.GET, "/v1/passwords", context: "cannot list passwords", as: PasswordList.self)
+                let (list, raw) = try await api.call("GET", "/v1/passwords", context: "cannot list passwords", as: PasswordList.self)
                 if output.json { Console.out(raw) } else { Console.out(HumanFormat.passwordsTable(list.passwords)) }
             }
         }
@@ -125,7 +125,7 @@ struct Passwords: AsyncParsableCommand {
                     url: url, user: user, realm: realm, password: password, persistence: chosenPersistence
                 ).brokerJSON()
                 let (added, raw) = try await api.call(
-                    .POST, "/v1/passwords", json: request, context: "cannot add password", as: AddedPassword.self
+                    "POST", "/v1/passwords", json: request, context: "cannot add password", as: AddedPassword.self
                 )
                 if output.json { Console.out(raw) } else { Console.out("added " + HumanFormat.passwordLine(added.password)) }
             }
@@ -173,7 +173,7 @@ struct Passwords: AsyncParsableCommand {
                 if let realm { query += "&realm=\(Self.encode(realm))" }
                 let api = ControlAPI(client: try connection.client())
                 let (removed, raw) = try await api.call(
-                    .DELETE, "/v1/passwords?\(query)", context: "cannot remove password", as: RemovedPassword.self
+                    "DELETE", "/v1/passwords?\(query)", context: "cannot remove password", as: RemovedPassword.self
                 )
                 if output.json { Console.out(raw) } else { Console.out("removed " + HumanFormat.passwordLine(removed.removed)) }
             }
@@ -220,18 +220,11 @@ extension Passwords {
             try await CommandRunner.run {
                 let api = ControlAPI(client: try connection.client())
                 let request = try RevealPasswordRequest(url: url, user: user, realm: realm).brokerJSON()
-                for attempt in 0..<2 {
-                    let response = try await api.client.control(method: .POST, path: "/v1/passwords/reveal", json: request)
-                    if attempt == 0, response.status == 403, response.problem?.code == BrokerErrorCode.reauthenticationRequired.rawValue {
-                        try await Reauthentication.run(api: api, passwordFromStdin: loginPasswordStdin)
-                        continue
-                    }
-                    let (revealed, _) = try ControlAPI.decode(
-                        response, method: .POST, path: "/v1/passwords/reveal", context: "cannot show password", as: RevealedPassword.self
-                    )
-                    Console.out(revealed.password)
-                    return
-                }
+                let (revealed, _) = try await api.call(
+                    "POST", "/v1/passwords/reveal", json: request, context: "cannot show password", as: RevealedPassword.self,
+                    reauthenticate: { try await Reauthentication.run(api: api, passwordFromStdin: loginPasswordStdin) }
+                )
+                Console.out(revealed.password)
             }
         }
     }
@@ -240,7 +233,7 @@ extension Passwords {
 /// The PAM dialogue with the daemon: its prompts on the terminal (or one answer from stdin).
 enum Reauthentication {
     static func run(api: ControlAPI, passwordFromStdin: Bool) async throws {
-        var (step, _) = try await api.call(.POST, "/v1/reauth", context: "cannot re-authenticate", as: ReauthStep.self)
+        var (step, _) = try await api.call("POST", "/v1/reauth", context: "cannot re-authenticate", as: ReauthStep.self)
         var answeredFromStdin = false
         while true {
             for message in step.messages { Console.error(message) }
@@ -273,7 +266,7 @@ enum Reauthentication {
                 defer { for index in answer.indices { answer[index] = 0 } }
                 let body = try ReauthAnswer(answer: String(decoding: answer, as: UTF8.self)).brokerJSON()
                 (step, _) = try await api.call(
-                    .POST, "/v1/reauth/\(transaction)", json: body, context: "re-authentication refused", as: ReauthStep.self
+                    "POST", "/v1/reauth/\(transaction)", json: body, context: "re-authentication refused", as: ReauthStep.self
                 )
             default:
                 throw CLIError.plain(.failure, "cannot re-authenticate: the daemon answered '\(step.state)', which this authbrokerctl does not know")

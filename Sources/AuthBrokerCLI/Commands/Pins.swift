@@ -1,7 +1,6 @@
 import ArgumentParser
 import AuthBrokerCore
 import Foundation
-import NIOHTTP1
 
 /// `authbrokerctl pins ...`: SPKI pins.
 struct Pins: AsyncParsableCommand {
@@ -38,7 +37,7 @@ struct Pins: AsyncParsableCommand {
         func run() async throws {
             try await CommandRunner.run {
                 let api = ControlAPI(client: try connection.client())
-                let (list, raw) = try await api.call(.GET, "/v1/pins", context: "cannot list pins", as: PinList.self)
+                let (list, raw) = try await api.call("GET", "/v1/pins", context: "cannot list pins", as: PinList.self)
                 if output.json { Console.out(raw) } else { Console.out(HumanFormat.pinsTable(list.pins)) }
             }
         }
@@ -89,7 +88,7 @@ struct Pins: AsyncParsableCommand {
                 let (host, spki) = try pin.parsed()
                 let api = ControlAPI(client: try connection.client())
                 let request = try AddPinRequest(host: host, spkiSHA256: spki).brokerJSON()
-                let (added, raw) = try await api.call(.POST, "/v1/pins", json: request, context: "cannot add pin", as: AddedPin.self)
+                let (added, raw) = try await api.call("POST", "/v1/pins", json: request, context: "cannot add pin", as: AddedPin.self)
                 if output.json {
                     Console.out(raw)
                 } else {
@@ -119,7 +118,7 @@ struct Pins: AsyncParsableCommand {
                 let (host, spki) = try pin.parsed()
                 let api = ControlAPI(client: try connection.client())
                 let path = "/v1/pins?host=\(QueryEncoding.encode(host))&spki_sha256=\(QueryEncoding.encode(spki))"
-                let (removed, raw) = try await api.call(.DELETE, path, context: "cannot remove pin", as: RemovedPin.self)
+                let (removed, raw) = try await api.call("DELETE", path, context: "cannot remove pin", as: RemovedPin.self)
                 if output.json {
                     Console.out(raw)
                 } else {

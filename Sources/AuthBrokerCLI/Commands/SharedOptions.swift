@@ -1,8 +1,7 @@
 import ArgumentParser
+import AuthBrokerClient
 import AuthBrokerCore
 import Foundation
-import NIOCore
-import NIOHTTP1
 
 #if canImport(Glibc)
 import Glibc
@@ -55,8 +54,11 @@ package struct ConnectionOptions: ParsableArguments {
         }
     }
 
-    package func client() throws -> BrokerSocketClient {
-        BrokerSocketClient(socketPath: try socketPath())
+    /// The client library's client of the daemon at `socketPath()`.
+    package func client() throws -> BrokerClient {
+        var client = BrokerClient(socketPath: try socketPath())
+        client.userAgent = "authbrokerctl/\(AuthBrokerCtl.version)"
+        return client
     }
 }
 
@@ -91,87 +93,53 @@ enum CommandRunner {
     }
 }
 
-extension CLIError {
-    /// The user-facing form of any error a command can meet.
-    init(_ error: any Error) {
-        switch error {
-        case let error as CLIError:
-            self = error
-        case let error as InputError:
-            self = .plain(.badRequest, error.message)
-        case let error as LocalFile.Failure:
-            self = .plain(.failure, error.message)
-        case let error as BrokerClientError:
-            self = CLIError(clientError: error)
-        case is CancellationError:
-            self = .plain(.failure, "cancelled")
-        default:
-            self = .plain(.failure, "unexpected error: \(error)")
-        }
-    }
-
-    init(clientError: BrokerClientError) {
-        switch clientError {
-        case .daemonNotRunning(let socket):
-            self.init(.daemonNotRunning, HumanFormat.daemonNotRunning(socket: socket))
-        case .permissionDenied(let socket):
-            self = .plain(
-                .failure,
-                "permission denied connecting to \(socket); authbrokerd serves only the user it runs as, so use your own daemon's socket"
-            )
-        case .unusableSocket(let socket, let reason):
-            self = .plain(.failure, "cannot connect to \(socket): \(reason)")
-        case .connectionClosed(let socket):
-            self = .plain(
-                .upstream,
-                "the response is incomplete: authbrokerd on \(socket) closed the connection before its end (the upstream may have cut it off); see the daemon's log (journalctl --user -u authbrokerd)"
-            )
-        case .protocolError(let reason):
-            self = .plain(.upstream, "the daemon's answer is not valid HTTP/1.1 (\(reason)); is \(AuthBrokerCtl.version) the version of authbrokerd too?")
-        case .responseTooLarge(let limit):
-            self = .plain(.failure, "the daemon's answer is larger than \(limit / (1024 * 1024)) MiB; use --json and a filter, or report this as a bug")
-        case .requestBody(let reason):
-            self = .plain(.failure, "cannot send the request body: \(reason)")
-        case .foreignListener(let listener):
-            self = .plain(.failure, listener.message)
-        }
-    }
-}
-
-/// Typed control-API calls: a JSON request, a decoded answer or a rendered problem.
+/// Typed control-API calls through the client library: a JSON request, the daemon's answer
+/// decoded into the CLI's models (and kept raw for `--json`), every failure a `CLIError`.
 struct ControlAPI {
-    let client: BrokerSocketClient
+    let client: BrokerClient
 
-    /// Sends the request and decodes a 2xx answer; any other status becomes a `CLIError`
-    /// rendered from the problem body, with `context` ("cannot add anchor") on its first line.
+    /// Sends the request and decodes its 2xx answer. A refusal becomes a `CLIError` rendered
+    /// from the daemon's problem, with `context` ("cannot add anchor") on its first line.
+    ///
+    /// With `reauthenticate`, a `403 reauthentication_required` runs it (the PAM dialogue) and
+    /// sends the request once more.
     func call<Answer: Decodable>(
-        _ method: HTTPMethod, _ path: String, json: Data? = nil, context: String, as: Answer.Type
-    ) async throws -> (answer: Answer, raw: ByteBuffer) {
-        let response = try await client.control(method: method, path: path, json: json)
-        return try Self.decode(response, method: method, path: path, context: context, as: Answer.self)
+        _ method: String, _ path: String, json: Data? = nil, context: String, as: Answer.Type,
+        reauthenticate: (() async throws -> Void)? = nil
+    ) async throws -> (answer: Answer, raw: Data) {
+        var reauthenticated = false
+        while true {
+            let data: Data
+            do {
+                (data, _) = try await client.controlData(method: method, path: path, json: json)
+            } catch let error as BrokerError where error.status == 403 && error.code == BrokerErrorCode.reauthenticationRequired.rawValue && !reauthenticated {
+                guard let reauthenticate else { throw CLIError(error, context: context, socketPath: client.socketPath) }
+                reauthenticated = true
+                try await reauthenticate()
+                continue
+            } catch {
+                throw CLIError(error, context: context, socketPath: client.socketPath)
+            }
+            do {
+                return (try BrokerJSON.decoder().decode(Answer.self, from: data), data)
+            } catch {
+                throw CLIError.plain(
+                    .failure,
+                    "\(context): the daemon's answer to \(method) \(path) could not be read (\(error)); is authbrokerd version \(AuthBrokerCtl.version)?"
+                )
+            }
+        }
     }
 
-    /// Decodes a 2xx answer, or throws the problem it carries as a `CLIError`.
-    static func decode<Answer: Decodable>(
-        _ response: ControlResponse, method: HTTPMethod, path: String, context: String, as: Answer.Type
-    ) throws -> (answer: Answer, raw: ByteBuffer) {
-        guard (200..<300).contains(response.status) else {
-            if let problem = response.problem {
-                throw CLIError(CLIExitCode.forProblem(problem), HumanFormat.problem(problem, context: context, now: Date()))
-            }
-            throw CLIError.plain(
-                response.status < 500 ? .badRequest : .failure,
-                "\(context): the daemon answered HTTP \(response.status) \(response.head.status.reasonPhrase) for \(method.rawValue) \(path); is authbrokerd version \(AuthBrokerCtl.version)?"
-            )
-        }
+    /// Runs `body`, which uses `client`; a failure the library reports becomes a `CLIError` with
+    /// `context`, anything else (a local file's failure) goes on as it is.
+    func mappingErrors<T>(context: String, _ body: () async throws -> T) async throws -> T {
         do {
-            let answer = try BrokerJSON.decoder().decode(Answer.self, from: Data(response.body.readableBytesView))
-            return (answer, response.body)
-        } catch {
-            throw CLIError.plain(
-                .failure,
-                "\(context): the daemon's answer to \(method.rawValue) \(path) could not be read (\(error)); is authbrokerd version \(AuthBrokerCtl.version)?"
-            )
+            return try await body()
+        } catch let error as BrokerError {
+            throw CLIError(error, context: context, socketPath: client.socketPath)
+        } catch let error as BrokerClientError {
+            throw CLIError(error, context: context, socketPath: client.socketPath)
         }
     }
 }

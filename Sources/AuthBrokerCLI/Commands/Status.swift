@@ -1,6 +1,5 @@
 import ArgumentParser
 import Foundation
-import NIOHTTP1
 
 /// `authbrokerctl status`.
 struct Status: AsyncParsableCommand {
@@ -22,7 +21,7 @@ struct Status: AsyncParsableCommand {
     func run() async throws {
         try await CommandRunner.run {
             let api = ControlAPI(client: try connection.client())
-            let (report, raw) = try await api.call(.GET, "/v1/status", context: "cannot get status", as: StatusReport.self)
+            let (report, raw) = try await api.call("GET", "/v1/status", context: "cannot get status", as: StatusReport.self)
             if output.json { Console.out(raw) } else { Console.out(HumanFormat.status(report)) }
         }
     }
