@@ -219,7 +219,7 @@ package struct Interceptor: Sendable {
                     logger.debug("answered the \(byProxy ? "proxy's" : "origin's") challenge from the store; sending the request again")
                 case .expectationRefused:
                     logger.debug("the origin refused Expect: 100-continue; sending the request again without it")
-                case .failedBeforeHead where step.next != .finish(keepAlive: false) && step.next != .finish(keepAlive: true):
+                case .failedBeforeHead:
                     if case .send = step.next { logger.debug("pooled connection was closed by the origin; retrying once on a new one") }
                 default:
                     break
