@@ -347,10 +347,13 @@ package struct ClientConnectionServer: Sendable {
                 } else {
                     let exchange = adopted
                     adopted = nil
+                    let client = ClientSide(
+                        requestID: requestID, peer: peer, logger: logger, writer: writer, close: closeClient,
+                        abort: abortClient, draining: draining, gone: clientGone
+                    )
                     outcome = await self.interceptor.proxy(
-                        head: head, origin: origin, pathAndQuery: pathAndQuery, adopted: exchange, requestID: requestID, peer: peer,
-                        logger: logger, requests: &requests, writer: writer, closeClient: closeClient,
-                        abortClient: abortClient, draining: draining, clientGone: clientGone
+                        head: head, origin: origin, pathAndQuery: pathAndQuery, adopted: exchange, client: client,
+                        requests: &requests
                     )
                 }
             }

@@ -24,6 +24,38 @@ package struct RequestOutcome: Sendable {
     package var disposition: ConnectionDisposition
 }
 
+/// The client's side of one request, as the full path sees it: who asked, where the response
+/// goes, and how the client connection ends.
+package struct ClientSide: Sendable {
+    package var requestID: String
+    package var peer: ConnectionPeer?
+    package var logger: Logger
+    package var writer: ClientResponseWriter
+    /// Ends the client connection after the response under way.
+    package var close: @Sendable () -> Void
+    /// Ends the client connection at once (its response was cut off).
+    package var abort: @Sendable () -> Void
+    /// Whether the daemon is draining (no connection is kept alive then).
+    package var draining: @Sendable () -> Bool
+    /// Returns when the client's connection has closed.
+    package var gone: @Sendable () async -> Void
+
+    package init(
+        requestID: String, peer: ConnectionPeer?, logger: Logger, writer: ClientResponseWriter,
+        close: @escaping @Sendable () -> Void, abort: @escaping @Sendable () -> Void,
+        draining: @escaping @Sendable () -> Bool, gone: @escaping @Sendable () async -> Void = {}
+    ) {
+        self.requestID = requestID
+        self.peer = peer
+        self.logger = logger
+        self.writer = writer
+        self.close = close
+        self.abort = abort
+        self.draining = draining
+        self.gone = gone
+    }
+}
+
 /// Fetches one absolute-form request upstream and streams the response back (the data plane).
 ///
 /// The request body is pumped by the calling task (it owns the client's inbound iterator);
@@ -52,11 +84,10 @@ package struct Interceptor: Sendable {
     ///   request and hands over with its response head read (a challenge): the first attempt.
     package func proxy(
         head: HTTPRequestHead, origin: CanonicalOrigin, pathAndQuery: String, adopted: AdoptedExchange? = nil,
-        requestID: String, peer: ConnectionPeer? = nil,
-        logger: Logger, requests: inout ClientRequestIterator, writer: ClientResponseWriter,
-        closeClient: @escaping @Sendable () -> Void, abortClient: @escaping @Sendable () -> Void,
-        draining: @escaping @Sendable () -> Bool, clientGone: @escaping @Sendable () async -> Void = {}
+        client: ClientSide, requests: inout ClientRequestIterator
     ) async -> RequestOutcome {
+        let (requestID, peer, logger, writer) = (client.requestID, client.peer, client.logger, client.writer)
+        let (closeClient, abortClient, draining, clientGone) = (client.close, client.abort, client.draining, client.gone)
         // The `Authbroker-*` directives, read once: the identity it asks for, how long it may wait
         // for an agent (`Authbroker-Interactive`).
         let directives = BrokerDirectives(headers: head.headers)
@@ -198,8 +229,7 @@ package struct Interceptor: Sendable {
                         mayAnswer: attempt.mayAnswerChallenges, agentWait: agentWait, peer: peer, clientGone: clientGone,
                         proxy: forwardProxy.map { (origin: $0, uri: upstreamTarget, state: proxyAuth) }
                     ),
-                    route: route, requestID: requestID, logger: logger, requests: &requests, writer: writer,
-                    closeClient: closeClient, draining: draining
+                    route: route, client: client, requests: &requests
                 )
                 lastResult = result.pump
                 lastMalformedBody = result.malformedBody
@@ -292,10 +322,10 @@ package struct Interceptor: Sendable {
     /// origin's `100 Continue`, streamed, or resent from the replay buffer).
     private func runExchange(
         _ attempt: RequestStateMachine.Attempt, lease: PooledConnection<UpstreamConnection>, exchange: UpstreamExchange,
-        sendsWhole: Bool, expectsContinue: Bool, context: AuthContext, route: UpstreamRoute, requestID: String,
-        logger: Logger, requests: inout ClientRequestIterator, writer: ClientResponseWriter,
-        closeClient: @escaping @Sendable () -> Void, draining: @escaping @Sendable () -> Bool
+        sendsWhole: Bool, expectsContinue: Bool, context: AuthContext, route: UpstreamRoute, client: ClientSide,
+        requests: inout ClientRequestIterator
     ) async -> AttemptResult {
+        let writer = client.writer
         let state = ExchangeState()
         var malformedBody: (any Error)?
         let gate = ContinueGate(
@@ -308,9 +338,10 @@ package struct Interceptor: Sendable {
         let clientWantsKeepAlive = context.head.isKeepAlive && context.head.version == .http1_1
         let pump: @Sendable () async -> ResponsePumpResult = {
             await self.pumpResponse(
-                exchange.responseParts, route: route, connection: lease.connection, requestID: requestID, logger: logger,
-                writer: writer, gate: gate, brokerAddedExpect: brokerAddedExpect, clientWantsKeepAlive: clientWantsKeepAlive,
-                state: state, auth: context, closeClient: closeClient, draining: draining,
+                exchange.responseParts, route: route, connection: lease.connection, requestID: client.requestID,
+                logger: client.logger, writer: writer, gate: gate, brokerAddedExpect: brokerAddedExpect,
+                clientWantsKeepAlive: clientWantsKeepAlive, state: state, auth: context, closeClient: client.close,
+                draining: client.draining,
                 retryAllowed: attempt.mayRetryClosedConnection
             )
         }
