@@ -64,7 +64,9 @@ struct ServerNamePolicy: VerifierPolicy {
             if HostPattern.ipAddressBytes(name) != nil {
                 return unfit("its subjectAltName holds the IP address '\(name)' as a DNS name, where it may not be")
             }
-            guard Self.isPreferredNameSyntax(name) else {
+            // HostPattern's grammar is RFC 1034 §3.5 as RFC 1123 §2.1 relaxes it, with a whole
+            // left-most `*` label allowed: the preferred name syntax RFC 5280 §4.2.1.6 asks for.
+            guard let pattern = try? HostPattern(parsing: name), !pattern.isIPAddress else {
                 return unfit("its subjectAltName holds '\(name)', which is not a host name (letters, digits and hyphens)")
             }
             if name.hasPrefix("*."), case let base = Self.normalized(String(name.dropFirst(2))), publicSuffixes.isPublicSuffix(base) {
@@ -78,24 +80,6 @@ struct ServerNamePolicy: VerifierPolicy {
             return unfit("its subject CN '\(commonName)' is not, character for character, one of the names in its subjectAltName")
         }
         return nil
-    }
-
-    /// RFC 1034 §3.5 as RFC 1123 §2.1 relaxes it (labels of letters, digits and inner hyphens,
-    /// up to 63 octets, 253 in all, an optional final dot), with a left-most `*` label allowed.
-    static func isPreferredNameSyntax(_ name: String) -> Bool {
-        var name = Substring(name)
-        if name.hasSuffix(".") { name = name.dropLast() }
-        if name.hasPrefix("*.") { name = name.dropFirst(2) }
-        guard !name.isEmpty, name.utf8.count <= 253 else { return false }
-        return name.split(separator: ".", omittingEmptySubsequences: false).allSatisfy { label in
-            let bytes = label.utf8
-            guard let first = bytes.first, let last = bytes.last, bytes.count <= 63, first != UInt8(ascii: "-"), last != UInt8(ascii: "-")
-            else { return false }
-            return bytes.allSatisfy { byte in
-                (byte >= UInt8(ascii: "a") && byte <= UInt8(ascii: "z")) || (byte >= UInt8(ascii: "A") && byte <= UInt8(ascii: "Z"))
-                    || (byte >= UInt8(ascii: "0") && byte <= UInt8(ascii: "9")) || byte == UInt8(ascii: "-")
-            }
-        }
     }
 
     /// Whether a normalised subjectAltName DNS entry matches a normalised host.
@@ -356,12 +340,30 @@ struct CertificateProfilePolicy: VerifierPolicy {
                     fail(leaf, "its name '*.\(wildcard)' covers '\(excluded)', which the name constraints of '\(authority.subject)' exclude")
                 }
             }
-            // The verifier decides these; they are named here so the reason is in the user's words.
+        }
+        return failures
+    }
+
+    /// What the verifier refused in the chain, said in the user's words: a name an intermediate's
+    /// constraints do not allow, a path length exceeded, a critical extension nobody here
+    /// understands. The verifier decides these (RFC5280Policy, its critical-extension check), so
+    /// this runs only to explain a refusal, never in the policy on every evaluation.
+    static func verifierRefusalsInWords(chain: [Certificate]) -> [TrustFailure] {
+        guard let leaf = chain.first else { return [] }
+        var failures: [TrustFailure] = []
+        func fail(_ certificate: Certificate, _ reason: String) {
+            failures.append(.unfitForServer(certificate: ServerNamePolicy.describe(certificate), reason: reason))
+        }
+        for authority in chain.dropFirst() {
+            // Malformed constraints are refused as such by `failures`; nothing to explain here.
+            guard let constraints = try? authority.extensions.nameConstraints,
+                !(constraints.permittedSubtrees.isEmpty && constraints.excludedSubtrees.isEmpty),
+                !(Array(constraints.permittedDNSDomains) + Array(constraints.excludedDNSDomains)).contains(where: { $0.hasPrefix(".") })
+            else { continue }
             for reason in Self.constraintViolations(of: leaf, constraints) {
                 fail(leaf, "\(reason), by the name constraints of '\(authority.subject)'")
             }
         }
-
         // Path length (RFC 5280 §4.2.1.9): self-issued intermediates do not count.
         for (index, authority) in chain.enumerated().dropFirst() {
             guard case .isCertificateAuthority(let maxPathLength?)? = try? authority.extensions.basicConstraints else { continue }
@@ -370,7 +372,6 @@ struct CertificateProfilePolicy: VerifierPolicy {
                 fail(authority, "this CA allows \(maxPathLength) intermediate CA\(maxPathLength == 1 ? "" : "s") below it, and the chain has \(below)")
             }
         }
-
         // A critical extension no rule here understands: RFC 5280 §4.2 makes the certificate unusable.
         for certificate in chain {
             for unknown in certificate.extensions where unknown.critical && !Self.understoodCriticalExtensions.contains(unknown.oid) {

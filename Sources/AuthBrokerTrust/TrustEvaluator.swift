@@ -260,6 +260,7 @@ package final class TrustEvaluator: Sendable {
             timeChain = Array(path)
             let judgeRoot = timeChain.count > 1 && timeChain.last.map { userRoots.contains($0) } == true
             failures += CertificateProfilePolicy.failures(chain: timeChain, judgeRoot: judgeRoot)
+            failures += CertificateProfilePolicy.verifierRefusalsInWords(chain: timeChain)
         } else {
             var allPath: [Certificate]? = nil
             if !outOfScope.isEmpty {

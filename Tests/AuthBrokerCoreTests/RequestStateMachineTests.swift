@@ -199,22 +199,10 @@ struct RequestStateMachineTests {
 
     // MARK: seeded random drive
 
-    /// A small deterministic generator (SplitMix64), so a failure names a seed that replays it.
-    struct SeededGenerator: RandomNumberGenerator {
-        var state: UInt64
-        mutating func next() -> UInt64 {
-            self.state &+= 0x9E37_79B9_7F4A_7C15
-            var z = self.state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return z ^ (z >> 31)
-        }
-    }
-
     @Test("random drives: every request ends, attempts are bounded, rule 1 holds, trust is asked at most once", arguments: 0..<8)
     func randomDrives(batch: Int) {
         for seed in UInt64(batch * 250)..<UInt64(batch * 250 + 250) {
-            var random = SeededGenerator(state: seed)
+            var random = ChallengeQueueRandomTests.SplitMix(state: seed)
             let request = Self.request(
                 hasBody: Bool.random(using: &random), keepAlive: Bool.random(using: &random), ask: Bool.random(using: &random),
                 adopted: Bool.random(using: &random), holdsBody: Bool.random(using: &random)

@@ -249,11 +249,16 @@ private final class FaultHandler: ChannelInboundHandler {
             self.takenOver = true
             self.writeThenClose(context: context, "HTTP/1.1 200 Connection established\r\n\r\n")
         } else {
-            var head = Array("HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Basic realm=\"foo-".utf8)
-            head.append(0xE4)
-            head += Array("\"\r\nContent-Length: 6\r\n\r\ndenied".utf8)
-            self.writeBytes(context: context, head)
+            self.writeBytes(context: context, Self.latin1Challenge("407 Proxy Authentication Required", field: "Proxy-Authenticate"))
         }
+    }
+
+    /// A challenge for Basic `realm="foo-<0xE4>"`: the realm in ISO-8859-1, as older servers send it.
+    private static func latin1Challenge(_ status: String, field: String) -> [UInt8] {
+        var head = Array("HTTP/1.1 \(status)\r\n\(field): Basic realm=\"foo-".utf8)
+        head.append(0xE4)
+        head += Array("\"\r\nContent-Length: 6\r\n\r\ndenied".utf8)
+        return head
     }
 
     private func respond(context: ChannelHandlerContext, path: String) {
@@ -288,10 +293,7 @@ private final class FaultHandler: ChannelInboundHandler {
             if self.requestLines.contains(where: { $0.lowercased() == expected }) {
                 self.write(context: context, Self.response(body: "welcome"))
             } else {
-                var head = Array("HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Basic realm=\"foo-".utf8)
-                head.append(0xE4)
-                head += Array("\"\r\nContent-Length: 6\r\n\r\ndenied".utf8)
-                self.writeBytes(context: context, head)
+                self.writeBytes(context: context, Self.latin1Challenge("401 Unauthorized", field: "WWW-Authenticate"))
             }
         case "proxy-challenge":
             let realm = parts.count > 1 ? parts[1].removingPercentEncoding ?? parts[1] : "origin"
