@@ -12,11 +12,7 @@ import X509
 /// trusted. The CA is the user's anchor for every host, which relaxes none of these rules.
 @Suite("Server certificate rules")
 struct ServerCertificateRulesTests {
-    struct Made {
-        var certificate: Certificate
-        var key: P256.Signing.PrivateKey
-        var der: [UInt8]
-    }
+    typealias Made = MadeCertificate
 
     /// A certificate with `extensions` plus its key identifiers (unless `keyIDs` is false),
     /// signed by `issuer` (nil: self-signed).
@@ -31,24 +27,14 @@ struct ServerCertificateRulesTests {
         }
         var extensions = extensions
         if keyIDs {
-            try extensions.append(Certificate.Extension(SubjectKeyIdentifier(keyIdentifier: Self.keyID(key)), critical: false))
+            try extensions.append(Certificate.Extension(SubjectKeyIdentifier(keyIdentifier: Made.keyID(key)), critical: false))
             if let issuer {
-                try extensions.append(Certificate.Extension(AuthorityKeyIdentifier(keyIdentifier: Self.keyID(issuer.key)), critical: false))
+                try extensions.append(Certificate.Extension(AuthorityKeyIdentifier(keyIdentifier: issuer.keyID), critical: false))
             }
         }
-        let certificate = try Certificate(
-            version: .v3, serialNumber: Certificate.SerialNumber(), publicKey: Certificate.PublicKey(key.publicKey),
-            notValidBefore: notBefore, notValidAfter: .now + 86400, issuer: issuer?.certificate.subject ?? subject,
-            subject: subject, signatureAlgorithm: .ecdsaWithSHA256, extensions: extensions,
-            issuerPrivateKey: Certificate.PrivateKey(issuer?.key ?? key)
+        return try Made.sign(
+            subject: subject, issuer: issuer, key: key, notBefore: notBefore, notAfter: .now + 86400, extensions: extensions
         )
-        var serializer = DER.Serializer()
-        try serializer.serialize(certificate)
-        return Made(certificate: certificate, key: key, der: serializer.serializedBytes)
-    }
-
-    static func keyID(_ key: P256.Signing.PrivateKey) -> ArraySlice<UInt8> {
-        ArraySlice(Insecure.SHA1.hash(data: key.publicKey.x963Representation))
     }
 
     static func makeCA(

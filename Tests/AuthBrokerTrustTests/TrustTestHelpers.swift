@@ -1,8 +1,11 @@
 import AuthBrokerCore
 import AuthBrokerTrust
+import Crypto
 import Foundation
 import Logging
+import SwiftASN1
 import TestSupport
+import X509
 
 /// A fresh directory under the system temp dir, removed by the caller with `cleanUp()`.
 struct TemporaryDirectory {
@@ -51,5 +54,35 @@ struct EvaluatorFixture {
 
     func evaluate(_ chain: [TestIdentity], host: String, now: Date = Date()) async -> TrustDecision {
         await self.evaluator.evaluate(chainDER: chain.map(\.der), host: host, now: now)
+    }
+}
+
+/// A certificate made for a trust test, with its key and its DER.
+struct MadeCertificate: Sendable {
+    var certificate: Certificate
+    var key: P256.Signing.PrivateKey
+    var der: [UInt8]
+
+    /// Its key identifier: the SHA-1 of its public key.
+    var keyID: ArraySlice<UInt8> { Self.keyID(self.key) }
+
+    static func keyID(_ key: P256.Signing.PrivateKey) -> ArraySlice<UInt8> {
+        ArraySlice(Insecure.SHA1.hash(data: key.publicKey.x963Representation))
+    }
+
+    /// A certificate with exactly `extensions`, signed by `issuer` (nil: self-signed).
+    static func sign(
+        subject: DistinguishedName, issuer: MadeCertificate?, key: P256.Signing.PrivateKey, notBefore: Date, notAfter: Date,
+        extensions: Certificate.Extensions
+    ) throws -> MadeCertificate {
+        let certificate = try Certificate(
+            version: .v3, serialNumber: Certificate.SerialNumber(), publicKey: Certificate.PublicKey(key.publicKey),
+            notValidBefore: notBefore, notValidAfter: notAfter, issuer: issuer?.certificate.subject ?? subject,
+            subject: subject, signatureAlgorithm: .ecdsaWithSHA256, extensions: extensions,
+            issuerPrivateKey: Certificate.PrivateKey(issuer?.key ?? key)
+        )
+        var serializer = DER.Serializer()
+        try serializer.serialize(certificate)
+        return MadeCertificate(certificate: certificate, key: key, der: serializer.serializedBytes)
     }
 }

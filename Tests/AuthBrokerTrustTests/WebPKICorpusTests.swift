@@ -14,15 +14,7 @@ import X509
 /// anchor for every host, which relaxes none of the rules.
 @Suite("Web PKI corpus (x509-limbo server cases)")
 struct WebPKICorpusTests {
-    struct Made: Sendable {
-        var certificate: Certificate
-        var key: P256.Signing.PrivateKey
-        var der: [UInt8]
-        var keyID: ArraySlice<UInt8> { Self.keyID(self.key) }
-        static func keyID(_ key: P256.Signing.PrivateKey) -> ArraySlice<UInt8> {
-            ArraySlice(Insecure.SHA1.hash(data: key.publicKey.x963Representation))
-        }
-    }
+    typealias Made = MadeCertificate
 
     /// When every case is judged: limbo fixes the validation time too.
     static let now = Date(timeIntervalSince1970: 1_800_000_000)
@@ -45,15 +37,10 @@ struct WebPKICorpusTests {
         subject: DistinguishedName, issuer: Made?, key: P256.Signing.PrivateKey = .init(),
         notBefore: Date = now - 86400, notAfter: Date = now + 86400, extensions: [Certificate.Extension]
     ) throws -> Made {
-        let certificate = try Certificate(
-            version: .v3, serialNumber: Certificate.SerialNumber(), publicKey: Certificate.PublicKey(key.publicKey),
-            notValidBefore: notBefore, notValidAfter: notAfter, issuer: issuer?.certificate.subject ?? subject,
-            subject: subject, signatureAlgorithm: .ecdsaWithSHA256, extensions: try Certificate.Extensions(extensions),
-            issuerPrivateKey: Certificate.PrivateKey(issuer?.key ?? key)
+        try Made.sign(
+            subject: subject, issuer: issuer, key: key, notBefore: notBefore, notAfter: notAfter,
+            extensions: try Certificate.Extensions(extensions)
         )
-        var serializer = DER.Serializer()
-        try serializer.serialize(certificate)
-        return Made(certificate: certificate, key: key, der: serializer.serializedBytes)
     }
 
     /// A CA as limbo's builder makes one: critical basicConstraints, critical keyUsage with
