@@ -69,3 +69,73 @@ extension Channel {
 }
 
 extension cab_ucred: @retroactive @unchecked Sendable {}  // plain integers; the C import just lacks the annotation
+
+/// Who holds the client end of a loopback TCP connection, as the kernel says
+/// (`NETLINK_SOCK_DIAG`): the proxy port's equivalent of `SO_PEERCRED`, which TCP lacks.
+package enum TCPSocketOwner {
+    /// The client socket's owner, and its inode (to find the process holding it).
+    package struct Owner: Sendable, Equatable {
+        package var uid: UInt32
+        package var inode: UInt64
+    }
+
+    /// Why the owner is unknown; the daemon closes such a connection unread.
+    package enum LookupError: Error, Sendable, Equatable, CustomStringConvertible {
+        /// No socket has these addresses (the client already left), or they are not TCP/IP.
+        case notFound
+        case unsupportedAddress
+        /// The kernel refused the question (errno).
+        case failed(Int32)
+
+        package var description: String {
+            switch self {
+            case .notFound: "the kernel knows no socket with these addresses (the client may have gone)"
+            case .unsupportedAddress: "not an IPv4 or IPv6 connection"
+            case .failed(let code): "the kernel's socket table could not be read: \(String(cString: strerror(code)))"
+            }
+        }
+    }
+
+    /// The owner of the socket at `client` connected to `server` (our end of the connection:
+    /// `server` is our local address, `client` the remote one).
+    package static func lookup(client: SocketAddress, server: SocketAddress) -> Result<Owner, LookupError> {
+        guard let (family, clientBytes, clientPort) = Self.parts(client), let (serverFamily, serverBytes, serverPort) = Self.parts(server),
+            family == serverFamily
+        else { return .failure(.unsupportedAddress) }
+        var uid: UInt32 = 0
+        var inode: UInt64 = 0
+        let status = clientBytes.withUnsafeBufferPointer { clientPointer in
+            serverBytes.withUnsafeBufferPointer { serverPointer in
+                cab_tcp_socket_owner(family, clientPointer.baseAddress, clientPort, serverPointer.baseAddress, serverPort, &uid, &inode)
+            }
+        }
+        switch status {
+        case 0: return .success(Owner(uid: uid, inode: inode))
+        case ENOENT: return .failure(.notFound)
+        default: return .failure(.failed(status))
+        }
+    }
+
+    /// The process of `uid` holding the socket `inode`, found in `/proc/PID/fd`; nil when none
+    /// is found (it closed the socket, or passed it to a process of another user). Reads the
+    /// user's processes' descriptor tables: not for an event loop.
+    package static func process(holding inode: UInt64, uid: UInt32) -> Int32? {
+        var pid: Int32 = 0
+        return cab_socket_inode_pid(inode, uid, &pid) == 0 ? pid : nil
+    }
+
+    private static func parts(_ address: SocketAddress) -> (CInt, [UInt8], UInt16)? {
+        switch address {
+        case .v4(let v4):
+            var raw = v4.address.sin_addr
+            let bytes = withUnsafeBytes(of: &raw) { Array($0) }
+            return (AF_INET, bytes, UInt16(bigEndian: v4.address.sin_port))
+        case .v6(let v6):
+            var raw = v6.address.sin6_addr
+            let bytes = withUnsafeBytes(of: &raw) { Array($0) }
+            return (AF_INET6, bytes, UInt16(bigEndian: v6.address.sin6_port))
+        case .unixDomainSocket:
+            return nil
+        }
+    }
+}

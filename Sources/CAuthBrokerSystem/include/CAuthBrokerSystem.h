@@ -35,6 +35,18 @@ int cab_unix_socket_is_live(const char *path);
 /// Swift (whose members several overlays claim). Returns 0, or an errno value.
 int cab_file_owner_mode(const char *path, int follow, uid_t *uid, uint32_t *mode);
 
+/// The owner of one end of a TCP connection, asked of the kernel by an exact
+/// NETLINK_SOCK_DIAG (inet_diag) lookup of the socket whose local address is `src` and whose
+/// peer is `dst` (`family`: AF_INET with 4-byte, AF_INET6 with 16-byte addresses in network
+/// order; ports in host order). Returns 0 and fills `uid` and `inode`, ENOENT when no such
+/// socket exists, or another errno value.
+int cab_tcp_socket_owner(int family, const uint8_t *src, uint16_t src_port, const uint8_t *dst,
+                         uint16_t dst_port, uint32_t *uid, uint64_t *inode);
+
+/// The process holding the socket with `inode` (its `/proc/PID/fd` entry reads
+/// `socket:[inode]`), looking only at processes of `uid`. Returns 0 and fills `pid`, or ENOENT.
+int cab_socket_inode_pid(uint64_t inode, uint32_t uid, int32_t *pid);
+
 /// glibc's malloc_trim(0): returns free heap pages to the kernel (1 if any were). 0 elsewhere.
 int cab_malloc_trim(void);
 
