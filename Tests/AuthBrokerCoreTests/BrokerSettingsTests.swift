@@ -94,7 +94,7 @@ struct BrokerSettingsTests {
     @Test func sampleFileDocumentsEachDefaultCorrectly() throws {
         let (text, keys) = Self.uncommented(try Self.sampleText())
         // Every setting with a default value shows it; the ones without one show an example.
-        #expect(Set(keys) == Self.allKeys.subtracting(["socket_path", "state_dir", "pam_config_dir", "proxy"]))
+        #expect(Set(keys) == Self.allKeys.subtracting(["socket_path", "state_dir", "pam_config_dir", "proxy", "listen"]))
         #expect(keys.count == Set(keys).count)
         #expect(try BrokerSettings.parse(text, file: "uncommented sample") == .defaults)
     }
@@ -411,6 +411,52 @@ struct BrokerSettingsTests {
         #expect(error?.line == 2)
         #expect(error?.description.contains(message) == true, "\(error?.description ?? "")")
         #expect(error?.description.contains("secret") != true)
+    }
+
+    // MARK: Proxy port
+
+    @Test func proxyPortListen() throws {
+        #expect(BrokerSettings.defaults.proxy.listen == nil)
+        let settings = try BrokerSettings.parse(
+            "[proxy]\nlisten = [\"127.0.0.1:3128\", \"[::1]:3128\", \"127.0.0.2:0\", \"127.0.0.2:0\"]\n", file: Self.file
+        )
+        let listen = try #require(settings.proxy.listen)
+        #expect(listen.map(\.description) == ["127.0.0.1:3128", "[::1]:3128", "127.0.0.2:0", "127.0.0.2:0"])
+        #expect(listen.map(\.isIPv6) == [false, true, false, false])
+        #expect(try BrokerSettings.parse("[proxy]\nlisten = []\n", file: Self.file).proxy.listen == [])
+        // Spelled differently, still the one loopback address.
+        #expect(try ProxyListenAddress(parsing: "[0:0::1]:8080") == ProxyListenAddress(address: "::1", port: 8080))
+    }
+
+    @Test func userDefaultProxyPortIsStablePerUserAndBelowEphemeralPorts() {
+        #expect(ProxyListenAddress.userDefault(uid: 1000) == ProxyListenAddress.userDefault(uid: 1000))
+        #expect(ProxyListenAddress.userDefault(uid: 1000) != ProxyListenAddress.userDefault(uid: 1001))
+        for uid: UInt32 in [0, 1000, 65_534, 4_294_967_294] {
+            let address = ProxyListenAddress.userDefault(uid: uid)
+            #expect(address.address == "127.0.0.1")
+            #expect((1024..<32_768).contains(address.port), "uid \(uid): \(address.port)")
+        }
+    }
+
+    @Test(arguments: [
+        ("listen = \"127.0.0.1:3128\"", "expected an array of loopback"),
+        ("listen = [3128]", "entry 1: expected an array"),
+        ("listen = [\"0.0.0.0:3128\"]", "not a loopback address"),
+        ("listen = [\"192.168.1.5:3128\"]", "not a loopback address"),
+        ("listen = [\"[::]:3128\"]", "not the loopback address ::1"),
+        ("listen = [\"::1:3128\"]", "an IPv6 address goes in brackets"),
+        ("listen = [\"[::1:3128\"]", "closing ']'"),
+        ("listen = [\"localhost:3128\"]", "not a numeric IPv4 address"),
+        ("listen = [\"127.0.0.1\"]", "the port is missing"),
+        ("listen = [\"127.0.0.1:\"]", "from 0 to 65535"),
+        ("listen = [\"127.0.0.1:65536\"]", "from 0 to 65535"),
+        ("listen = [\"127.0.0.1:-1\"]", "from 0 to 65535"),
+        ("listen = [\"127.0.0.1:3128\", \"127.0.0.1:3128\"]", "entries 1 and 2 are both 127.0.0.1:3128"),
+    ])
+    func badProxyPortSettings(line: String, message: String) {
+        let error = #expect(throws: ConfigError.self) { try BrokerSettings.parse("[proxy]\n\(line)\n", file: Self.file) }
+        #expect(error?.line == 2)
+        #expect(error?.description.contains(message) == true, "\(error?.description ?? "")")
     }
 
     @Test func resolveOverrideMatching() throws {

@@ -145,7 +145,18 @@ package struct BrokerSettings: Sendable, Equatable {
         package init() {}
     }
 
+    /// `[proxy]`: the loopback proxy port, for programs that honour `http_proxy`.
+    package struct Proxy: Sendable, Equatable {
+        /// `listen`: the addresses of the proxy port. nil (unset): 127.0.0.1 at the user's own
+        /// port (`ProxyListenAddress.userDefault`), or any free port when that one is taken;
+        /// empty: no proxy port.
+        package var listen: [ProxyListenAddress]? = nil
+
+        package init() {}
+    }
+
     package var daemon = Daemon()
+    package var proxy = Proxy()
     package var trust = Trust()
     package var upstream = Upstream()
     package var limits = Limits()
@@ -181,6 +192,7 @@ package struct BrokerSettings: Sendable, Equatable {
             "reserved_control_connections", "request_head_timeout_ms", "client_idle_timeout_ms", "max_auth_spaces",
             "agent_event_buffer",
         ],
+        "proxy": ["listen"],
         "security": ["reauth_grant_seconds", "pam_service", "pam_config_dir"],
         "secrets": ["store"],
     ]
@@ -313,6 +325,9 @@ package struct BrokerSettings: Sendable, Equatable {
         if let value = try limits.integer("agent_event_buffer", in: 16...1_048_576, unit: count) {
             settings.limits.agentEventBuffer = value
         }
+
+        let proxy = TableReader(file: file, table: "proxy", document: document)
+        if let value = try proxy.listenAddresses("listen") { settings.proxy.listen = value }
 
         let security = TableReader(file: file, table: "security", document: document)
         if let value = try security.integer("reauth_grant_seconds", in: 1...86_400, unit: seconds, note: " (1 to 86400)") {
@@ -640,6 +655,32 @@ private struct TableReader {
             } catch {
                 throw self.error(key, .invalidValue, "entry \(offset + 1): \(error.message)")
             }
+        }
+        return result
+    }
+
+    /// An array of loopback `address:port` strings; `[]` turns the proxy port off.
+    func listenAddresses(_ key: String) throws(ConfigError) -> [ProxyListenAddress]? {
+        guard let value = values[key] else { return nil }
+        let expected = "an array of loopback \"address:port\" strings, like [\"127.0.0.1:3128\"] ([] for no proxy port)"
+        guard case .array(let elements) = value else {
+            throw error(key, .wrongType, "expected \(expected), got \(value.messageDescription)")
+        }
+        var result: [ProxyListenAddress] = []
+        for (offset, element) in elements.enumerated() {
+            guard case .string(let text) = element else {
+                throw error(key, .wrongType, "entry \(offset + 1): expected \(expected), got \(element.messageDescription)")
+            }
+            let address: ProxyListenAddress
+            do {
+                address = try ProxyListenAddress(parsing: text)
+            } catch {
+                throw self.error(key, .invalidValue, "entry \(offset + 1): \(error.description)")
+            }
+            if address.port != 0, let earlier = result.firstIndex(of: address) {
+                throw self.error(key, .invalidValue, "entries \(earlier + 1) and \(offset + 1) are both \(address); keep one")
+            }
+            result.append(address)
         }
         return result
     }
