@@ -20,8 +20,6 @@ package enum BrokerErrorCode: String, CaseIterable, Sendable, Codable, CustomStr
     case requestHeadTimeout = "request_head_timeout"
     /// Every connection slot for requests is taken; this connection serves control requests only.
     case clientConnectionsFull = "client_connections_full"
-    /// A `CONNECT` request: the broker opens no tunnels, it must see each request.
-    case connectNotSupported = "connect_not_supported"
     /// `OPTIONS *`, which asks about the broker itself.
     case asteriskNotSupported = "asterisk_not_supported"
     /// The request target is empty.

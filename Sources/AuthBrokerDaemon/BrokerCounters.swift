@@ -24,6 +24,8 @@ package final class BrokerCounters: Sendable {
     package let upstreamConnectionsOpen = BrokerCounter()
     package let bytesFromUpstream = BrokerCounter()
     package let bytesToUpstream = BrokerCounter()
+    /// Blind tunnels opened for CONNECT (their bytes count in the two above).
+    package let tunnelsOpened = BrokerCounter()
 
     package init() {}
 
@@ -40,6 +42,7 @@ package final class BrokerCounters: Sendable {
             "upstream_connections_open": self.upstreamConnectionsOpen.current,
             "bytes_from_upstream": self.bytesFromUpstream.current,
             "bytes_to_upstream": self.bytesToUpstream.current,
+            "tunnels_opened": self.tunnelsOpened.current,
         ]
     }
 }

@@ -168,6 +168,7 @@ package enum BrokerDaemon {
         poolBox.withLockedValue { $0 = pool }
 
         let startedAt = Date()
+        let proxyPort = ProxyPortAddresses()
         let boundPath: String = if case .path(let path) = listening { path } else { socketPath }
         let reauth = ReauthService(
             authenticator: PAMAuthenticator(
@@ -183,7 +184,7 @@ package enum BrokerDaemon {
             status: {
                 StatusReport(
                     version: AuthBrokerVersion.current, pid: Int(getpid()), startedAt: startedAt,
-                    uptimeSeconds: Date().timeIntervalSince(startedAt), socket: boundPath,
+                    uptimeSeconds: Date().timeIntervalSince(startedAt), socket: boundPath, proxyPort: proxyPort.addresses,
                     configFile: configFile, configLoaded: loaded != nil, stateDirectory: stateDirectory,
                     systemAnchors: .init(path: settings.trust.systemAnchorsPath, count: evaluator.systemAnchorCount),
                     userAnchors: store.anchors().count, pins: store.pins().count,
@@ -202,11 +203,12 @@ package enum BrokerDaemon {
                 trustGeneration: { connector.trustGeneration }, authenticator: authenticator, audit: audit,
                 challenges: challenges
             ),
-            control: control, registry: registry, counters: counters, settings: settings, logger: logger
+            control: control, registry: registry, counters: counters, settings: settings, logger: logger,
+            openTunnel: { origin, eventLoop in try await connector.openBlindTunnel(to: origin, on: eventLoop) }
         )
         let service = BrokerService(
             listening: listening, displayPath: boundPath, server: server, registry: registry, pool: pool,
-            group: group, settings: settings, counters: counters, trustStore: store, logger: logger
+            group: group, settings: settings, counters: counters, trustStore: store, proxyPort: proxyPort, logger: logger
         )
         var configuration = ServiceGroupConfiguration(
             services: [.init(service: service)],
@@ -276,6 +278,8 @@ struct BrokerService: Service, CustomStringConvertible {
     let settings: BrokerSettings
     let counters: BrokerCounters
     let trustStore: TrustStore
+    /// Where the proxy port listens, once bound, for `status`.
+    let proxyPort: ProxyPortAddresses
     let logger: Logger
 
     func run() async throws {
@@ -290,6 +294,34 @@ struct BrokerService: Service, CustomStringConvertible {
             .serverChannelOption(.backlog, value: 256)
         // Shared by every connection's direct relay (the one place that knows challenged origins).
         let relay = DirectRelay(interceptor: self.server.interceptor, registry: self.registry, logger: self.logger)
+        /// A connection of the user's own: past the connection limit, or set up and registered.
+        let admit: @Sendable (any Channel, ConnectionPeer, Bool) throws -> AcceptedClientConnection = { channel, peer, servesControlAPI in
+            let credentials = peer.credentials
+            // Past the limit, a few more are let in for /v1/ requests only (ClientConnectionTerms),
+            // on the socket that serves them.
+            let open = registry.count
+            guard open < maxConnections + (servesControlAPI ? reservedConnections : 0) else {
+                counters.clientConnectionsRefused.add(1)
+                logger.warning(
+                    "refused a connection: too many open client connections",
+                    metadata: ["limit": "\(maxConnections)", "reserved": "\(reservedConnections)", "peer_pid": "\(credentials.pid)"]
+                )
+                throw PeerRejected(credentials: credentials)
+            }
+            counters.clientConnectionsAccepted.add(1)
+            let terms = ClientConnectionTerms(limits: limits, controlOnly: open >= maxConnections)
+            let pid = credentials.pid
+            return try AcceptedClientConnection.configure(
+                channel, relay: relay, peer: peer, terms: terms, servesControlAPI: servesControlAPI
+            ) { deadline in
+                counters.clientConnectionsTimedOut.add(1)
+                if deadline == .head {
+                    logger.notice("closed a client connection: request head not complete in time", metadata: ["peer_pid": "\(pid)"])
+                } else {
+                    logger.debug("closed an idle client connection", metadata: ["peer_pid": "\(pid)"])
+                }
+            }
+        }
         let initializer: @Sendable (any Channel) -> EventLoopFuture<AcceptedClientConnection> = { channel in
             // The peer's uid is checked before a single byte is read (SO_PEERCRED).
             channel.peerCredentials().flatMapThrowing { credentials in
@@ -301,30 +333,8 @@ struct BrokerService: Service, CustomStringConvertible {
                     )
                     throw PeerRejected(credentials: credentials)
                 }
-                // Past the limit, a few more are let in for /v1/ requests only (ClientConnectionTerms).
-                let open = registry.count
-                guard open < maxConnections + reservedConnections else {
-                    counters.clientConnectionsRefused.add(1)
-                    logger.warning(
-                        "refused a connection: too many open client connections",
-                        metadata: ["limit": "\(maxConnections)", "reserved": "\(reservedConnections)", "peer_pid": "\(credentials.pid)"]
-                    )
-                    throw PeerRejected(credentials: credentials)
-                }
-                counters.clientConnectionsAccepted.add(1)
-                let terms = ClientConnectionTerms(limits: limits, controlOnly: open >= maxConnections)
-                let pid = credentials.pid
-                return try AcceptedClientConnection.configure(
-                    channel, relay: relay, peer: ConnectionPeer(credentials: credentials), terms: terms
-                ) { deadline in
-                    counters.clientConnectionsTimedOut.add(1)
-                    if deadline == .head {
-                        logger.notice("closed a client connection: request head not complete in time", metadata: ["peer_pid": "\(pid)"])
-                    } else {
-                        logger.debug("closed an idle client connection", metadata: ["peer_pid": "\(pid)"])
-                    }
-                }
-            }
+                return try admit(channel, ConnectionPeer(credentials: credentials), true)
+            }.closingOnFailure(channel)
         }
 
         let serverChannel: NIOAsyncChannel<AcceptedClientConnection, Never>
@@ -341,10 +351,23 @@ struct BrokerService: Service, CustomStringConvertible {
             }
             chmod(path, 0o600)
         }
+        let proxyChannels: [NIOAsyncChannel<AcceptedClientConnection, Never>]
+        do {
+            proxyChannels = try await ProxyPort.bind(
+                self.settings.proxy.listen, uid: UInt32(ownUID), group: self.group, admit: admit, counters: counters, logger: logger
+            )
+        } catch {
+            serverChannel.channel.close(promise: nil)
+            if case .path(let path) = self.listening { unlink(path) }
+            throw error
+        }
+        self.proxyPort.set(proxyChannels.compactMap { $0.channel.localAddress.flatMap(ProxyPort.describe) })
 
         let source: String = if case .systemd = self.listening { "systemd" } else { "bound" }
-        logger.info("listening", metadata: ["socket": "\(self.displayPath)", "source": "\(source)"])
-        _ = cab_sd_notify("READY=1\nSTATUS=Listening on \(self.displayPath)")
+        let proxyAddresses = self.proxyPort.addresses
+        let proxyDescription = proxyAddresses.isEmpty ? "off" : proxyAddresses.joined(separator: " ")
+        logger.info("listening", metadata: ["socket": "\(self.displayPath)", "source": "\(source)", "proxy_port": "\(proxyDescription)"])
+        _ = cab_sd_notify("READY=1\nSTATUS=Listening on \(self.displayPath), proxy port \(proxyDescription)")
 
         let graceSeconds = self.settings.daemon.shutdownGraceSeconds
         let executors = EventLoopTaskExecutor.executors(for: self.group)
@@ -356,14 +379,29 @@ struct BrokerService: Service, CustomStringConvertible {
                 group.addTask(executorPreference: globalConcurrentExecutor) { [trustStore] in
                     await TrustStoreWatch.run(trustStore, logger: logger)
                 }
-                try await serverChannel.executeThenClose { connections in
-                    for try await connection in connections {
-                        // The connection's task runs on its channel's event loop (no thread hops).
-                        if let executor = executors.executor(for: connection.connection.channel.eventLoop) {
-                            group.addTask(executorPreference: executor) { await self.server.serve(connection) }
-                        } else {
-                            group.addTask { await self.server.serve(connection) }
+                // Every listener's connections arrive here, so they are served in one task group.
+                let (accepted, acceptedSink) = AsyncStream<AcceptedClientConnection>.makeStream()
+                let listeners = [serverChannel] + proxyChannels
+                let listening = NIOLockedValueBox(listeners.count)
+                for listener in listeners {
+                    group.addTask {
+                        try? await listener.executeThenClose { connections in
+                            for try await connection in connections { acceptedSink.yield(connection) }
                         }
+                        if listening.withLockedValue({ count in
+                            count -= 1
+                            return count == 0
+                        }) {
+                            acceptedSink.finish()
+                        }
+                    }
+                }
+                for await connection in accepted {
+                    // The connection's task runs on its channel's event loop (no thread hops).
+                    if let executor = executors.executor(for: connection.connection.channel.eventLoop) {
+                        group.addTask(executorPreference: executor) { await self.server.serve(connection) }
+                    } else {
+                        group.addTask { await self.server.serve(connection) }
                     }
                 }
                 // Listener closed: the remaining connections finish their current request.
@@ -385,6 +423,7 @@ struct BrokerService: Service, CustomStringConvertible {
             _ = cab_sd_notify("STOPPING=1\nSTATUS=Stopping")
             registry.beginDraining()
             serverChannel.channel.close(promise: nil)
+            for proxyChannel in proxyChannels { proxyChannel.channel.close(promise: nil) }
         }
         await self.pool.shutdown()
         if case .path(let path) = self.listening {

@@ -153,15 +153,6 @@ extension BrokerError {
         )
     }
 
-    package static func connectNotSupported(host: String, port: Int) -> BrokerError {
-        BrokerError(
-            code: .connectNotSupported, status: .notImplemented, title: "CONNECT is not supported",
-            detail:
-                "authbrokerd does not open tunnels (CONNECT \(host):\(port)), because it must see each request to answer its challenges. Send the request itself in absolute form, e.g. `GET https://\(host)/path HTTP/1.1`.",
-            host: host
-        )
-    }
-
     package static func shuttingDown() -> BrokerError {
         BrokerError(
             code: .shuttingDown, status: .serviceUnavailable, title: "authbrokerd is shutting down",

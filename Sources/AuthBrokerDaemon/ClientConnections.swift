@@ -111,12 +111,15 @@ package struct AcceptedClientConnection: Sendable {
     package var relay: DirectRelayLink
     /// The process that connected, read at accept (see `ConnectionPeer`).
     package var peer: ConnectionPeer?
+    /// `/v1/` requests are served: on the Unix socket, not on the proxy port, where any web page
+    /// the user's browser shows could send them (to `127.0.0.1`, or to a name rebound to it).
+    package var servesControlAPI: Bool
 
     /// Sets up an accepted channel's pipeline and registers it; on the channel's event loop.
     /// - Throws: `ClientConnectionRefused` while the daemon drains (the channel is then closed).
     package static func configure(
         _ channel: any Channel, relay: DirectRelay, peer: ConnectionPeer? = nil, terms: ClientConnectionTerms,
-        onTimeout: @escaping @Sendable (ClientWaitState.Deadline) -> Void
+        servesControlAPI: Bool = true, onTimeout: @escaping @Sendable (ClientWaitState.Deadline) -> Void
     ) throws -> AcceptedClientConnection {
         guard let registration = relay.registry.register(channel) else { throw ClientConnectionRefused() }
         let registry = relay.registry
@@ -129,8 +132,12 @@ package struct AcceptedClientConnection: Sendable {
         // in, `ResponseFramer` (in front of the encoder, whose own framing is off) for what goes out.
         var encoder = HTTPResponseEncoder.Configuration()
         encoder.automaticallySetFramingHeaders = false
+        // An upgrade configuration with no upgraders: the one public way to a decoder that keeps
+        // the bytes after a CONNECT (for the tunnel, `ClientTunnel`) while still telling the
+        // encoder each request's method; its handler leaves after the first request.
         try channel.pipeline.syncOperations.configureHTTPServerPipeline(
-            withPipeliningAssistance: false, withErrorHandling: false, withEncoderConfiguration: encoder
+            withPipeliningAssistance: false, withServerUpgrade: (upgraders: [], completionHandler: { _ in }),
+            withErrorHandling: false, withEncoderConfiguration: encoder
         )
         // Heads normalised before the decoder, which refuses a tab after `Content-Length: 5`.
         let normalizer = HeadNormalizer(.requests, maxHeadBytes: terms.maxHeadBytes)
@@ -155,7 +162,8 @@ package struct AcceptedClientConnection: Sendable {
         )
         return AcceptedClientConnection(
             connection: connection, registration: registration,
-            relay: DirectRelayLink(handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), adopted: adopted), peer: peer
+            relay: DirectRelayLink(handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), adopted: adopted), peer: peer,
+            servesControlAPI: servesControlAPI
         )
     }
 }
@@ -173,6 +181,23 @@ package struct ClientConnectionServer: Sendable {
     package let counters: BrokerCounters
     package let settings: BrokerSettings
     package let logger: Logger
+    /// A plain TCP connection for a CONNECT's blind tunnel, on the client's event loop
+    /// (`UpstreamConnector.openBlindTunnel`).
+    package let openTunnel: @Sendable (CanonicalOrigin, any EventLoop) async throws -> any Channel
+
+    package init(
+        interceptor: Interceptor, control: ControlAPI, registry: ClientConnectionRegistry, counters: BrokerCounters,
+        settings: BrokerSettings, logger: Logger,
+        openTunnel: @escaping @Sendable (CanonicalOrigin, any EventLoop) async throws -> any Channel
+    ) {
+        self.interceptor = interceptor
+        self.control = control
+        self.registry = registry
+        self.counters = counters
+        self.settings = settings
+        self.logger = logger
+        self.openTunnel = openTunnel
+    }
 
     package func serve(_ accepted: AcceptedClientConnection) async {
         let connection = accepted.connection
@@ -261,8 +286,8 @@ package struct ClientConnectionServer: Sendable {
         let borrowed = BorrowedRequests(requests)
         let adopted = accepted.relay.adopted.take(for: head)
         async let handled = self.handle(
-            head, adopted: adopted, peer: peer, registration: accepted.registration, requests: borrowed, writer: writer,
-            clientGone: clientGone, closeClient: closeClient, abortClient: abortClient, draining: draining
+            head, adopted: adopted, peer: peer, registration: accepted.registration, servesControlAPI: accepted.servesControlAPI,
+            requests: borrowed, writer: writer, clientGone: clientGone, closeClient: closeClient, abortClient: abortClient, draining: draining
         )
         let outcome = await handled
         requests = borrowed.iterator
@@ -281,7 +306,7 @@ package struct ClientConnectionServer: Sendable {
 
     private func handle(
         _ head: HTTPRequestHead, adopted: AdoptedExchange?, peer: ConnectionPeer?, registration: RegisteredClientConnection,
-        requests borrowed: BorrowedRequests,
+        servesControlAPI: Bool, requests borrowed: BorrowedRequests,
         writer: ClientResponseWriter, clientGone: @escaping @Sendable () async -> Void,
         closeClient: @escaping @Sendable () -> Void, abortClient: @escaping @Sendable () -> Void,
         draining: @escaping @Sendable () -> Bool
@@ -295,7 +320,10 @@ package struct ClientConnectionServer: Sendable {
         self.counters.requestsTotal.add(1)
         self.counters.requestsInFlight.add(1)
         defer { self.counters.requestsInFlight.subtract(1) }
-        let keepAlive = head.isKeepAlive && head.version == .http1_1
+        // After a CONNECT the decoder reads no more heads (the bytes are the tunnel's), so a
+        // refused one ends the connection; its response has no body and no length, which the
+        // close delimits (RFC 9112 §6.3).
+        let keepAlive = head.isKeepAlive && head.version == .http1_1 && head.method != .CONNECT
 
         var target = "-"
         let outcome: RequestOutcome
@@ -316,11 +344,18 @@ package struct ClientConnectionServer: Sendable {
                     writer: writer, clientWantsKeepAlive: keepAlive
                 )
             case .success(.authority(let host, let port)):
-                target = "\(host):\(port)"
-                outcome = await self.interceptor.respondWithError(
-                    .connectNotSupported(host: host, port: port), requestID: requestID, logger: logger,
-                    requests: &requests, writer: writer, clientWantsKeepAlive: false
-                )
+                target = host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
+                if self.registry.isDraining {
+                    outcome = await self.interceptor.respondWithError(
+                        .shuttingDown(), requestID: requestID, logger: logger, requests: &requests,
+                        writer: writer, clientWantsKeepAlive: false
+                    )
+                } else {
+                    outcome = await self.tunnel(
+                        host: host, port: port, head: head, peer: peer, requestID: requestID, logger: logger,
+                        requests: &requests, writer: writer, channel: registration.channel
+                    )
+                }
             case .success(.asterisk):
                 outcome = await self.interceptor.respondWithError(
                     .badRequest(
@@ -329,6 +364,15 @@ package struct ClientConnectionServer: Sendable {
                     ),
                     requestID: requestID, logger: logger, requests: &requests, writer: writer,
                     clientWantsKeepAlive: keepAlive
+                )
+            case .success(.control(let path, _)) where !servesControlAPI:
+                target = path
+                outcome = await self.interceptor.respondWithError(
+                    .badRequest(
+                        code: .notAbsolute,
+                        detail: "The proxy port takes proxy requests only: absolute-form (GET http://host/path HTTP/1.1) and CONNECT. The control API (/v1/) is on the daemon's Unix socket; use authbrokerctl."
+                    ),
+                    requestID: requestID, logger: logger, requests: &requests, writer: writer, clientWantsKeepAlive: false
                 )
             case .success(.control(let path, let query)):
                 target = path

@@ -28,6 +28,8 @@ package struct StatusReport: Codable, Sendable {
     package var startedAt: Date
     package var uptimeSeconds: Double
     package var socket: String
+    /// The proxy port's addresses (`127.0.0.1:21000`); empty when it is off.
+    package var proxyPort: [String]
     package var configFile: String
     package var configLoaded: Bool
     package var stateDirectory: String
@@ -66,7 +68,7 @@ package struct StatusReport: Codable, Sendable {
     }
 
     package init(
-        version: String, pid: Int, startedAt: Date, uptimeSeconds: Double, socket: String, configFile: String,
+        version: String, pid: Int, startedAt: Date, uptimeSeconds: Double, socket: String, proxyPort: [String] = [], configFile: String,
         configLoaded: Bool, stateDirectory: String, systemAnchors: SystemAnchors, userAnchors: Int, pins: Int,
         counters: [String: Int], secretStore: SecretStoreStatus? = nil, identities: Int = 0, warnings: [String] = []
     ) {
@@ -78,6 +80,7 @@ package struct StatusReport: Codable, Sendable {
         self.startedAt = startedAt
         self.uptimeSeconds = uptimeSeconds
         self.socket = socket
+        self.proxyPort = proxyPort
         self.configFile = configFile
         self.configLoaded = configLoaded
         self.stateDirectory = stateDirectory
@@ -92,6 +95,7 @@ package struct StatusReport: Codable, Sendable {
         case secretStore = "secret_store"
         case startedAt = "started_at"
         case uptimeSeconds = "uptime_seconds"
+        case proxyPort = "proxy_port"
         case configFile = "config_file"
         case configLoaded = "config_loaded"
         case stateDirectory = "state_directory"

@@ -32,6 +32,7 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
     }
 
     private var mode = Mode.head
+    private var tunnel = false
     private var held: [UInt8] = []
     private let direction: Direction
     /// More than this and the head is passed on unchanged; the decoder refuses it as too large.
@@ -42,9 +43,17 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
         self.limit = maxHeadBytes + 1024
     }
 
+    /// A CONNECT ended: what follows belongs to the tunnel (or to nothing, when it is refused),
+    /// and passes untouched until the handler is removed.
+    func tunnelFollows() {
+        guard self.mode != .refused else { return }
+        self.mode = .passing
+        self.tunnel = true
+    }
+
     /// The message ended: the next bytes start a head.
     func messageEnded() {
-        guard self.mode != .refused else { return }
+        guard self.mode != .refused, !self.tunnel else { return }
         self.mode = .head
         self.held.removeAll(keepingCapacity: true)
     }

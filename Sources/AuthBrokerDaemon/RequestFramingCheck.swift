@@ -50,7 +50,12 @@ final class RequestFramingCheck: ChannelInboundHandler, RemovableChannelHandler 
             }
             context.fireChannelRead(data)
         case .end:
-            self.normalizer.messageEnded()
+            // After CONNECT come the tunnel's bytes, never another head.
+            if self.methods.last == .CONNECT {
+                self.normalizer.tunnelFollows()
+            } else {
+                self.normalizer.messageEnded()
+            }
             context.fireChannelRead(data)
         case .body:
             context.fireChannelRead(data)

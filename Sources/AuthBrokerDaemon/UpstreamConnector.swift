@@ -259,6 +259,17 @@ package final class UpstreamConnector: Sendable {
         }
     }
 
+    /// A plain TCP connection to `origin` (`host:port` of a client's CONNECT) with an empty
+    /// pipeline, for a blind tunnel: through the upstream proxy's own CONNECT when one is
+    /// configured for the host (its 407 answered as for any tunnel), else straight there.
+    /// - Throws: `BrokerError`, as `connect`.
+    package func openBlindTunnel(to origin: CanonicalOrigin, on eventLoop: any EventLoop) async throws -> any Channel {
+        if let proxy = self.settings.upstream.proxy(for: origin) {
+            return try await self.openTunnel(through: proxy, to: origin, on: eventLoop)
+        }
+        return try await self.connectTCP(to: origin, for: origin, on: eventLoop) { _ in }
+    }
+
     /// Attempts at CONNECT per tunnel at most: a 407, its answer, a stale nonce, and one more.
     static let maxTunnelAttempts = 4
 

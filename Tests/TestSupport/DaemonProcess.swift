@@ -70,7 +70,9 @@ package final class DaemonProcess: @unchecked Sendable {  // mutable only in sta
         let configPath = configHome + "/authbroker/config.toml"
         // Each daemon keeps secrets in its own encrypted file unless the test asks for another
         // store: the test keyring is shared by every test in the run.
-        let isolated = config.contains("[secrets]") ? config : config + "\n[secrets]\nstore = \"file\"\n"
+        var isolated = config.contains("[secrets]") ? config : config + "\n[secrets]\nstore = \"file\"\n"
+        // Tests use ephemeral ports: the user's fixed proxy port may be another daemon's.
+        if !config.contains("[proxy]") { isolated += "\n[proxy]\nlisten = [\"127.0.0.1:0\"]\n" }
         try isolated.write(toFile: configPath, atomically: true, encoding: .utf8)
         let logPath = directory + "/daemon.log"
         guard FileManager.default.createFile(atPath: logPath, contents: nil) else {
@@ -117,6 +119,15 @@ package final class DaemonProcess: @unchecked Sendable {  // mutable only in sta
     }
 
     package var pid: Int32 { self.process.processIdentifier }
+
+    /// The proxy port, as `/v1/status` reports it (the first address).
+    package func proxyPort() throws -> Int {
+        let status = try UnixSocketConnection(path: self.socketPath).request("GET", "/v1/status")
+        guard let addresses = status.json["proxy_port"] as? [String], let first = addresses.first,
+            let port = first.split(separator: ":").last.flatMap({ Int($0) })
+        else { throw TestSupportError("the daemon reports no proxy port: \(status.text)") }
+        return port
+    }
 
     /// Waits (up to a minute, so a broken daemon fails the test instead of hanging it) for the socket.
     package func waitUntilListening(path: String? = nil) async throws {

@@ -1,0 +1,252 @@
+import AuthBrokerCore
+import Logging
+import NIOCore
+import NIOHTTP1
+
+/// A client's `CONNECT host:port`, answered with a blind tunnel: a TCP connection to the host
+/// (through the upstream proxy when one is configured), `200`, then bytes both ways untouched
+/// until either side closes. Programs that honour `https_proxy` send CONNECT for every
+/// `https://` URL; a tunnelled connection is end to end between the program and the server, so
+/// the broker adds nothing to it (no trust decision, identity or password of its own).
+enum ClientTunnel {
+    /// Bytes that went each way, for the access line.
+    struct Totals: Sendable {
+        var fromClient = 0
+        var toClient = 0
+    }
+
+    /// Turns the client connection into one end of a tunnel to `upstream`: the HTTP handlers
+    /// leave (bytes the client sent after the CONNECT, which its decoder kept, go upstream
+    /// first), `200` goes out, and the two channels are joined. On the client's event loop.
+    /// - Returns: the totals once both ends have closed.
+    static func join(client: any Channel, upstream: any Channel) -> EventLoopFuture<Totals> {
+        client.eventLoop.flatSubmit {
+            let ended = client.eventLoop.makePromise(of: Totals.self)
+            do {
+                try Self.joinNow(client: client, upstream: upstream, ended: ended)
+            } catch {
+                client.close(promise: nil)
+                upstream.close(promise: nil)
+                ended.fail(error)
+            }
+            return ended.futureResult
+        }
+    }
+
+    private static func joinNow(client: any Channel, upstream: any Channel, ended: EventLoopPromise<Totals>) throws {
+        let pipeline = client.pipeline.syncOperations
+        let decoder = try pipeline.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self)
+        let clientEnd = TunnelEnd(side: .client)
+        let upstreamEnd = TunnelEnd(side: .upstream)
+        clientEnd.partner = upstreamEnd
+        upstreamEnd.partner = clientEnd
+        let joined = JoinedEnds(client: clientEnd, upstream: upstreamEnd, ended: ended)
+        clientEnd.joined = joined
+        upstreamEnd.joined = joined
+
+        // The upstream end first (the pipelines share this event loop: the connector opened it
+        // here), holding what the server sends until the 200 is out.
+        guard upstream.eventLoop === client.eventLoop else {
+            throw ChannelError.operationUnsupported
+        }
+        try upstream.pipeline.syncOperations.addHandler(upstreamEnd)
+        // Right after the decoder: once the handlers before it have gone, every byte the client
+        // sends (and what the decoder kept) reaches this end and nothing after it.
+        try pipeline.addHandler(clientEnd, position: .after(decoder))
+        for handler in try Self.httpHandlersBeforeDecoder(client) {
+            pipeline.removeHandler(handler, promise: nil)
+        }
+        pipeline.removeHandler(try pipeline.handler(type: HTTPResponseEncoder.self), promise: nil)
+        // Removing the decoder hands its kept bytes on to the client end (`forwardBytes`).
+        pipeline.removeHandler(decoder, promise: nil)
+
+        var established = client.allocator.buffer(capacity: 64)
+        established.writeString("HTTP/1.1 200 Connection established\r\n\r\n")
+        clientEnd.writeRaw(established)
+        upstreamEnd.start()
+        clientEnd.start()
+    }
+
+    /// The byte-level handlers in front of the decoder (head normalising, timeouts): a tunnel's
+    /// bytes are not HTTP, and an idle tunnel is not an idle client.
+    private static func httpHandlersBeforeDecoder(_ channel: any Channel) throws -> [any RemovableChannelHandler] {
+        let pipeline = channel.pipeline.syncOperations
+        var handlers: [any RemovableChannelHandler] = []
+        if let normalizer = try? pipeline.handler(type: HeadNormalizer.self) { handlers.append(normalizer) }
+        if let observer = try? pipeline.handler(type: ClientBytesObserver.self) { handlers.append(observer) }
+        if let timeouts = try? pipeline.handler(type: ClientTimeoutHandler.self) { handlers.append(timeouts) }
+        return handlers
+    }
+}
+
+/// Both ends of one tunnel: completes the promise once both have closed.
+private final class JoinedEnds {
+    let client: TunnelEnd
+    let upstream: TunnelEnd
+    private var ended: EventLoopPromise<ClientTunnel.Totals>?
+
+    init(client: TunnelEnd, upstream: TunnelEnd, ended: EventLoopPromise<ClientTunnel.Totals>) {
+        self.client = client
+        self.upstream = upstream
+        self.ended = ended
+    }
+
+    func endClosed() {
+        guard self.client.closed, self.upstream.closed, let ended = self.ended else { return }
+        self.ended = nil
+        ended.succeed(.init(fromClient: self.client.bytesRead, toClient: self.upstream.bytesRead))
+    }
+}
+
+/// One end of a tunnel: what it reads goes out of its partner, with back-pressure (an end stops
+/// reading while its partner cannot write), and when it closes its partner closes once its
+/// writes are out.
+private final class TunnelEnd: ChannelDuplexHandler, RemovableChannelHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    enum Side { case client, upstream }
+
+    let side: Side
+    weak var partner: TunnelEnd?
+    // Strong: the ends hold their shared record; it goes with them when both channels close.
+    var joined: JoinedEnds?
+    private var context: ChannelHandlerContext?
+    /// Reads wait for `start` (the 200 goes out first) and for the partner's writability.
+    private var started = false
+    private var pendingRead = false
+    private(set) var closed = false
+    private(set) var bytesRead = 0
+
+    init(side: Side) {
+        self.side = side
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+        if !context.channel.isActive { self.markClosed() }
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        self.context = nil
+    }
+
+    func start() {
+        self.started = true
+        if self.pendingRead { self.readIfAllowed() }
+        if self.closed { self.partner?.closeAfterWrites() }
+    }
+
+    func writeRaw(_ buffer: ByteBuffer) {
+        guard let context else { return }
+        context.writeAndFlush(self.wrapOutboundOut(buffer), promise: nil)
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let buffer = self.unwrapInboundIn(data)
+        self.bytesRead += buffer.readableBytes
+        self.partner?.write(buffer)
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        self.partner?.flush()
+    }
+
+    func read(context: ChannelHandlerContext) {
+        self.pendingRead = true
+        self.readIfAllowed()
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable { self.partner?.readIfAllowed() }
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        self.markClosed()
+        if self.started { self.partner?.closeAfterWrites() }
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        // A reset or a failed write: the tunnel is over.
+        context.close(promise: nil)
+    }
+
+    // MARK: Driven by the partner
+
+    fileprivate func write(_ buffer: ByteBuffer) {
+        self.context?.write(self.wrapOutboundOut(buffer), promise: nil)
+    }
+
+    fileprivate func flush() {
+        self.context?.flush()
+    }
+
+    fileprivate func readIfAllowed() {
+        guard self.started, self.pendingRead, let context, self.partner?.isWritable ?? false else { return }
+        self.pendingRead = false
+        context.read()
+    }
+
+    private var isWritable: Bool { self.context?.channel.isWritable ?? false }
+
+    fileprivate func closeAfterWrites() {
+        guard let context, !self.closed else { return }
+        let channel = context.channel
+        channel.close(mode: .output).whenComplete { _ in channel.close(promise: nil) }
+    }
+
+    private func markClosed() {
+        guard !self.closed else { return }
+        self.closed = true
+        self.joined?.endClosed()
+    }
+}
+
+extension ClientConnectionServer {
+    /// `CONNECT host:port`: a blind tunnel, or the broker's error and a close.
+    func tunnel(
+        host: String, port: Int, head: HTTPRequestHead, peer: ConnectionPeer?, requestID: String, logger: Logger,
+        requests: inout ClientRequestIterator, writer: ClientResponseWriter, channel: any Channel
+    ) async -> RequestOutcome {
+        let origin: CanonicalOrigin
+        do {
+            origin = try CanonicalOrigin(parsing: "https://\(host.contains(":") ? "[\(host)]" : host):\(port)/")
+        } catch {
+            return await self.interceptor.respondWithError(
+                .badRequest(code: .invalidHost, detail: "CONNECT \(host):\(port) does not name a host this broker can reach: \(error)"),
+                requestID: requestID, logger: logger, requests: &requests, writer: writer, clientWantsKeepAlive: false
+            )
+        }
+        // The CONNECT's end (it has no body); the decoder keeps what follows for the tunnel.
+        guard case .end? = try? await requests.next() else {
+            return RequestOutcome(status: 0, bytes: 0, brokerError: "client_closed", disposition: .close)
+        }
+        let context = UpstreamConnectContext.Value(
+            requester: peer?.requester, agentWait: nil,
+            clientProxyAuthorization: self.settings.upstream.proxy(for: origin) == nil ? nil : head.headers.first(name: "proxy-authorization")
+        )
+        let upstream: any Channel
+        do {
+            upstream = try await UpstreamConnectContext.$current.withValue(context) {
+                try await self.openTunnel(origin, channel.eventLoop)
+            }
+        } catch {
+            let brokerError = error as? BrokerError ?? .internalError("opening the tunnel failed: \(error)")
+            return await self.interceptor.respondWithError(
+                brokerError, requestID: requestID, logger: logger, requests: &requests, writer: writer,
+                clientWantsKeepAlive: false, requestEnded: true
+            )
+        }
+        self.counters.tunnelsOpened.add(1)
+        do {
+            let totals = try await ClientTunnel.join(client: channel, upstream: upstream).get()
+            self.counters.bytesFromUpstream.add(totals.toClient)
+            self.counters.bytesToUpstream.add(totals.fromClient)
+            return RequestOutcome(status: 200, bytes: totals.toClient, brokerError: nil, disposition: .close)
+        } catch {
+            logger.warning("a tunnel could not be set up", metadata: ["error": "\(error)"])
+            return RequestOutcome(status: 0, bytes: 0, brokerError: "internal_error", disposition: .close)
+        }
+    }
+}

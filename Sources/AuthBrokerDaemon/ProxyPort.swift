@@ -1,0 +1,135 @@
+import AuthBrokerCore
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+
+/// Where the proxy port listens, for `status`: filled in once it is bound.
+package final class ProxyPortAddresses: Sendable {
+    private let box = NIOLockedValueBox<[String]>([])
+
+    package init() {}
+
+    /// `127.0.0.1:21000`, `[::1]:3128`: as `http_proxy` takes them.
+    package var addresses: [String] { self.box.withLockedValue { $0 } }
+
+    func set(_ addresses: [String]) {
+        self.box.withLockedValue { $0 = addresses }
+    }
+}
+
+/// The loopback TCP port that programs honouring `http_proxy` use: the same client connections
+/// as the Unix socket's (one data plane), behind a different door.
+///
+/// Loopback TCP is open to every user of the machine, and what answers here spends the user's
+/// credentials, so before a byte is read the kernel is asked who owns the client's socket
+/// (`TCPSocketOwner`): another user's connection, or one whose owner cannot be found, is closed
+/// unread. The owner's process is then looked up (off the event loop) for the audit log and
+/// agents, as `SO_PEERCRED` gives it on the Unix socket.
+enum ProxyPort {
+    /// Binds every configured address (or the user's own port when none is configured).
+    static func bind(
+        _ configured: [ProxyListenAddress]?, uid: UInt32, group: any EventLoopGroup,
+        admit: @escaping @Sendable (any Channel, ConnectionPeer, Bool) throws -> AcceptedClientConnection,
+        counters: BrokerCounters, logger: Logger
+    ) async throws -> [NIOAsyncChannel<AcceptedClientConnection, Never>] {
+        let bootstrap = ServerBootstrap(group: group)
+            .serverChannelOption(.backlog, value: 256)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+        let initializer: @Sendable (any Channel) -> EventLoopFuture<AcceptedClientConnection> = { channel in
+            Self.checkOwner(channel, uid: uid, counters: counters, logger: logger).flatMapThrowing { peer in
+                try admit(channel, peer, false)
+            }.closingOnFailure(channel)
+        }
+        var channels: [NIOAsyncChannel<AcceptedClientConnection, Never>] = []
+        func bind(_ address: ProxyListenAddress) async throws -> NIOAsyncChannel<AcceptedClientConnection, Never> {
+            try await bootstrap.bind(host: address.address, port: address.port, childChannelInitializer: initializer)
+        }
+        do {
+            if let configured {
+                for address in configured {
+                    do {
+                        channels.append(try await bind(address))
+                    } catch {
+                        throw ListenerError(
+                            description: "cannot listen on the proxy port \(address): \(Self.reason(error)). Choose another address in [proxy] listen (port 0: any free port), or listen = [] to turn the proxy port off."
+                        )
+                    }
+                }
+            } else {
+                let preferred = ProxyListenAddress.userDefault(uid: uid)
+                do {
+                    channels.append(try await bind(preferred))
+                } catch {
+                    // Taken (by another user's daemon, say): any free port; `status` says which.
+                    logger.notice(
+                        "the proxy port's usual address is taken; listening on a free port instead",
+                        metadata: ["address": "\(preferred)", "error": "\(Self.reason(error))"]
+                    )
+                    var anyPort = preferred
+                    anyPort.port = 0
+                    do {
+                        channels.append(try await bind(anyPort))
+                    } catch {
+                        throw ListenerError(
+                            description: "cannot listen on a loopback proxy port: \(Self.reason(error)). Set [proxy] listen = [] to run without one."
+                        )
+                    }
+                }
+            }
+        } catch {
+            for channel in channels { try? await channel.channel.close() }
+            throw error
+        }
+        return channels
+    }
+
+    /// The client's socket must belong to this user; then its process is looked up.
+    private static func checkOwner(
+        _ channel: any Channel, uid: UInt32, counters: BrokerCounters, logger: Logger
+    ) -> EventLoopFuture<ConnectionPeer> {
+        let refuse = { (metadata: Logger.Metadata) -> EventLoopFuture<ConnectionPeer> in
+            counters.clientConnectionsRefused.add(1)
+            logger.warning("refused a proxy-port connection that is not from this user", metadata: metadata)
+            return channel.eventLoop.makeFailedFuture(PeerRejected(credentials: nil))
+        }
+        guard let client = channel.remoteAddress, let server = channel.localAddress else {
+            return refuse(["reason": "the connection has no addresses"])
+        }
+        switch TCPSocketOwner.lookup(client: client, server: server) {
+        case .failure(let error):
+            return refuse(["peer": "\(client)", "reason": "\(error)"])
+        case .success(let owner) where owner.uid != uid:
+            return refuse(["peer": "\(client)", "peer_uid": "\(owner.uid)"])
+        case .success(let owner):
+            // Reading the user's descriptor tables takes a while: not on the event loop.
+            return NIOThreadPool.singleton.runIfActive(eventLoop: channel.eventLoop) {
+                let pid = TCPSocketOwner.process(holding: owner.inode, uid: owner.uid) ?? 0
+                return ConnectionPeer(credentials: PeerCredentials(pid: pid, uid: owner.uid))
+            }
+        }
+    }
+
+    /// `127.0.0.1:21000` or `[::1]:3128` for a bound address.
+    static func describe(_ address: SocketAddress) -> String? {
+        guard let ip = address.ipAddress, let port = address.port else { return nil }
+        return ProxyListenAddress(address: ip, port: port).description
+    }
+
+    private static func reason(_ error: any Error) -> String {
+        if let error = error as? IOError { return "\(error.description)" }
+        return "\(error)"
+    }
+}
+
+extension EventLoopFuture {
+    /// A child channel initializer's result that closes the channel when it fails: NIO's async
+    /// server bootstrap leaves a refused connection open otherwise (its read transformation
+    /// only drops the failure), and the peer would hold it.
+    func closingOnFailure(_ channel: any Channel) -> EventLoopFuture<Value> {
+        self.flatMapErrorThrowing { error in
+            channel.close(promise: nil)
+            throw error
+        }
+    }
+}
