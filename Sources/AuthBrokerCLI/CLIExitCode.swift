@@ -26,6 +26,8 @@ package enum CLIExitCode: Int32, Sendable, CaseIterable {
     case httpError = 22
     /// The command line itself is wrong (swift-argument-parser's own code).
     case usage = 64
+    /// `run` could not start the program (as shells say it).
+    case cannotRun = 127
 
     /// The exit status for a failure the daemon reported, by its class (`BrokerError.kind`:
     /// the problem's code, then its RFC 9209 error type, then its HTTP status).

@@ -17,6 +17,8 @@ package struct StatusReport: Codable, Sendable, Equatable {
     package var startedAt: Date?
     package var uptimeSeconds: Double
     package var socket: String
+    /// The proxy port's addresses; nil from a daemon without one.
+    package var proxyPort: [String]?
     package var configFile: String?
     package var configLoaded: Bool?
     package var stateDirectory: String?
@@ -40,6 +42,7 @@ package struct StatusReport: Codable, Sendable, Equatable {
         case userAnchors = "user_anchors"
         case startedAt = "started_at"
         case uptimeSeconds = "uptime_seconds"
+        case proxyPort = "proxy_port"
         case configFile = "config_file"
         case configLoaded = "config_loaded"
         case stateDirectory = "state_directory"

@@ -251,6 +251,9 @@ package enum HumanFormat {
         var fields: [(String, String)] = []
         if let startedAt = report.startedAt { fields.append(("started", timestamp(startedAt))) }
         fields.append(("socket", sanitized(report.socket)))
+        if let proxyPort = report.proxyPort {
+            fields.append(("proxy port", proxyPort.isEmpty ? "off" : proxyPort.map(sanitized).joined(separator: ", ")))
+        }
         if let configFile = report.configFile {
             let state = report.configLoaded == false ? " (not found; defaults in use)" : ""
             fields.append(("config", sanitized(configFile) + state))

@@ -18,14 +18,15 @@ package struct AuthBrokerCtl: AsyncParsableCommand {
               authbrokerctl anchors trust-server https://nas.internal.test:8443/
               authbrokerctl anchors add corp-root.pem --hosts '*.corp.test'
               authbrokerctl passwords add https://git.corp.test --user alice
+              authbrokerctl run -- git clone https://git.corp.test/team/repo.git
 
             Exit codes: 0 ok, 1 other error, 3 daemon not running, 4 server certificate not \
             trusted, 5 cannot reach the server (DNS, refused, timeout), 6 upstream or protocol \
             error, 7 request rejected as invalid, 8 no such anchor, pin or password, 22 HTTP error with \
-            fetch --fail, 64 bad command line.
+            fetch --fail, 64 bad command line, 127 run could not start the program.
             """,
         version: AuthBrokerVersion.current,
-        subcommands: [Status.self, Fetch.self, Anchors.self, Pins.self, Exceptions.self, Passwords.self, Identities.self, Challenges.self, Agent.self]
+        subcommands: [Status.self, Fetch.self, Env.self, Run.self, Anchors.self, Pins.self, Exceptions.self, Passwords.self, Identities.self, Challenges.self, Agent.self]
     )
 
     package init() {}
