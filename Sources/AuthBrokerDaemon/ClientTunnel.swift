@@ -18,12 +18,13 @@ enum ClientTunnel {
     /// Turns the client connection into one end of a tunnel to `upstream`: the HTTP handlers
     /// leave (bytes the client sent after the CONNECT, which its decoder kept, go upstream
     /// first), `200` goes out, and the two channels are joined. On the client's event loop.
+    /// `idleTimeout`: with no byte either way for this long, the tunnel is closed.
     /// - Returns: the totals once both ends have closed.
-    static func join(client: any Channel, upstream: any Channel) -> EventLoopFuture<Totals> {
+    static func join(client: any Channel, upstream: any Channel, idleTimeout: TimeAmount) -> EventLoopFuture<Totals> {
         client.eventLoop.flatSubmit {
             let ended = client.eventLoop.makePromise(of: Totals.self)
             do {
-                try Self.joinNow(client: client, upstream: upstream, ended: ended)
+                try Self.joinNow(client: client, upstream: upstream, idleTimeout: idleTimeout, ended: ended)
             } catch {
                 client.close(promise: nil)
                 upstream.close(promise: nil)
@@ -33,7 +34,9 @@ enum ClientTunnel {
         }
     }
 
-    private static func joinNow(client: any Channel, upstream: any Channel, ended: EventLoopPromise<Totals>) throws {
+    private static func joinNow(
+        client: any Channel, upstream: any Channel, idleTimeout: TimeAmount, ended: EventLoopPromise<Totals>
+    ) throws {
         let pipeline = client.pipeline.syncOperations
         let decoder = try pipeline.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self)
         let clientEnd = TunnelEnd(side: .client)
@@ -53,6 +56,8 @@ enum ClientTunnel {
         // Right after the decoder: once the handlers before it have gone, every byte the client
         // sends (and what the decoder kept) reaches this end and nothing after it.
         try pipeline.addHandler(clientEnd, position: .after(decoder))
+        // In front of the client end, it sees every byte both ways on the client's side.
+        try pipeline.addHandler(IdleStateHandler(allTimeout: idleTimeout), position: .before(clientEnd))
         for handler in try Self.httpHandlersBeforeDecoder(client) {
             pipeline.removeHandler(handler, promise: nil)
         }
@@ -65,6 +70,8 @@ enum ClientTunnel {
         clientEnd.writeRaw(established)
         upstreamEnd.start()
         clientEnd.start()
+        // Opened with reads off (`openBlindTunnel`), so a server that speaks first loses nothing.
+        upstream.setOption(.autoRead, value: true).whenFailure { _ in upstream.close(promise: nil) }
     }
 
     /// The byte-level handlers in front of the decoder (head normalising, timeouts): a tunnel's
@@ -94,6 +101,9 @@ private final class JoinedEnds {
     func endClosed() {
         guard self.client.closed, self.upstream.closed, let ended = self.ended else { return }
         self.ended = nil
+        // The ends hold this record; letting go of it here ends the cycle.
+        self.client.joined = nil
+        self.upstream.joined = nil
         ended.succeed(.init(fromClient: self.client.bytesRead, toClient: self.upstream.bytesRead))
     }
 }
@@ -165,6 +175,15 @@ private final class TunnelEnd: ChannelDuplexHandler, RemovableChannelHandler {
     func channelInactive(context: ChannelHandlerContext) {
         self.markClosed()
         if self.started { self.partner?.closeAfterWrites() }
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if case IdleStateHandler.IdleStateEvent.all = event {
+            // Nothing either way for tunnel_idle_timeout_ms: closing one end closes the other.
+            context.close(promise: nil)
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
@@ -240,7 +259,8 @@ extension ClientConnectionServer {
         }
         self.counters.tunnelsOpened.add(1)
         do {
-            let totals = try await ClientTunnel.join(client: channel, upstream: upstream).get()
+            let idle = TimeAmount.milliseconds(Int64(self.settings.limits.tunnelIdleTimeoutMilliseconds))
+            let totals = try await ClientTunnel.join(client: channel, upstream: upstream, idleTimeout: idle).get()
             self.counters.bytesFromUpstream.add(totals.toClient)
             self.counters.bytesToUpstream.add(totals.fromClient)
             return RequestOutcome(status: 200, bytes: totals.toClient, brokerError: nil, disposition: .close)

@@ -267,7 +267,10 @@ package final class UpstreamConnector: Sendable {
         if let proxy = self.settings.upstream.proxy(for: origin) {
             return try await self.openTunnel(through: proxy, to: origin, on: eventLoop)
         }
-        return try await self.connectTCP(to: origin, for: origin, on: eventLoop) { _ in }
+        // Reads start once the tunnel is joined (`ClientTunnel`): what a server sends first waits.
+        return try await self.connectTCP(to: origin, for: origin, on: eventLoop) { channel in
+            try channel.syncOptions?.setOption(.autoRead, value: false)
+        }
     }
 
     /// Attempts at CONNECT per tunnel at most: a 407, its answer, a stale nonce, and one more.

@@ -152,6 +152,7 @@ struct BrokerSettingsTests {
             max_response_head_bytes = 1_048_576
             request_body_buffer_bytes = 1
             max_client_connections = 65536
+            tunnel_idle_timeout_ms = 30_000
             """
         var expected = BrokerSettings()
         expected.daemon.socketPath = "/run/user/1000/ab.sock"
@@ -178,6 +179,7 @@ struct BrokerSettingsTests {
         expected.limits.maxResponseHeadBytes = 1_048_576
         expected.limits.requestBodyBufferBytes = 1
         expected.limits.maxClientConnections = 65536
+        expected.limits.tunnelIdleTimeoutMilliseconds = 30_000
         let settings = try BrokerSettings.parse(text, file: Self.file)
         #expect(settings == expected)
         #expect(settings.daemon.shutdownGrace == .milliseconds(2500))

@@ -138,6 +138,29 @@ struct ProxyPortTests {
         }
     }
 
+    @Test("a tunnel goes through the upstream proxy, whose 407 the broker answers from the store; curl never sees it")
+    func tunnelThroughUpstreamProxy() async throws {
+        let proxy = try await TestForwardProxy.start(auth: .basic, user: UpstreamProxyTests.user, password: UpstreamProxyTests.password)
+        defer { Task { await proxy.stop() } }
+        let ca = try TestPKI.makeCA(commonName: "Tunnel Proxy CA")
+        let leaf = try TestPKI.makeLeaf(dnsNames: ["behind.internal.test"], issuer: ca)
+        let origin = try await TestOrigin.start(name: "behind", identity: leaf)
+        defer { Task { await origin.stop() } }
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try ca.pem.write(toFile: directory + "/ca.pem", atomically: true, encoding: .utf8)
+        try await withDaemon(config: UpstreamProxyTests.config(proxy: proxy.port)) { daemon in
+            try UpstreamProxyTests.storeProxyPassword(daemon, proxyPort: proxy.port)
+            let curl = try Self.runThroughBroker(
+                daemon, ["/usr/bin/curl", "-sS", "--fail", "--cacert", directory + "/ca.pem", "https://behind.internal.test:\(origin.port)/hello"]
+            )
+            #expect(curl.status == 0, "\(curl.stderr)")
+            #expect(curl.stdout == "hello from behind")
+            #expect(proxy.stats.tunnels == 1)
+            #expect(proxy.stats.proxyAuthenticationRequired == 1)
+        }
+    }
+
     @Test(
         "bad CONNECTs get the broker's error and a close, and the daemon carries on",
         arguments: [
@@ -184,6 +207,20 @@ struct ProxyPortTests {
             let looped = try UnixSocketConnection(tcpPort: port).request("GET", "http://127.0.0.1:\(port)/v1/status")
             #expect(looped.status == 400)
             #expect(looped.json["code"] as? String == "not_absolute")
+        }
+    }
+
+    @Test("an idle tunnel is closed after tunnel_idle_timeout_ms, both ends")
+    func idleTunnelCloses() async throws {
+        let origin = try await RawOrigin.startSilent()
+        defer { Task { await origin.stop() } }
+        let config = "[upstream]\nresolve = [\"idle.internal.test:\(origin.port):127.0.0.1\"]\n[limits]\ntunnel_idle_timeout_ms = 300\n"
+        try await withDaemon(config: config) { daemon in
+            let client = try UnixSocketConnection(tcpPort: try daemon.proxyPort(), timeoutSeconds: 20)
+            try client.send("CONNECT idle.internal.test:\(origin.port) HTTP/1.1\r\nHost: x\r\n\r\n")
+            #expect(try client.readLine().hasPrefix("HTTP/1.1 200"))
+            #expect(client.peerClosedWithin(milliseconds: 10_000))
+            #expect(await origin.waitUntilNoConnectionIsOpen())
         }
     }
 

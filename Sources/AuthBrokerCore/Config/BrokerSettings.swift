@@ -122,6 +122,10 @@ package struct BrokerSettings: Sendable, Equatable {
         package var requestHeadTimeoutMilliseconds: Int = 20_000
         /// `client_idle_timeout_ms`: how long a client connection may wait between requests.
         package var clientIdleTimeoutMilliseconds: Int = 120_000
+        /// `tunnel_idle_timeout_ms`: a CONNECT tunnel with no byte either way for this long is
+        /// closed. Longer than between requests: a tunnel idles inside a program's own
+        /// keep-alive (Squid's `read_timeout` is the same 15 minutes).
+        package var tunnelIdleTimeoutMilliseconds: Int = 900_000
         /// `max_auth_spaces`: protection spaces (origin, realm, scheme) the daemon remembers for
         /// preemptive answers and Digest sessions, per table; the least recently used go first.
         package var maxAuthSpaces: Int = 4096
@@ -189,7 +193,8 @@ package struct BrokerSettings: Sendable, Equatable {
         ],
         "limits": [
             "max_request_head_bytes", "max_response_head_bytes", "request_body_buffer_bytes", "max_client_connections",
-            "reserved_control_connections", "request_head_timeout_ms", "client_idle_timeout_ms", "max_auth_spaces",
+            "reserved_control_connections", "request_head_timeout_ms", "client_idle_timeout_ms", "tunnel_idle_timeout_ms",
+            "max_auth_spaces",
             "agent_event_buffer",
         ],
         "proxy": ["listen"],
@@ -318,6 +323,9 @@ package struct BrokerSettings: Sendable, Equatable {
         }
         if let value = try limits.integer("client_idle_timeout_ms", in: 1...(24 * hour), unit: milliseconds, note: " (1 ms to 24 hours)") {
             settings.limits.clientIdleTimeoutMilliseconds = value
+        }
+        if let value = try limits.integer("tunnel_idle_timeout_ms", in: 1...(24 * hour), unit: milliseconds, note: " (1 ms to 24 hours)") {
+            settings.limits.tunnelIdleTimeoutMilliseconds = value
         }
         if let value = try limits.integer("max_auth_spaces", in: 16...1_048_576, unit: count) {
             settings.limits.maxAuthSpaces = value

@@ -30,7 +30,7 @@ package struct ProxyListenAddress: Sendable, Hashable, CustomStringConvertible {
     package static let userPortSpan = 10_000
 
     /// Where a user's proxy port is when the configuration does not say: the same port for the
-    /// same uid, so `http_proxy` written into a shell profile keeps working.
+    /// same uid, so environments made by `authbrokerctl env` stay right across restarts.
     package static func userDefault(uid: UInt32) -> ProxyListenAddress {
         ProxyListenAddress(address: "127.0.0.1", port: Self.userPortBase + Int(uid % UInt32(Self.userPortSpan)))
     }
