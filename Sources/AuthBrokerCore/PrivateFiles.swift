@@ -123,8 +123,9 @@ package enum PrivateFiles {
     }
 
     /// A descriptor open for appending to `path` (created 0600 when missing), never through a
-    /// symbolic link, on a regular file that belongs to the user and nobody else may write.
-    package static func openForAppending(_ path: String, what: String) throws(PrivateFileError) -> CInt {
+    /// symbolic link, on a regular file that belongs to the user and nobody else may write
+    /// (with `secret`: nor read).
+    package static func openForAppending(_ path: String, what: String, secret: Bool = false) throws(PrivateFileError) -> CInt {
         let fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0o600)
         if fd < 0 {
             let code = errno
@@ -137,7 +138,7 @@ package enum PrivateFiles {
             throw PrivateFileError(.io, "Cannot open \(what) \(path): \(errorText(code)). Check the permissions of its directory.")
         }
         do {
-            _ = try checkOpenFile(fd, path: path, what: what, forbiddenModeBits: 0o022)
+            _ = try checkOpenFile(fd, path: path, what: what, forbiddenModeBits: secret ? 0o077 : 0o022)
         } catch {
             close(fd)
             throw error

@@ -134,12 +134,14 @@ package enum BrokerDaemon {
         )
         // The daemon's own group, sized by `io_threads`, rather than NIO's singleton (one loop per
         // core): its size is a setting, and it is shut down with the daemon.
+        let keyLog = try settings.debug.tlsKeyLogPath.map { path throws(StartupError) in try TLSKeyLog(path: path, logger: logger) }
+        if let keyLog { logger.warning("the TLS key log is on", metadata: ["path": "\(keyLog.path)"]) }
         let group = MultiThreadedEventLoopGroup(numberOfThreads: settings.daemon.ioThreadCount)
         let connector: UpstreamConnector
         do {
             connector = try UpstreamConnector(
                 group: group, settings: settings, trust: evaluator, identities: identities, proxyAuthenticator: authenticator,
-                logger: logger
+                keyLog: keyLog?.callback, logger: logger
             )
         } catch {
             try? await group.shutdownGracefully()
@@ -192,6 +194,7 @@ package enum BrokerDaemon {
                     secretStore: .init(backend: selected.store.backendName, reason: selected.reason),
                     identities: store.identities().count,
                     warnings: StatusReport.warnings(identities: store.identities(), failedPasswords: vault.failedCount, now: Date())
+                        + (keyLog.map { [$0.warning] } ?? [])
                 )
             },
             inspect: { origin in try await connector.inspect(origin: origin) }
@@ -236,6 +239,7 @@ package enum BrokerDaemon {
         try? await group.shutdownGracefully()
         // Written in batches off the request threads: what is still queued goes to disk now.
         audit.flush()
+        keyLog?.flush()
         vault.flushMarks()
         if case .failure(let error) = outcome {
             throw StartupError(description: "authbrokerd: \(error)", exitCode: 1)

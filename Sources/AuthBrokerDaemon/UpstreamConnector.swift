@@ -55,7 +55,8 @@ package final class UpstreamConnector: Sendable {
 
     package init(
         group: any EventLoopGroup, settings: BrokerSettings, trust: TrustEvaluator,
-        identities: (any ClientIdentitySource)? = nil, proxyAuthenticator: HTTPAuthenticator? = nil, logger: Logger
+        identities: (any ClientIdentitySource)? = nil, proxyAuthenticator: HTTPAuthenticator? = nil,
+        keyLog: NIOSSLKeyLogCallback? = nil, logger: Logger
     ) throws {
         self.proxyAuthenticator = proxyAuthenticator
         self.group = group
@@ -73,6 +74,8 @@ package final class UpstreamConnector: Sendable {
         // default 5 s let an origin that keeps sending (an endless header line) hold an event loop
         // busy decrypting bytes nobody reads, starving the other connections on it.
         tls.shutdownTimeout = Self.tlsShutdownTimeout
+        // `[debug] tls_key_log`; the identity contexts are made from this configuration too.
+        tls.keyLogCallback = keyLog
         self.tlsConfiguration = tls
         self.tlsContext = try NIOSSLContext(configuration: tls)
     }

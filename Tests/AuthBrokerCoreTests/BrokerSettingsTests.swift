@@ -94,7 +94,7 @@ struct BrokerSettingsTests {
     @Test func sampleFileDocumentsEachDefaultCorrectly() throws {
         let (text, keys) = Self.uncommented(try Self.sampleText())
         // Every setting with a default value shows it; the ones without one show an example.
-        #expect(Set(keys) == Self.allKeys.subtracting(["socket_path", "state_dir", "pam_config_dir", "proxy", "listen"]))
+        #expect(Set(keys) == Self.allKeys.subtracting(["socket_path", "state_dir", "pam_config_dir", "proxy", "listen", "tls_key_log"]))
         #expect(keys.count == Set(keys).count)
         #expect(try BrokerSettings.parse(text, file: "uncommented sample") == .defaults)
     }
@@ -153,6 +153,9 @@ struct BrokerSettingsTests {
             request_body_buffer_bytes = 1
             max_client_connections = 65536
             tunnel_idle_timeout_ms = 30_000
+
+            [debug]
+            tls_key_log = "/home/you/keys.log"
             """
         var expected = BrokerSettings()
         expected.daemon.socketPath = "/run/user/1000/ab.sock"
@@ -180,6 +183,7 @@ struct BrokerSettingsTests {
         expected.limits.requestBodyBufferBytes = 1
         expected.limits.maxClientConnections = 65536
         expected.limits.tunnelIdleTimeoutMilliseconds = 30_000
+        expected.debug.tlsKeyLogPath = "/home/you/keys.log"
         let settings = try BrokerSettings.parse(text, file: Self.file)
         #expect(settings == expected)
         #expect(settings.daemon.shutdownGrace == .milliseconds(2500))

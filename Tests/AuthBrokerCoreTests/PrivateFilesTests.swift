@@ -133,4 +133,19 @@ struct PrivateFilesTests {
         #expect(stat(base + "/fresh.jsonl", &info) == 0)
         #expect(info.st_mode & 0o777 == 0o600)
     }
+
+    @Test("a secret file (the TLS key log) must be unreadable by others too; the error gives the chmod")
+    func secretAppendTargetsMustBePrivate() throws {
+        let base = try Self.scratch()
+        defer { try? FileManager.default.removeItem(atPath: base) }
+        let path = base + "/keys.log"
+        #expect(FileManager.default.createFile(atPath: path, contents: Data(), attributes: [.posixPermissions: 0o644]))
+        // Readable by others is fine for the audit log, not for keys.
+        close(try PrivateFiles.openForAppending(path, what: "the audit log"))
+        let error = #expect(throws: PrivateFileError.self) { try PrivateFiles.openForAppending(path, what: "the TLS key log", secret: true) }
+        #expect(error?.description.contains("has mode 644") == true, "\(error?.description ?? "")")
+        #expect(error?.description.contains("chmod 600") == true)
+        chmod(path, 0o600)
+        close(try PrivateFiles.openForAppending(path, what: "the TLS key log", secret: true))
+    }
 }

@@ -159,8 +159,18 @@ package struct BrokerSettings: Sendable, Equatable {
         package init() {}
     }
 
+    /// `[debug]`: aids for looking at the broker's own traffic.
+    package struct Debug: Sendable, Equatable {
+        /// `tls_key_log`: a file the keys of every upstream TLS connection are appended to, in
+        /// the NSS key log format Wireshark reads; nil (the default): none.
+        package var tlsKeyLogPath: String? = nil
+
+        package init() {}
+    }
+
     package var daemon = Daemon()
     package var proxy = Proxy()
+    package var debug = Debug()
     package var trust = Trust()
     package var upstream = Upstream()
     package var limits = Limits()
@@ -200,6 +210,7 @@ package struct BrokerSettings: Sendable, Equatable {
         "proxy": ["listen"],
         "security": ["reauth_grant_seconds", "pam_service", "pam_config_dir"],
         "secrets": ["store"],
+        "debug": ["tls_key_log"],
     ]
 
     /// The longest Unix socket path Linux accepts: `sun_path` is 108 bytes with the NUL.
@@ -333,6 +344,9 @@ package struct BrokerSettings: Sendable, Equatable {
         if let value = try limits.integer("agent_event_buffer", in: 16...1_048_576, unit: count) {
             settings.limits.agentEventBuffer = value
         }
+
+        let debug = TableReader(file: file, table: "debug", document: document)
+        if let value = try debug.path("tls_key_log") { settings.debug.tlsKeyLogPath = value }
 
         let proxy = TableReader(file: file, table: "proxy", document: document)
         if let value = try proxy.listenAddresses("listen") { settings.proxy.listen = value }

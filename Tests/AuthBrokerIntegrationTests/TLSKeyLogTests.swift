@@ -1,0 +1,96 @@
+import Foundation
+import Testing
+import TestSupport
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `[debug] tls_key_log` against Wireshark's own dissector: a capture of the broker's upstream
+/// TLS is decrypted by tshark with the key log, and is not without it.
+@Suite(
+    "TLS key log",
+    .enabled(
+        if: getuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/tshark")
+            && FileManager.default.isExecutableFile(atPath: "/usr/bin/dumpcap"),
+        "capturing on lo needs root, tshark and dumpcap (scripts/install-deps test installs them)"
+    ),
+    .serialized
+)
+struct TLSKeyLogTests {
+    @Test("tshark decrypts a capture of a broker request with the key log, and cannot without it; the file is 0600 and status warns")
+    func tsharkDecryptsTheCapture() async throws {
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let keyLog = directory + "/keys.log"
+        let capture = directory + "/capture.pcapng"
+        let ca = try TestPKI.makeCA(commonName: "Key Log Test CA")
+        let origin = try await TestOrigin.start(name: "keylog", identity: try TestPKI.makeLeaf(dnsNames: ["keylog.internal.test"], issuer: ca))
+        defer { Task { await origin.stop() } }
+        let marker = "marker-\(UInt64.random(in: 0...UInt64.max))"
+        let config = "[upstream]\nresolve = [\"keylog.internal.test:\(origin.port):127.0.0.1\"]\n[debug]\ntls_key_log = \"\(keyLog)\"\n"
+        try await withDaemon(config: config) { daemon in
+            #expect(try addAnchor(daemon, pem: ca.pem, hosts: ["keylog.internal.test"]).status == 201)
+            let dumpcap = try Capture(port: origin.port, file: capture)
+            let response = try fetch(daemon, "https://keylog.internal.test:\(origin.port)/hello?\(marker)")
+            #expect(response.status == 200)
+            let status = try UnixSocketConnection(path: daemon.socketPath).request("GET", "/v1/status")
+            let warnings = status.json["warnings"] as? [String] ?? []
+            #expect(warnings.contains { $0.contains(keyLog) && $0.contains("decrypt") })
+            // The key lines are batched for up to 100 ms; the daemon's stop writes what is left.
+            await daemon.stop()
+            dumpcap.stop()
+        }
+        var info = stat()
+        #expect(stat(keyLog, &info) == 0)
+        #expect(info.st_mode & 0o777 == 0o600)
+        let keys = try String(contentsOfFile: keyLog, encoding: .utf8)
+        #expect(keys.contains("CLIENT_") || keys.contains("_TRAFFIC_SECRET_0"))
+
+        let decodeAs = "tcp.port==\(origin.port),tls"
+        let fields = ["-Y", "http.request", "-T", "fields", "-e", "http.request.uri"]
+        let decrypted = try ExternalCommand.run("/usr/bin/tshark", ["-r", capture, "-o", "tls.keylog_file:\(keyLog)", "-d", decodeAs] + fields)
+        #expect(decrypted.stdout.contains("/hello?\(marker)"), "tshark: \(decrypted.stdout) \(decrypted.stderr)")
+        let opaque = try ExternalCommand.run("/usr/bin/tshark", ["-r", capture, "-d", decodeAs] + fields)
+        #expect(opaque.status == 0)
+        #expect(!opaque.stdout.contains(marker))
+    }
+}
+
+/// dumpcap on lo for one port for `seconds`, started and ready before `init` returns.
+private final class Capture: Sendable {
+    private let process: Process
+
+    init(port: Int, file: String) throws {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/dumpcap")
+        // It stops by itself: a test process's children inherit its blocked signals, so neither
+        // SIGINT nor SIGTERM would reach it.
+        process.arguments = ["-i", "lo", "-f", "tcp port \(port)", "-a", "duration:\(Self.seconds)", "-w", file]
+        let messages = file + ".log"
+        guard FileManager.default.createFile(atPath: messages, contents: nil) else { throw TestSupportError("cannot create \(messages)") }
+        let log = try FileHandle(forWritingTo: URL(fileURLWithPath: messages))
+        process.standardError = log
+        process.standardOutput = log
+        try process.run()
+        self.process = process
+        // dumpcap says where it captures once it does: wait for that, 10 s at most.
+        var said = ""
+        for _ in 0..<100 where !said.contains("Capturing on") {
+            Thread.sleep(forTimeInterval: 0.1)
+            said = (try? String(contentsOfFile: messages, encoding: .utf8)) ?? ""
+        }
+        guard said.contains("Capturing on") else {
+            process.terminate()
+            throw TestSupportError("dumpcap did not start capturing: \(said)")
+        }
+    }
+
+    /// How long a capture runs: room for the daemon's start, one request and its stop.
+    static let seconds = 8
+
+    /// Waits for the capture's end; the file is whole then.
+    func stop() {
+        self.process.waitUntilExit()
+    }
+}
