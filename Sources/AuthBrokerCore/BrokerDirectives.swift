@@ -11,6 +11,7 @@ package struct BrokerDirectives: Sendable, Equatable {
     package static let identityField = "authbroker-identity"
     package static let interactiveField = "authbroker-interactive"
     package static let persistField = "authbroker-persist"
+    package static let debugField = "authbroker-debug"
 
     /// `Authbroker-Identity`: the client identity to present, as sent; the trust store decides
     /// whether it exists and fits the host.
@@ -20,11 +21,15 @@ package struct BrokerDirectives: Sendable, Equatable {
     /// `Authbroker-Persist`, lower-cased: `none`, `session` or `permanent` asks the daemon to
     /// keep a Basic credential the client sent; other values are for the caller to ignore.
     package var persist: String?
+    /// `Authbroker-Debug: keylog` (a comma-separated list; other tokens are ignored): with
+    /// `[debug] tls_key_log_scope = "marked"`, the request's upstream TLS keys are logged.
+    package var keyLog: Bool
 
-    package init(identity: String? = nil, interactiveWait: Duration? = nil, persist: String? = nil) {
+    package init(identity: String? = nil, interactiveWait: Duration? = nil, persist: String? = nil, keyLog: Bool = false) {
         self.identity = identity
         self.interactiveWait = interactiveWait
         self.persist = persist
+        self.keyLog = keyLog
     }
 
     package init(headers: HTTPHeaders) {
@@ -34,6 +39,10 @@ package struct BrokerDirectives: Sendable, Equatable {
             case Self.identityField: directives.identity = value
             case Self.interactiveField: directives.interactiveWait = Self.interactiveWait(value)
             case Self.persistField: directives.persist = value.lowercased()
+            case Self.debugField:
+                directives.keyLog = value.split(separator: ",").contains {
+                    $0.filter { $0 != " " && $0 != "\t" }.lowercased() == "keylog"
+                }
             default: continue
             }
         }

@@ -381,24 +381,30 @@ package struct UpstreamRoute: Hashable, Sendable, CustomStringConvertible {
     /// The HTTP proxy the connection goes through (`[upstream] proxy`): `http` requests in
     /// absolute form, `https` through a CONNECT tunnel. nil: straight to the origin.
     package let proxy: CanonicalOrigin?
+    /// The connection's TLS keys are logged (`[debug] tls_key_log_scope = "marked"` and a request
+    /// with `Authbroker-Debug: keylog`): such requests get connections of their own, whose keys
+    /// are logged, and never share them with the others.
+    package let keyLogged: Bool
     /// The fields' hash, computed once: the pool looks a route up twice per request, and hashing
     /// its strings each time was a measurable part of that.
     private let fieldsHash: Int
 
-    package init(_ origin: CanonicalOrigin, clientIdentity: String? = nil, proxy: CanonicalOrigin? = nil) {
+    package init(_ origin: CanonicalOrigin, clientIdentity: String? = nil, proxy: CanonicalOrigin? = nil, keyLogged: Bool = false) {
         self.origin = origin
         self.clientIdentity = clientIdentity
         self.proxy = proxy
+        self.keyLogged = keyLogged
         var hasher = Hasher()
         hasher.combine(origin)
         hasher.combine(clientIdentity)
         hasher.combine(proxy)
+        hasher.combine(keyLogged)
         self.fieldsHash = hasher.finalize()
     }
 
     package static func == (lhs: Self, rhs: Self) -> Bool {
         lhs.fieldsHash == rhs.fieldsHash && lhs.origin == rhs.origin && lhs.clientIdentity == rhs.clientIdentity
-            && lhs.proxy == rhs.proxy
+            && lhs.proxy == rhs.proxy && lhs.keyLogged == rhs.keyLogged
     }
 
     package func hash(into hasher: inout Hasher) {
@@ -412,6 +418,7 @@ package struct UpstreamRoute: Hashable, Sendable, CustomStringConvertible {
         var text = self.origin.description
         if let clientIdentity { text += " (as identity '\(clientIdentity)')" }
         if let proxy { text += " via proxy \(proxy.hostHeader)" }
+        if keyLogged { text += " (TLS keys logged)" }
         return text
     }
 }

@@ -141,7 +141,7 @@ package enum BrokerDaemon {
         do {
             connector = try UpstreamConnector(
                 group: group, settings: settings, trust: evaluator, identities: identities, proxyAuthenticator: authenticator,
-                keyLog: keyLog?.callback, logger: logger
+                keyLog: keyLog?.callback, keyLogAll: settings.debug.tlsKeyLogScope == .all, logger: logger
             )
         } catch {
             try? await group.shutdownGracefully()
@@ -194,7 +194,7 @@ package enum BrokerDaemon {
                     secretStore: .init(backend: selected.store.backendName, reason: selected.reason),
                     identities: store.identities().count,
                     warnings: StatusReport.warnings(identities: store.identities(), failedPasswords: vault.failedCount, now: Date())
-                        + (keyLog.map { [$0.warning] } ?? [])
+                        + (keyLog.map { [$0.warning(scope: settings.debug.tlsKeyLogScope)] } ?? [])
                 )
             },
             inspect: { origin in try await connector.inspect(origin: origin) }

@@ -93,7 +93,7 @@ package struct Interceptor: Sendable {
         let directives = BrokerDirectives(headers: head.headers)
         let route: UpstreamRoute
         do {
-            route = try self.route(to: origin, identity: directives.identity)
+            route = try self.route(to: origin, identity: directives.identity, keyLog: directives.keyLog)
         } catch {
             return await self.respondWithError(
                 error, requestID: requestID, logger: logger, requests: &requests, writer: writer,
@@ -418,12 +418,23 @@ package struct Interceptor: Sendable {
     }
 
     /// The route for a request: its origin, and the client identity it presents there (the one
-    /// it names in `Authbroker-Identity`, or the user's rules for the host).
-    func route(to origin: CanonicalOrigin, identity requested: String?) throws(BrokerError) -> UpstreamRoute {
-        guard let requested, origin.scheme == .https else { return self.automaticRoute(to: origin).route }
+    /// it names in `Authbroker-Identity`, or the user's rules for the host); `keyLog`: the
+    /// request asked for its TLS keys to be logged (`Authbroker-Debug: keylog`), which takes
+    /// connections of its own only while the key log is on for marked requests.
+    func route(to origin: CanonicalOrigin, identity requested: String?, keyLog: Bool = false) throws(BrokerError) -> UpstreamRoute {
+        let keyLogged =
+            keyLog && origin.scheme == .https && self.settings.debug.tlsKeyLogPath != nil
+            && self.settings.debug.tlsKeyLogScope == .marked
+        guard let requested, origin.scheme == .https else {
+            let route = self.automaticRoute(to: origin).route
+            guard keyLogged else { return route }
+            return UpstreamRoute(origin, clientIdentity: route.clientIdentity, proxy: route.proxy, keyLogged: true)
+        }
         do {
             let identity = try self.store.clientIdentity(for: origin.host, requested: requested)
-            return UpstreamRoute(origin, clientIdentity: identity?.name, proxy: self.settings.upstream.proxy(for: origin))
+            return UpstreamRoute(
+                origin, clientIdentity: identity?.name, proxy: self.settings.upstream.proxy(for: origin), keyLogged: keyLogged
+            )
         } catch {
             throw BrokerError.badRequest(code: BrokerErrorCode(error.kind), detail: error.message)
         }

@@ -88,19 +88,20 @@ enum ProxyPort {
     private static func checkOwner(
         _ channel: any Channel, uid: UInt32, counters: BrokerCounters, logger: Logger
     ) -> EventLoopFuture<ConnectionPeer> {
-        let refuse = { (metadata: Logger.Metadata) -> EventLoopFuture<ConnectionPeer> in
+        let refuse = { (message: Logger.Message, metadata: Logger.Metadata) -> EventLoopFuture<ConnectionPeer> in
             counters.clientConnectionsRefused.add(1)
-            logger.warning("refused a proxy-port connection that is not from this user", metadata: metadata)
+            logger.warning(message, metadata: metadata)
             return channel.eventLoop.makeFailedFuture(PeerRejected(credentials: nil))
         }
+        let unknown: Logger.Message = "refused a proxy-port connection whose owner the kernel could not name"
         guard let client = channel.remoteAddress, let server = channel.localAddress else {
-            return refuse(["reason": "the connection has no addresses"])
+            return refuse(unknown, ["reason": "the connection has no addresses"])
         }
         switch TCPSocketOwner.lookup(client: client, server: server) {
         case .failure(let error):
-            return refuse(["peer": "\(client)", "reason": "\(error)"])
+            return refuse(unknown, ["peer": "\(client)", "reason": "\(error)"])
         case .success(let owner) where owner.uid != uid:
-            return refuse(["peer": "\(client)", "peer_uid": "\(owner.uid)"])
+            return refuse("refused a proxy-port connection that is not from this user", ["peer": "\(client)", "peer_uid": "\(owner.uid)"])
         case .success(let owner):
             // Reading the user's descriptor tables takes a while: not on the event loop.
             return NIOThreadPool.singleton.runIfActive(eventLoop: channel.eventLoop) {

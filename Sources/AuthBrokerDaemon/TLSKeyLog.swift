@@ -43,7 +43,8 @@ package final class TLSKeyLog: Sendable {
     }
 
     /// What `status` says while the key log is on.
-    package var warning: String {
-        "TLS keys of every upstream connection are being written to \(self.path) ([debug] tls_key_log): anyone who can read that file can decrypt captures of this traffic. Remove the setting and restart the daemon when you are done debugging."
+    package func warning(scope: BrokerSettings.Debug.KeyLogScope) -> String {
+        let whose = scope == .all ? "every upstream connection" : "upstream connections of requests sent with Authbroker-Debug: keylog"
+        return "TLS keys of \(whose) are being written to \(self.path) ([debug] tls_key_log): anyone who can read that file can decrypt captures of this traffic. Remove the setting and restart the daemon when you are done debugging."
     }
 }

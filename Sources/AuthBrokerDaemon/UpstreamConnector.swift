@@ -41,11 +41,20 @@ package final class UpstreamConnector: Sendable {
     private let trust: TrustEvaluator
     private let tlsConfiguration: TLSConfiguration
     private let tlsContext: NIOSSLContext
+    /// For routes whose keys are logged (`UpstreamRoute.keyLogged`); nil without a key log.
+    private let keyLoggedConfiguration: TLSConfiguration?
+    private let keyLoggedContext: NIOSSLContext?
     private let identities: (any ClientIdentitySource)?
     /// Answers the upstream proxy's 407s to CONNECT from stored passwords (nil: never).
     private let proxyAuthenticator: HTTPAuthenticator?
-    /// TLS contexts that present an identity, by name and version (making one parses the key).
-    private let identityContexts = NIOLockedValueBox<[String: (version: String, context: NIOSSLContext)]>([:])
+    /// TLS contexts that present an identity, by name and whether keys are logged, with the
+    /// identity's version (making one parses the key).
+    private let identityContexts = NIOLockedValueBox<[IdentityContextKey: (version: String, context: NIOSSLContext)]>([:])
+
+    private struct IdentityContextKey: Hashable {
+        var name: String
+        var keyLogged: Bool
+    }
     private let logger: Logger
 
     package var trustGeneration: UInt64 { self.trust.storeGeneration }
@@ -56,7 +65,7 @@ package final class UpstreamConnector: Sendable {
     package init(
         group: any EventLoopGroup, settings: BrokerSettings, trust: TrustEvaluator,
         identities: (any ClientIdentitySource)? = nil, proxyAuthenticator: HTTPAuthenticator? = nil,
-        keyLog: NIOSSLKeyLogCallback? = nil, logger: Logger
+        keyLog: NIOSSLKeyLogCallback? = nil, keyLogAll: Bool = true, logger: Logger
     ) throws {
         self.proxyAuthenticator = proxyAuthenticator
         self.group = group
@@ -74,15 +83,28 @@ package final class UpstreamConnector: Sendable {
         // default 5 s let an origin that keeps sending (an endless header line) hold an event loop
         // busy decrypting bytes nobody reads, starving the other connections on it.
         tls.shutdownTimeout = Self.tlsShutdownTimeout
-        // `[debug] tls_key_log`; the identity contexts are made from this configuration too.
-        tls.keyLogCallback = keyLog
+        // `[debug] tls_key_log`: every connection's keys (`keyLogAll`), or only those of routes
+        // that ask (`UpstreamRoute.keyLogged`), from a configuration of their own.
+        if let keyLog {
+            var logged = tls
+            logged.keyLogCallback = keyLog
+            self.keyLoggedConfiguration = logged
+            self.keyLoggedContext = try NIOSSLContext(configuration: logged)
+            if keyLogAll { tls = logged }
+        } else {
+            self.keyLoggedConfiguration = nil
+            self.keyLoggedContext = nil
+        }
         self.tlsConfiguration = tls
         self.tlsContext = try NIOSSLContext(configuration: tls)
     }
 
     /// The TLS context for `route`: the shared one, or one presenting its client identity.
     private func tlsContext(for route: UpstreamRoute) async throws -> NIOSSLContext {
-        guard let name = route.clientIdentity else { return self.tlsContext }
+        let keyLogged = route.keyLogged && self.keyLoggedContext != nil
+        guard let name = route.clientIdentity else {
+            return keyLogged ? self.keyLoggedContext ?? self.tlsContext : self.tlsContext
+        }
         guard let identities = self.identities else {
             throw BrokerError.clientIdentityUnavailable(name: name, origin: route.origin, reason: "this daemon has no secret store")
         }
@@ -94,10 +116,11 @@ package final class UpstreamConnector: Sendable {
         } catch {
             throw BrokerError.clientIdentityUnavailable(name: name, origin: route.origin, reason: "\(error)")
         }
-        if let cached = self.identityContexts.withLockedValue({ $0[name] }), cached.version == material.version {
+        let key = IdentityContextKey(name: name, keyLogged: keyLogged)
+        if let cached = self.identityContexts.withLockedValue({ $0[key] }), cached.version == material.version {
             return cached.context
         }
-        var configuration = self.tlsConfiguration
+        var configuration = keyLogged ? self.keyLoggedConfiguration ?? self.tlsConfiguration : self.tlsConfiguration
         configuration.certificateChain = material.chain.map { .certificate($0) }
         configuration.privateKey = .privateKey(material.privateKey)
         let context: NIOSSLContext
@@ -108,7 +131,7 @@ package final class UpstreamConnector: Sendable {
                 name: name, origin: route.origin, reason: "its certificate and key do not make a usable TLS identity (\(error))"
             )
         }
-        self.identityContexts.withLockedValue { $0[name] = (material.version, context) }
+        self.identityContexts.withLockedValue { $0[key] = (material.version, context) }
         return context
     }
 

@@ -16,6 +16,17 @@ struct BrokerDirectivesTests {
         #expect(BrokerDirectives.interactiveWait(value) == seconds.map { .seconds($0) })
     }
 
+    @Test(
+        "Authbroker-Debug: keylog among comma-separated tokens, any case; anything else is no key log",
+        arguments: [
+            ("keylog", true), ("KeyLog", true), ("trace, keylog", true), (" keylog ,x", true), ("\tkeylog", true),
+            ("", false), ("keylogs", false), ("key log", true), ("nokeylog", false), ("keylog=1", false), (",,,", false),
+        ] as [(String, Bool)]
+    )
+    func debugKeyLog(value: String, logged: Bool) {
+        #expect(BrokerDirectives(headers: HTTPHeaders([("Authbroker-Debug", value)])).keyLog == logged)
+    }
+
     @Test("the last of each field wins, names are case-insensitive, persist is lower-cased, other fields are ignored")
     func lastWins() {
         let headers = HTTPHeaders([

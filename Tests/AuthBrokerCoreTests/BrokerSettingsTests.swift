@@ -156,6 +156,7 @@ struct BrokerSettingsTests {
 
             [debug]
             tls_key_log = "/home/you/keys.log"
+            tls_key_log_scope = "marked"
             """
         var expected = BrokerSettings()
         expected.daemon.socketPath = "/run/user/1000/ab.sock"
@@ -184,6 +185,7 @@ struct BrokerSettingsTests {
         expected.limits.maxClientConnections = 65536
         expected.limits.tunnelIdleTimeoutMilliseconds = 30_000
         expected.debug.tlsKeyLogPath = "/home/you/keys.log"
+        expected.debug.tlsKeyLogScope = .marked
         let settings = try BrokerSettings.parse(text, file: Self.file)
         #expect(settings == expected)
         #expect(settings.daemon.shutdownGrace == .milliseconds(2500))

@@ -12,6 +12,7 @@ struct UpstreamRouteTests {
             UpstreamRoute(origin), UpstreamRoute(other), UpstreamRoute(origin, clientIdentity: "work"),
             UpstreamRoute(origin, clientIdentity: "home"), UpstreamRoute(origin, proxy: proxy),
             UpstreamRoute(origin, clientIdentity: "work", proxy: proxy),
+            UpstreamRoute(origin, keyLogged: true), UpstreamRoute(origin, clientIdentity: "work", keyLogged: true),
         ]
         for (i, a) in routes.enumerated() {
             for (j, b) in routes.enumerated() {

@@ -57,6 +57,48 @@ struct TLSKeyLogTests {
     }
 }
 
+extension TLSKeyLogTests {
+    @Test("with tls_key_log_scope = marked, only a request sent with Authbroker-Debug: keylog has its keys logged")
+    func onlyMarkedRequestsAreLogged() async throws {
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let keyLog = directory + "/keys.log"
+        let capture = directory + "/capture.pcapng"
+        let ca = try TestPKI.makeCA(commonName: "Marked Key Log CA")
+        let origin = try await TestOrigin.start(name: "marked", identity: try TestPKI.makeLeaf(dnsNames: ["marked.internal.test"], issuer: ca))
+        defer { Task { await origin.stop() } }
+        let plain = "plain-\(UInt64.random(in: 0...UInt64.max))"
+        let marked = "marked-\(UInt64.random(in: 0...UInt64.max))"
+        let config = """
+            [upstream]
+            resolve = ["marked.internal.test:\(origin.port):127.0.0.1"]
+            [debug]
+            tls_key_log = "\(keyLog)"
+            tls_key_log_scope = "marked"
+            """
+        try await withDaemon(config: config) { daemon in
+            #expect(try addAnchor(daemon, pem: ca.pem, hosts: ["marked.internal.test"]).status == 201)
+            let dumpcap = try Capture(port: origin.port, file: capture)
+            let base = "https://marked.internal.test:\(origin.port)/hello"
+            #expect(try fetch(daemon, "\(base)?\(plain)").status == 200)
+            try await Task.sleep(for: .milliseconds(300))
+            #expect(try String(contentsOfFile: keyLog, encoding: .utf8).isEmpty, "an unmarked request's keys were logged")
+            #expect(try fetch(daemon, "\(base)?\(marked)", headers: [("Authbroker-Debug", "keylog")]).status == 200)
+            // The marked request took a connection of its own: a second plain one still reuses
+            // the first, unlogged connection.
+            #expect(try fetch(daemon, "\(base)?\(plain)-again").status == 200)
+            await daemon.stop()
+            dumpcap.stop()
+        }
+        let decrypted = try ExternalCommand.run(
+            "/usr/bin/tshark",
+            ["-r", capture, "-o", "tls.keylog_file:\(keyLog)", "-d", "tcp.port==\(origin.port),tls", "-Y", "http.request", "-T", "fields", "-e", "http.request.uri"]
+        )
+        #expect(decrypted.stdout.contains("/hello?\(marked)"), "tshark: \(decrypted.stdout) \(decrypted.stderr)")
+        #expect(!decrypted.stdout.contains(plain))
+    }
+}
+
 /// dumpcap on lo for one port for `seconds`, started and ready before `init` returns.
 private final class Capture: Sendable {
     private let process: Process

@@ -164,6 +164,13 @@ package struct BrokerSettings: Sendable, Equatable {
         /// `tls_key_log`: a file the keys of every upstream TLS connection are appended to, in
         /// the NSS key log format Wireshark reads; nil (the default): none.
         package var tlsKeyLogPath: String? = nil
+        /// `tls_key_log_scope`: whose keys: every upstream connection's (`all`), or only those of
+        /// requests sent with `Authbroker-Debug: keylog` (`marked`).
+        package var tlsKeyLogScope: KeyLogScope = .all
+
+        package enum KeyLogScope: String, Sendable, Equatable {
+            case all, marked
+        }
 
         package init() {}
     }
@@ -210,7 +217,7 @@ package struct BrokerSettings: Sendable, Equatable {
         "proxy": ["listen"],
         "security": ["reauth_grant_seconds", "pam_service", "pam_config_dir"],
         "secrets": ["store"],
-        "debug": ["tls_key_log"],
+        "debug": ["tls_key_log", "tls_key_log_scope"],
     ]
 
     /// The longest Unix socket path Linux accepts: `sun_path` is 108 bytes with the NUL.
@@ -347,6 +354,15 @@ package struct BrokerSettings: Sendable, Equatable {
 
         let debug = TableReader(file: file, table: "debug", document: document)
         if let value = try debug.path("tls_key_log") { settings.debug.tlsKeyLogPath = value }
+        if let value = try debug.string("tls_key_log_scope", expected: "\"all\" or \"marked\"") {
+            guard let scope = Debug.KeyLogScope(rawValue: value) else {
+                throw debug.error(
+                    "tls_key_log_scope", .invalidValue,
+                    "use \"all\" (every upstream connection) or \"marked\" (requests sent with Authbroker-Debug: keylog), not \"\(TOMLValue.escapedForMessage(value))\""
+                )
+            }
+            settings.debug.tlsKeyLogScope = scope
+        }
 
         let proxy = TableReader(file: file, table: "proxy", document: document)
         if let value = try proxy.listenAddresses("listen") { settings.proxy.listen = value }
