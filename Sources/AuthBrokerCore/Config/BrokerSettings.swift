@@ -678,73 +678,71 @@ private struct TableReader {
 
     /// An array of host patterns (`HostPattern`): names, `*.domain` wildcards, IP addresses.
     func hostPatterns(_ key: String) throws(ConfigError) -> [HostPattern]? {
-        guard let value = values[key] else { return nil }
-        let expected = "an array of host patterns, like [\"localhost\", \"*.internal.example\", \"10.0.0.5\"]"
-        guard case .array(let elements) = value else {
-            throw error(key, .wrongType, "expected \(expected), got \(value.messageDescription)")
-        }
-        var result: [HostPattern] = []
-        for (offset, element) in elements.enumerated() {
-            guard case .string(let text) = element else {
-                throw error(key, .wrongType, "entry \(offset + 1): expected \(expected), got \(element.messageDescription)")
-            }
-            do {
-                result.append(try HostPattern(parsing: text))
+        try self.entries(key, expected: "an array of host patterns, like [\"localhost\", \"*.internal.example\", \"10.0.0.5\"]") {
+            text throws(EntryError) in
+            do throws(HostPatternError) {
+                return try HostPattern(parsing: text)
             } catch {
-                throw self.error(key, .invalidValue, "entry \(offset + 1): \(error.message)")
+                throw EntryError(message: error.message)
             }
         }
-        return result
     }
 
     /// An array of loopback `address:port` strings; `[]` turns the proxy port off.
     func listenAddresses(_ key: String) throws(ConfigError) -> [ProxyListenAddress]? {
-        guard let value = values[key] else { return nil }
         let expected = "an array of loopback \"address:port\" strings, like [\"127.0.0.1:3128\"] ([] for no proxy port)"
-        guard case .array(let elements) = value else {
-            throw error(key, .wrongType, "expected \(expected), got \(value.messageDescription)")
-        }
-        var result: [ProxyListenAddress] = []
-        for (offset, element) in elements.enumerated() {
-            guard case .string(let text) = element else {
-                throw error(key, .wrongType, "entry \(offset + 1): expected \(expected), got \(element.messageDescription)")
-            }
-            let address: ProxyListenAddress
-            do {
-                address = try ProxyListenAddress(parsing: text)
+        return try self.entries(key, expected: expected, sameAs: { $0.port != 0 && $0 == $1 }, duplicate: { "are both \($0)" }) {
+            text throws(EntryError) in
+            do throws(ProxyListenAddress.ParseError) {
+                return try ProxyListenAddress(parsing: text)
             } catch {
-                throw self.error(key, .invalidValue, "entry \(offset + 1): \(error.description)")
+                throw EntryError(message: error.description)
             }
-            if address.port != 0, let earlier = result.firstIndex(of: address) {
-                throw self.error(key, .invalidValue, "entries \(earlier + 1) and \(offset + 1) are both \(address); keep one")
-            }
-            result.append(address)
         }
-        return result
     }
 
     func resolveOverrides(_ key: String) throws(ConfigError) -> [ResolveOverride]? {
+        try self.entries(
+            key, expected: "an array of \"host:port:address\" strings, like [\"example.com:443:127.0.0.1\"]",
+            sameAs: { $0.host == $1.host && $0.port == $1.port }, duplicate: { "both pin \($0.host):\($0.port)" }
+        ) { text throws(EntryError) in
+            do throws(ResolveOverride.ParseError) {
+                return try ResolveOverride(parsing: text)
+            } catch {
+                throw EntryError(message: error.description)
+            }
+        }
+    }
+
+    /// Why one entry of an array was refused, in words.
+    struct EntryError: Error {
+        var message: String
+    }
+
+    /// An array of strings, each made into an entry by `parse` (whose error's message is used,
+    /// after "entry N: "); with `sameAs`, two entries it calls the same are refused, their
+    /// clash worded by `duplicate` ("entries 1 and 2 <duplicate>; keep one").
+    private func entries<Entry>(
+        _ key: String, expected: String, sameAs: ((Entry, Entry) -> Bool)? = nil, duplicate: (Entry) -> String = { _ in "" },
+        parse: (String) throws(EntryError) -> Entry
+    ) throws(ConfigError) -> [Entry]? {
         guard let value = values[key] else { return nil }
-        let expected = "an array of \"host:port:address\" strings, like [\"example.com:443:127.0.0.1\"]"
         guard case .array(let elements) = value else {
             throw error(key, .wrongType, "expected \(expected), got \(value.messageDescription)")
         }
-        var result: [ResolveOverride] = []
+        var result: [Entry] = []
         for (offset, element) in elements.enumerated() {
             guard case .string(let text) = element else {
                 throw error(key, .wrongType, "entry \(offset + 1): expected \(expected), got \(element.messageDescription)")
             }
-            let entry: ResolveOverride
+            let entry: Entry
             do {
-                entry = try ResolveOverride(parsing: text)
+                entry = try parse(text)
             } catch {
-                throw self.error(key, .invalidValue, "entry \(offset + 1): \(error.description)")
+                throw self.error(key, .invalidValue, "entry \(offset + 1): \(error.message)")
             }
-            if let earlier = result.firstIndex(where: { $0.host == entry.host && $0.port == entry.port }) {
-                throw self.error(
-                    key, .invalidValue,
-                    "entries \(earlier + 1) and \(offset + 1) both pin \(entry.host):\(entry.port); keep one"
-                )
+            if let sameAs, let earlier = result.firstIndex(where: { sameAs($0, entry) }) {
+                throw self.error(key, .invalidValue, "entries \(earlier + 1) and \(offset + 1) \(duplicate(entry)); keep one")
             }
             result.append(entry)
         }
