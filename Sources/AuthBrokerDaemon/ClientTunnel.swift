@@ -58,7 +58,7 @@ enum ClientTunnel {
         try pipeline.addHandler(clientEnd, position: .after(decoder))
         // In front of the client end, it sees every byte both ways on the client's side.
         try pipeline.addHandler(IdleStateHandler(allTimeout: idleTimeout), position: .before(clientEnd))
-        for handler in try Self.httpHandlersBeforeDecoder(client) {
+        for handler in try Self.byteLevelHTTPHandlers(client) {
             pipeline.removeHandler(handler, promise: nil)
         }
         pipeline.removeHandler(try pipeline.handler(type: HTTPResponseEncoder.self), promise: nil)
@@ -74,9 +74,10 @@ enum ClientTunnel {
         upstream.setOption(.autoRead, value: true).whenFailure { _ in upstream.close(promise: nil) }
     }
 
-    /// The byte-level handlers in front of the decoder (head normalising, timeouts): a tunnel's
-    /// bytes are not HTTP, and an idle tunnel is not an idle client.
-    private static func httpHandlersBeforeDecoder(_ channel: any Channel) throws -> [any RemovableChannelHandler] {
+    /// The handlers that read HTTP from bytes or time it (head normalising, the byte observer,
+    /// the request timeouts): a tunnel's bytes are not HTTP, and an idle tunnel is not an idle
+    /// client.
+    private static func byteLevelHTTPHandlers(_ channel: any Channel) throws -> [any RemovableChannelHandler] {
         let pipeline = channel.pipeline.syncOperations
         var handlers: [any RemovableChannelHandler] = []
         if let normalizer = try? pipeline.handler(type: HeadNormalizer.self) { handlers.append(normalizer) }
@@ -159,10 +160,6 @@ private final class TunnelEnd: ChannelDuplexHandler, RemovableChannelHandler {
         self.partner?.write(buffer)
     }
 
-    func channelReadComplete(context: ChannelHandlerContext) {
-        self.partner?.flush()
-    }
-
     func read(context: ChannelHandlerContext) {
         self.pendingRead = true
         self.readIfAllowed()
@@ -193,12 +190,11 @@ private final class TunnelEnd: ChannelDuplexHandler, RemovableChannelHandler {
 
     // MARK: Driven by the partner
 
+    /// Written and flushed at once: bytes the decoder kept after a CONNECT arrive with no read
+    /// completion after them, and a client that sent all it had with its CONNECT (a TLS
+    /// ClientHello) would wait forever for a flush at the next one.
     fileprivate func write(_ buffer: ByteBuffer) {
-        self.context?.write(self.wrapOutboundOut(buffer), promise: nil)
-    }
-
-    fileprivate func flush() {
-        self.context?.flush()
+        self.context?.writeAndFlush(self.wrapOutboundOut(buffer), promise: nil)
     }
 
     fileprivate func readIfAllowed() {

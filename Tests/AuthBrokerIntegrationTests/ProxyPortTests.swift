@@ -117,6 +117,23 @@ struct ProxyPortTests {
         }
     }
 
+    @Test("bytes sent with the CONNECT, and nothing after, reach the origin at once (a ClientHello sent optimistically)")
+    func optimisticBytesAloneAreDelivered() async throws {
+        let hello = Array("\u{16}\u{3}\u{1}optimistic client hello".utf8)
+        let origin = try await RawOrigin.start { received in
+            received.count >= hello.count ? RawOrigin.Reply("server hello", close: true) : nil
+        }
+        defer { Task { await origin.stop() } }
+        try await withDaemon(config: "[upstream]\nresolve = [\"early.internal.test:\(origin.port):127.0.0.1\"]\n") { daemon in
+            let client = try UnixSocketConnection(tcpPort: try daemon.proxyPort(), timeoutSeconds: 10)
+            try client.send(Array("CONNECT early.internal.test:\(origin.port) HTTP/1.1\r\nHost: x\r\n\r\n".utf8) + hello)
+            #expect(try client.readLine().hasPrefix("HTTP/1.1 200"))
+            while try client.readLine() != "" {}
+            #expect(String(decoding: try client.readToEnd(), as: UTF8.self) == "server hello")
+            #expect(origin.received.first == hello)
+        }
+    }
+
     @Test("curl through the proxy port to an https:// origin: the tunnel carries its TLS end to end")
     func curlHTTPSThroughTunnel() async throws {
         let ca = try TestPKI.makeCA(commonName: "Tunnel Test CA")
