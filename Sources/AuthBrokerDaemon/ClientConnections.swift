@@ -185,20 +185,6 @@ package struct ClientConnectionServer: Sendable {
     /// (`UpstreamConnector.openBlindTunnel`).
     package let openTunnel: @Sendable (CanonicalOrigin, any EventLoop) async throws -> any Channel
 
-    package init(
-        interceptor: Interceptor, control: ControlAPI, registry: ClientConnectionRegistry, counters: BrokerCounters,
-        settings: BrokerSettings, logger: Logger,
-        openTunnel: @escaping @Sendable (CanonicalOrigin, any EventLoop) async throws -> any Channel
-    ) {
-        self.interceptor = interceptor
-        self.control = control
-        self.registry = registry
-        self.counters = counters
-        self.settings = settings
-        self.logger = logger
-        self.openTunnel = openTunnel
-    }
-
     package func serve(_ accepted: AcceptedClientConnection) async {
         let connection = accepted.connection
         let channel = connection.channel
@@ -323,7 +309,8 @@ package struct ClientConnectionServer: Sendable {
         // After a CONNECT the decoder reads no more heads (the bytes are the tunnel's), so a
         // refused one ends the connection; its response has no body and no length, which the
         // close delimits (RFC 9112 §6.3).
-        let keepAlive = head.isKeepAlive && head.version == .http1_1 && head.method != .CONNECT
+        let isConnect: Bool = if case .CONNECT = head.method { true } else { false }
+        let keepAlive = head.isKeepAlive && head.version == .http1_1 && !isConnect
 
         var target = "-"
         let outcome: RequestOutcome
@@ -344,16 +331,23 @@ package struct ClientConnectionServer: Sendable {
                     writer: writer, clientWantsKeepAlive: keepAlive
                 )
             case .success(.authority(let host, let port)):
-                target = host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
+                // The tunnel's far end; a CONNECT goes to TLS servers (the scheme routes nothing else).
+                let origin = try? CanonicalOrigin(scheme: .https, host: host, port: port)
+                target = origin?.authorityForm ?? "\(host):\(port)"
                 if self.registry.isDraining {
                     outcome = await self.interceptor.respondWithError(
                         .shuttingDown(), requestID: requestID, logger: logger, requests: &requests,
                         writer: writer, clientWantsKeepAlive: false
                     )
-                } else {
+                } else if let origin {
                     outcome = await self.tunnel(
-                        host: host, port: port, head: head, peer: peer, requestID: requestID, logger: logger,
+                        to: origin, head: head, peer: peer, requestID: requestID, logger: logger,
                         requests: &requests, writer: writer, channel: registration.channel
+                    )
+                } else {
+                    outcome = await self.interceptor.respondWithError(
+                        .badRequest(code: .invalidHost, detail: "CONNECT \(target) does not name a host this broker can reach."),
+                        requestID: requestID, logger: logger, requests: &requests, writer: writer, clientWantsKeepAlive: false
                     )
                 }
             case .success(.asterisk):

@@ -39,10 +39,8 @@ enum ClientTunnel {
     ) throws {
         let pipeline = client.pipeline.syncOperations
         let decoder = try pipeline.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self)
-        let clientEnd = TunnelEnd(side: .client)
-        let upstreamEnd = TunnelEnd(side: .upstream)
-        clientEnd.partner = upstreamEnd
-        upstreamEnd.partner = clientEnd
+        let clientEnd = TunnelEnd()
+        let upstreamEnd = TunnelEnd()
         let joined = JoinedEnds(client: clientEnd, upstream: upstreamEnd, ended: ended)
         clientEnd.joined = joined
         upstreamEnd.joined = joined
@@ -58,7 +56,7 @@ enum ClientTunnel {
         try pipeline.addHandler(clientEnd, position: .after(decoder))
         // In front of the client end, it sees every byte both ways on the client's side.
         try pipeline.addHandler(IdleStateHandler(allTimeout: idleTimeout), position: .before(clientEnd))
-        for handler in try Self.byteLevelHTTPHandlers(client) {
+        for handler in Self.byteLevelHTTPHandlers(client) {
             pipeline.removeHandler(handler, promise: nil)
         }
         pipeline.removeHandler(try pipeline.handler(type: HTTPResponseEncoder.self), promise: nil)
@@ -77,7 +75,7 @@ enum ClientTunnel {
     /// The handlers that read HTTP from bytes or time it (head normalising, the byte observer,
     /// the request timeouts): a tunnel's bytes are not HTTP, and an idle tunnel is not an idle
     /// client.
-    private static func byteLevelHTTPHandlers(_ channel: any Channel) throws -> [any RemovableChannelHandler] {
+    private static func byteLevelHTTPHandlers(_ channel: any Channel) -> [any RemovableChannelHandler] {
         let pipeline = channel.pipeline.syncOperations
         var handlers: [any RemovableChannelHandler] = []
         if let normalizer = try? pipeline.handler(type: HeadNormalizer.self) { handlers.append(normalizer) }
@@ -117,11 +115,7 @@ private final class TunnelEnd: ChannelDuplexHandler, RemovableChannelHandler {
     typealias OutboundIn = ByteBuffer
     typealias OutboundOut = ByteBuffer
 
-    enum Side { case client, upstream }
-
-    let side: Side
-    weak var partner: TunnelEnd?
-    // Strong: the ends hold their shared record; it goes with them when both channels close.
+    // Strong: the ends hold their shared record; it lets go of them when both channels close.
     var joined: JoinedEnds?
     private var context: ChannelHandlerContext?
     /// Reads wait for `start` (the 200 goes out first) and for the partner's writability.
@@ -130,8 +124,10 @@ private final class TunnelEnd: ChannelDuplexHandler, RemovableChannelHandler {
     private(set) var closed = false
     private(set) var bytesRead = 0
 
-    init(side: Side) {
-        self.side = side
+    /// The other end, while the tunnel lasts.
+    private var partner: TunnelEnd? {
+        guard let joined else { return nil }
+        return joined.client === self ? joined.upstream : joined.client
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -221,18 +217,9 @@ private final class TunnelEnd: ChannelDuplexHandler, RemovableChannelHandler {
 extension ClientConnectionServer {
     /// `CONNECT host:port`: a blind tunnel, or the broker's error and a close.
     func tunnel(
-        host: String, port: Int, head: HTTPRequestHead, peer: ConnectionPeer?, requestID: String, logger: Logger,
+        to origin: CanonicalOrigin, head: HTTPRequestHead, peer: ConnectionPeer?, requestID: String, logger: Logger,
         requests: inout ClientRequestIterator, writer: ClientResponseWriter, channel: any Channel
     ) async -> RequestOutcome {
-        let origin: CanonicalOrigin
-        do {
-            origin = try CanonicalOrigin(parsing: "https://\(host.contains(":") ? "[\(host)]" : host):\(port)/")
-        } catch {
-            return await self.interceptor.respondWithError(
-                .badRequest(code: .invalidHost, detail: "CONNECT \(host):\(port) does not name a host this broker can reach: \(error)"),
-                requestID: requestID, logger: logger, requests: &requests, writer: writer, clientWantsKeepAlive: false
-            )
-        }
         // The CONNECT's end (it has no body); the decoder keeps what follows for the tunnel.
         guard case .end? = try? await requests.next() else {
             return RequestOutcome(status: 0, bytes: 0, brokerError: "client_closed", disposition: .close)

@@ -27,12 +27,14 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
         case head
         /// Bytes belong to a body (or to a head too large to hold): passed on as they come.
         case passing
+        /// A CONNECT ended: the bytes are the tunnel's (or nobody's, when it was refused) and
+        /// pass untouched until the handler is removed; no head follows.
+        case opaque
         /// A head was refused: nothing more is read from this connection.
         case refused
     }
 
     private var mode = Mode.head
-    private var tunnel = false
     private var held: [UInt8] = []
     private let direction: Direction
     /// More than this and the head is passed on unchanged; the decoder refuses it as too large.
@@ -43,17 +45,15 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
         self.limit = maxHeadBytes + 1024
     }
 
-    /// A CONNECT ended: what follows belongs to the tunnel (or to nothing, when it is refused),
-    /// and passes untouched until the handler is removed.
+    /// A CONNECT ended: what follows belongs to the tunnel.
     func tunnelFollows() {
         guard self.mode != .refused else { return }
-        self.mode = .passing
-        self.tunnel = true
+        self.mode = .opaque
     }
 
     /// The message ended: the next bytes start a head.
     func messageEnded() {
-        guard self.mode != .refused, !self.tunnel else { return }
+        guard self.mode != .refused, self.mode != .opaque else { return }
         self.mode = .head
         self.held.removeAll(keepingCapacity: true)
     }
@@ -61,7 +61,7 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         switch self.mode {
         case .head: break
-        case .passing:
+        case .passing, .opaque:
             context.fireChannelRead(data)
             return
         case .refused:

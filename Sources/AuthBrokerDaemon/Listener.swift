@@ -156,3 +156,14 @@ package struct PeerRejected: Error {
     package var credentials: PeerCredentials?
 }
 
+extension EventLoopFuture {
+    /// A child channel initializer's result that closes the channel when it fails: NIO's async
+    /// server bootstrap leaves a refused connection open otherwise (its read transformation
+    /// only drops the failure), and the peer would hold it.
+    func closingOnFailure(_ channel: any Channel) -> EventLoopFuture<Value> {
+        self.flatMapErrorThrowing { error in
+            channel.close(promise: nil)
+            throw error
+        }
+    }
+}

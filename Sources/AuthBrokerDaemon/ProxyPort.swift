@@ -42,39 +42,33 @@ enum ProxyPort {
             }.closingOnFailure(channel)
         }
         var channels: [NIOAsyncChannel<AcceptedClientConnection, Never>] = []
-        func bind(_ address: ProxyListenAddress) async throws -> NIOAsyncChannel<AcceptedClientConnection, Never> {
-            try await bootstrap.bind(host: address.address, port: address.port, childChannelInitializer: initializer)
+        /// Binds `address`; a failure is a `ListenerError` whose words `advice` ends.
+        func bind(_ address: ProxyListenAddress, advice: String) async throws -> NIOAsyncChannel<AcceptedClientConnection, Never> {
+            do {
+                return try await bootstrap.bind(host: address.address, port: address.port, childChannelInitializer: initializer)
+            } catch {
+                throw ListenerError(description: "cannot listen on the proxy port \(address): \(error)." + (advice.isEmpty ? "" : " \(advice)"))
+            }
         }
         do {
             if let configured {
                 for address in configured {
-                    do {
-                        channels.append(try await bind(address))
-                    } catch {
-                        throw ListenerError(
-                            description: "cannot listen on the proxy port \(address): \(Self.reason(error)). Choose another address in [proxy] listen (port 0: any free port), or listen = [] to turn the proxy port off."
-                        )
-                    }
+                    let advice = "Choose another address in [proxy] listen (port 0: any free port), or listen = [] to turn the proxy port off."
+                    channels.append(try await bind(address, advice: advice))
                 }
             } else {
                 let preferred = ProxyListenAddress.userDefault(uid: uid)
                 do {
-                    channels.append(try await bind(preferred))
+                    channels.append(try await bind(preferred, advice: ""))
                 } catch {
                     // Taken (by another user's daemon, say): any free port; `status` says which.
                     logger.notice(
                         "the proxy port's usual address is taken; listening on a free port instead",
-                        metadata: ["address": "\(preferred)", "error": "\(Self.reason(error))"]
+                        metadata: ["address": "\(preferred)", "error": "\(error)"]
                     )
                     var anyPort = preferred
                     anyPort.port = 0
-                    do {
-                        channels.append(try await bind(anyPort))
-                    } catch {
-                        throw ListenerError(
-                            description: "cannot listen on a loopback proxy port: \(Self.reason(error)). Set [proxy] listen = [] to run without one."
-                        )
-                    }
+                    channels.append(try await bind(anyPort, advice: "Set [proxy] listen = [] to run without one."))
                 }
             }
         } catch {
@@ -115,22 +109,5 @@ enum ProxyPort {
     static func describe(_ address: SocketAddress) -> String? {
         guard let ip = address.ipAddress, let port = address.port else { return nil }
         return ProxyListenAddress(address: ip, port: port).description
-    }
-
-    private static func reason(_ error: any Error) -> String {
-        if let error = error as? IOError { return "\(error.description)" }
-        return "\(error)"
-    }
-}
-
-extension EventLoopFuture {
-    /// A child channel initializer's result that closes the channel when it fails: NIO's async
-    /// server bootstrap leaves a refused connection open otherwise (its read transformation
-    /// only drops the failure), and the peer would hold it.
-    func closingOnFailure(_ channel: any Channel) -> EventLoopFuture<Value> {
-        self.flatMapErrorThrowing { error in
-            channel.close(promise: nil)
-            throw error
-        }
     }
 }

@@ -50,8 +50,9 @@ final class RequestFramingCheck: ChannelInboundHandler, RemovableChannelHandler 
             }
             context.fireChannelRead(data)
         case .end:
-            // After CONNECT come the tunnel's bytes, never another head.
-            if self.methods.last == .CONNECT {
+            // After CONNECT come the tunnel's bytes, never another head. (A pattern: HTTPMethod's
+            // `==` compares names as strings, on every request's end here.)
+            if case .CONNECT? = self.methods.last {
                 self.normalizer.tunnelFollows()
             } else {
                 self.normalizer.messageEnded()

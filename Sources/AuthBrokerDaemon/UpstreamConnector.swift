@@ -41,9 +41,9 @@ package final class UpstreamConnector: Sendable {
     private let trust: TrustEvaluator
     private let tlsConfiguration: TLSConfiguration
     private let tlsContext: NIOSSLContext
-    /// For routes whose keys are logged (`UpstreamRoute.keyLogged`); nil without a key log.
-    private let keyLoggedConfiguration: TLSConfiguration?
-    private let keyLoggedContext: NIOSSLContext?
+    /// For routes whose keys are logged (`UpstreamRoute.keyLogged`): only with a key log for
+    /// marked requests (for all of them, the shared configuration logs every connection's).
+    private let keyLogged: (configuration: TLSConfiguration, context: NIOSSLContext)?
     private let identities: (any ClientIdentitySource)?
     /// Answers the upstream proxy's 407s to CONNECT from stored passwords (nil: never).
     private let proxyAuthenticator: HTTPAuthenticator?
@@ -85,15 +85,15 @@ package final class UpstreamConnector: Sendable {
         tls.shutdownTimeout = Self.tlsShutdownTimeout
         // `[debug] tls_key_log`: every connection's keys (`keyLogAll`), or only those of routes
         // that ask (`UpstreamRoute.keyLogged`), from a configuration of their own.
-        if let keyLog {
+        if let keyLog, keyLogAll {
+            tls.keyLogCallback = keyLog
+            self.keyLogged = nil
+        } else if let keyLog {
             var logged = tls
             logged.keyLogCallback = keyLog
-            self.keyLoggedConfiguration = logged
-            self.keyLoggedContext = try NIOSSLContext(configuration: logged)
-            if keyLogAll { tls = logged }
+            self.keyLogged = (logged, try NIOSSLContext(configuration: logged))
         } else {
-            self.keyLoggedConfiguration = nil
-            self.keyLoggedContext = nil
+            self.keyLogged = nil
         }
         self.tlsConfiguration = tls
         self.tlsContext = try NIOSSLContext(configuration: tls)
@@ -101,10 +101,8 @@ package final class UpstreamConnector: Sendable {
 
     /// The TLS context for `route`: the shared one, or one presenting its client identity.
     private func tlsContext(for route: UpstreamRoute) async throws -> NIOSSLContext {
-        let keyLogged = route.keyLogged && self.keyLoggedContext != nil
-        guard let name = route.clientIdentity else {
-            return keyLogged ? self.keyLoggedContext ?? self.tlsContext : self.tlsContext
-        }
+        let logged = route.keyLogged ? self.keyLogged : nil
+        guard let name = route.clientIdentity else { return logged?.context ?? self.tlsContext }
         guard let identities = self.identities else {
             throw BrokerError.clientIdentityUnavailable(name: name, origin: route.origin, reason: "this daemon has no secret store")
         }
@@ -116,11 +114,11 @@ package final class UpstreamConnector: Sendable {
         } catch {
             throw BrokerError.clientIdentityUnavailable(name: name, origin: route.origin, reason: "\(error)")
         }
-        let key = IdentityContextKey(name: name, keyLogged: keyLogged)
+        let key = IdentityContextKey(name: name, keyLogged: logged != nil)
         if let cached = self.identityContexts.withLockedValue({ $0[key] }), cached.version == material.version {
             return cached.context
         }
-        var configuration = keyLogged ? self.keyLoggedConfiguration ?? self.tlsConfiguration : self.tlsConfiguration
+        var configuration = logged?.configuration ?? self.tlsConfiguration
         configuration.certificateChain = material.chain.map { .certificate($0) }
         configuration.privateKey = .privateKey(material.privateKey)
         let context: NIOSSLContext

@@ -18,14 +18,30 @@ import Glibc
     .serialized
 )
 struct TLSKeyLogTests {
+    /// An HTTPS origin for `host` with a CA of its own, which the test anchors in the daemon.
+    static func origin(host: String) async throws -> (ca: TestIdentity, origin: TestOrigin) {
+        let ca = try TestPKI.makeCA(commonName: "Key Log Test CA for \(host)")
+        let origin = try await TestOrigin.start(name: host, identity: try TestPKI.makeLeaf(dnsNames: [host], issuer: ca))
+        return (ca, origin)
+    }
+
+    /// The request-targets tshark reads from the capture's TLS on `port`, decrypted with
+    /// `keyLog` when given.
+    static func requestTargets(in capture: String, port: Int, keyLog: String?) throws -> ExternalCommand.Result {
+        let keys = keyLog.map { ["-o", "tls.keylog_file:\($0)"] } ?? []
+        return try ExternalCommand.run(
+            "/usr/bin/tshark",
+            ["-r", capture] + keys + ["-d", "tcp.port==\(port),tls", "-Y", "http.request", "-T", "fields", "-e", "http.request.uri"]
+        )
+    }
+
     @Test("tshark decrypts a capture of a broker request with the key log, and cannot without it; the file is 0600 and status warns")
     func tsharkDecryptsTheCapture() async throws {
         let directory = try DaemonProcess.makeTemporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let keyLog = directory + "/keys.log"
         let capture = directory + "/capture.pcapng"
-        let ca = try TestPKI.makeCA(commonName: "Key Log Test CA")
-        let origin = try await TestOrigin.start(name: "keylog", identity: try TestPKI.makeLeaf(dnsNames: ["keylog.internal.test"], issuer: ca))
+        let (ca, origin) = try await Self.origin(host: "keylog.internal.test")
         defer { Task { await origin.stop() } }
         let marker = "marker-\(UInt64.random(in: 0...UInt64.max))"
         let config = "[upstream]\nresolve = [\"keylog.internal.test:\(origin.port):127.0.0.1\"]\n[debug]\ntls_key_log = \"\(keyLog)\"\n"
@@ -47,11 +63,9 @@ struct TLSKeyLogTests {
         let keys = try String(contentsOfFile: keyLog, encoding: .utf8)
         #expect(keys.contains("CLIENT_") || keys.contains("_TRAFFIC_SECRET_0"))
 
-        let decodeAs = "tcp.port==\(origin.port),tls"
-        let fields = ["-Y", "http.request", "-T", "fields", "-e", "http.request.uri"]
-        let decrypted = try ExternalCommand.run("/usr/bin/tshark", ["-r", capture, "-o", "tls.keylog_file:\(keyLog)", "-d", decodeAs] + fields)
+        let decrypted = try Self.requestTargets(in: capture, port: origin.port, keyLog: keyLog)
         #expect(decrypted.stdout.contains("/hello?\(marker)"), "tshark: \(decrypted.stdout) \(decrypted.stderr)")
-        let opaque = try ExternalCommand.run("/usr/bin/tshark", ["-r", capture, "-d", decodeAs] + fields)
+        let opaque = try Self.requestTargets(in: capture, port: origin.port, keyLog: nil)
         #expect(opaque.status == 0)
         #expect(!opaque.stdout.contains(marker))
     }
@@ -64,8 +78,7 @@ extension TLSKeyLogTests {
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let keyLog = directory + "/keys.log"
         let capture = directory + "/capture.pcapng"
-        let ca = try TestPKI.makeCA(commonName: "Marked Key Log CA")
-        let origin = try await TestOrigin.start(name: "marked", identity: try TestPKI.makeLeaf(dnsNames: ["marked.internal.test"], issuer: ca))
+        let (ca, origin) = try await Self.origin(host: "marked.internal.test")
         defer { Task { await origin.stop() } }
         let plain = "plain-\(UInt64.random(in: 0...UInt64.max))"
         let marked = "marked-\(UInt64.random(in: 0...UInt64.max))"
@@ -90,10 +103,7 @@ extension TLSKeyLogTests {
             await daemon.stop()
             dumpcap.stop()
         }
-        let decrypted = try ExternalCommand.run(
-            "/usr/bin/tshark",
-            ["-r", capture, "-o", "tls.keylog_file:\(keyLog)", "-d", "tcp.port==\(origin.port),tls", "-Y", "http.request", "-T", "fields", "-e", "http.request.uri"]
-        )
+        let decrypted = try Self.requestTargets(in: capture, port: origin.port, keyLog: keyLog)
         #expect(decrypted.stdout.contains("/hello?\(marked)"), "tshark: \(decrypted.stdout) \(decrypted.stderr)")
         #expect(!decrypted.stdout.contains(plain))
     }
