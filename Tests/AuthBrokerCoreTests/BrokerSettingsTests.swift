@@ -436,6 +436,23 @@ struct BrokerSettingsTests {
         #expect(try ProxyListenAddress(parsing: "[0:0::1]:8080") == ProxyListenAddress(address: "::1", port: 8080))
     }
 
+    @Test func interceptAndTunnelHosts() throws {
+        #expect(BrokerSettings.defaults.proxy.interception == InterceptPolicy())
+        let all = try BrokerSettings.parse("[proxy]\nintercept = \"all\"\ntunnel = [\"pinned.example\"]\n", file: Self.file)
+        #expect(all.proxy.interception.intercept == .all)
+        #expect(all.proxy.interception.tunnel == [try HostPattern(parsing: "pinned.example")])
+        let some = try BrokerSettings.parse("[proxy]\nintercept = [\"*.corp.example\", \"10.0.0.5\"]\n", file: Self.file)
+        #expect(some.proxy.interception.intercept == .patterns([try HostPattern(parsing: "*.corp.example"), try HostPattern(parsing: "10.0.0.5")]))
+        for (line, message) in [
+            ("intercept = \"everything\"", "write \"all\""), ("intercept = 3", "expected an array of host patterns"),
+            ("intercept = [\"*\"]", "entry 1"), ("tunnel = \"all\"", "expected an array of host patterns"),
+        ] {
+            let error = #expect(throws: ConfigError.self) { try BrokerSettings.parse("[proxy]\n\(line)\n", file: Self.file) }
+            #expect(error?.line == 2)
+            #expect(error?.description.contains(message) == true, "\(line): \(error?.description ?? "")")
+        }
+    }
+
     @Test func userDefaultProxyPortIsStablePerUserAndBelowEphemeralPorts() {
         #expect(ProxyListenAddress.userDefault(uid: 1000) == ProxyListenAddress.userDefault(uid: 1000))
         #expect(ProxyListenAddress.userDefault(uid: 1000) != ProxyListenAddress.userDefault(uid: 1001))

@@ -155,6 +155,9 @@ package struct BrokerSettings: Sendable, Equatable {
         /// port (`ProxyListenAddress.userDefault`), or any free port when that one is taken;
         /// empty: no proxy port.
         package var listen: [ProxyListenAddress]? = nil
+        /// `intercept` and `tunnel`: which CONNECTs are intercepted beyond the hosts the user
+        /// holds something for, and which never are.
+        package var interception = InterceptPolicy()
 
         package init() {}
     }
@@ -214,7 +217,7 @@ package struct BrokerSettings: Sendable, Equatable {
             "max_auth_spaces",
             "agent_event_buffer",
         ],
-        "proxy": ["listen"],
+        "proxy": ["listen", "intercept", "tunnel"],
         "security": ["reauth_grant_seconds", "pam_service", "pam_config_dir"],
         "secrets": ["store"],
         "debug": ["tls_key_log", "tls_key_log_scope"],
@@ -366,6 +369,8 @@ package struct BrokerSettings: Sendable, Equatable {
 
         let proxy = TableReader(file: file, table: "proxy", document: document)
         if let value = try proxy.listenAddresses("listen") { settings.proxy.listen = value }
+        if let value = try proxy.interceptHosts("intercept") { settings.proxy.interception.intercept = value }
+        if let value = try proxy.hostPatterns("tunnel") { settings.proxy.interception.tunnel = value }
 
         let security = TableReader(file: file, table: "security", document: document)
         if let value = try security.integer("reauth_grant_seconds", in: 1...86_400, unit: seconds, note: " (1 to 86400)") {
@@ -686,6 +691,20 @@ private struct TableReader {
                 throw EntryError(message: error.message)
             }
         }
+    }
+
+    /// `"all"`, or an array of host patterns.
+    func interceptHosts(_ key: String) throws(ConfigError) -> InterceptHosts? {
+        if case .string(let text)? = values[key] {
+            guard text == "all" else {
+                throw error(
+                    key, .invalidValue,
+                    "\"\(TOMLValue.escapedForMessage(text))\": write \"all\", or an array of host patterns like [\"*.corp.example\"]"
+                )
+            }
+            return .all
+        }
+        return try self.hostPatterns(key).map { .patterns($0) }
     }
 
     /// An array of loopback `address:port` strings; `[]` turns the proxy port off.
