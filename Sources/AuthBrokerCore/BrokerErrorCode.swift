@@ -61,6 +61,9 @@ package enum BrokerErrorCode: String, CaseIterable, Sendable, Codable, CustomStr
     case clientIdentityUnavailable = "client_identity_unavailable"
     /// A client identity's private key is not in the secret store.
     case identityKeyMissing = "identity_key_missing"
+    /// A CONNECT the proxy port would intercept, or `authbrokerctl ca`, needs the local CA, which
+    /// cannot be made or read (its key is in the secret store).
+    case localCAUnavailable = "local_ca_unavailable"
     /// The `Authbroker-Identity` named a client identity whose hosts do not include the target's.
     case identityNotForHost = "identity_not_for_host"
     /// The `Authbroker-Identity` named a client identity whose certificate is not valid now.

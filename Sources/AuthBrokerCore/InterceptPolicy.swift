@@ -59,6 +59,17 @@ package struct InterceptPolicy: Sendable, Equatable {
         case holds(InterceptHoldings)
         /// Nothing of the user's applies: the broker has nothing to add.
         case nothingToAdd
+
+        /// `holds anchor, password`: for the log.
+        package var logDescription: String {
+            switch self {
+            case .tunnelRule: "[proxy] tunnel names the host"
+            case .interceptAll: "[proxy] intercept = \"all\""
+            case .interceptRule: "[proxy] intercept names the host"
+            case .holds(let holdings): "holds \(holdings.names.joined(separator: ", "))"
+            case .nothingToAdd: "nothing held for the host"
+            }
+        }
     }
 
     /// The decision the rules alone make (nil: it depends on what the user holds), so that the

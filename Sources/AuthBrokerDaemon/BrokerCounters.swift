@@ -26,6 +26,7 @@ package final class BrokerCounters: Sendable {
     package let bytesToUpstream = BrokerCounter()
     /// Blind tunnels opened for CONNECT (their bytes count in the two above).
     package let tunnelsOpened = BrokerCounter()
+    package let connectsIntercepted = BrokerCounter()
 
     package init() {}
 
@@ -43,6 +44,7 @@ package final class BrokerCounters: Sendable {
             "bytes_from_upstream": self.bytesFromUpstream.current,
             "bytes_to_upstream": self.bytesToUpstream.current,
             "tunnels_opened": self.tunnelsOpened.current,
+            "connects_intercepted": self.connectsIntercepted.current,
         ]
     }
 }

@@ -180,8 +180,13 @@ package enum BrokerDaemon {
             policy: ReauthPolicy(grantTTL: .seconds(settings.security.reauthGrantSeconds)),
             logger: logger
         )
+        let localCA = LocalCA(
+            files: LocalCA.Files(stateDirectory: stateDirectory, systemAnchors: settings.trust.systemAnchorsPath),
+            keys: SecretStoreIdentityKeys(store: selected.store), logger: logger
+        )
+        let interception = InterceptionScope(policy: settings.proxy.interception, store: store, vault: vault, authority: localCA)
         let control = ControlAPI(
-            store: store, vault: vault, reauth: reauth, challenges: challenges, identities: identities,
+            store: store, vault: vault, reauth: reauth, challenges: challenges, identities: identities, localCA: localCA,
             publicSuffixes: publicSuffixes,
             status: {
                 StatusReport(
@@ -207,7 +212,8 @@ package enum BrokerDaemon {
                 challenges: challenges
             ),
             control: control, registry: registry, counters: counters, settings: settings, logger: logger,
-            openTunnel: { origin, eventLoop in try await connector.openBlindTunnel(to: origin, on: eventLoop) }
+            openTunnel: { origin, eventLoop in try await connector.openBlindTunnel(to: origin, on: eventLoop) },
+            interception: interception
         )
         let service = BrokerService(
             listening: listening, displayPath: boundPath, server: server, registry: registry, pool: pool,

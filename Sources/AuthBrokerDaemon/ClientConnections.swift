@@ -5,6 +5,7 @@ import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
+import NIOSSL
 import Synchronization
 
 /// One registered client connection, as draining needs to know it.
@@ -184,6 +185,8 @@ package struct ClientConnectionServer: Sendable {
     /// A plain TCP connection for a CONNECT's blind tunnel, on the client's event loop
     /// (`UpstreamConnector.openBlindTunnel`).
     package let openTunnel: @Sendable (CanonicalOrigin, any EventLoop) async throws -> any Channel
+    /// Which CONNECTs are intercepted, and the local CA that ends their TLS.
+    package let interception: InterceptionScope
 
     package func serve(_ accepted: AcceptedClientConnection) async {
         let connection = accepted.connection
@@ -240,9 +243,17 @@ package struct ClientConnectionServer: Sendable {
     /// Garbage or an oversized head: answers 400 once and closes; the daemon carries on.
     @inline(never)  // out of the connection loop's frame, see `serve`
     private func refuseMalformedRequest(_ error: any Error, writer: ClientResponseWriter, channel: any Channel) async {
+        if error is NIOSSLError || error is BoringSSLError {
+            // An intercepted connection's TLS failed: nothing can be said to the client in it.
+            self.reportInterceptedTLSFailure(error)
+            channel.close(promise: nil)
+            return
+        }
         let brokerError: BrokerError =
             if case HTTPParserError.headerOverflow = error {
                 .requestHeadTooLarge(limit: self.settings.limits.maxRequestHeadBytes)
+            } else if let refusal = error as? InterceptedTargetRefused {
+                .badRequest(code: .invalidHost, detail: "\(refusal).")
             } else {
                 .malformedRequest(error)
             }
@@ -254,6 +265,17 @@ package struct ClientConnectionServer: Sendable {
         self.logger.notice(
             "malformed request from client; connection closed",
             metadata: ["error": "\(brokerError.code)"]
+        )
+    }
+
+    /// The most common cause by far is a program that does not trust the local CA: the log says
+    /// how to give it the CA bundle, or to let the host through untouched.
+    private func reportInterceptedTLSFailure(_ error: any Error) {
+        if case NIOSSLError.uncleanShutdown = error { return }  // a client that left without close_notify
+        self.counters.brokerErrors.add(1)
+        self.logger.notice(
+            "an intercepted client's TLS failed; if the program does not trust the broker's local CA, run it with `authbrokerctl run -- PROGRAM` (or point it at the CA bundle `authbrokerctl env` names), or list the host in [proxy] tunnel",
+            metadata: ["error": "\(error)"]
         )
     }
 

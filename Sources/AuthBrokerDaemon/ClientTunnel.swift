@@ -2,6 +2,7 @@ import AuthBrokerCore
 import Logging
 import NIOCore
 import NIOHTTP1
+import NIOSSL
 
 /// A client's `CONNECT host:port`, answered with a blind tunnel: a TCP connection to the host
 /// (through the upstream proxy when one is configured), `200`, then bytes both ways untouched
@@ -215,7 +216,8 @@ private final class TunnelEnd: ChannelDuplexHandler, RemovableChannelHandler {
 }
 
 extension ClientConnectionServer {
-    /// `CONNECT host:port`: a blind tunnel, or the broker's error and a close.
+    /// `CONNECT host:port`: intercepted (`ClientInterception`) where the broker has something to
+    /// add, else a blind tunnel; or the broker's error and a close.
     func tunnel(
         to origin: CanonicalOrigin, head: HTTPRequestHead, peer: ConnectionPeer?, requestID: String, logger: Logger,
         requests: inout ClientRequestIterator, writer: ClientResponseWriter, channel: any Channel
@@ -223,6 +225,12 @@ extension ClientConnectionServer {
         // The CONNECT's end (it has no body); the decoder keeps what follows for the tunnel.
         guard case .end? = try? await requests.next() else {
             return RequestOutcome(status: 0, bytes: 0, brokerError: "client_closed", disposition: .close)
+        }
+        let decision = await self.interception.decide(origin)
+        if case .intercept(let reason) = decision {
+            return await self.intercept(
+                origin, reason: reason, requestID: requestID, logger: logger, requests: &requests, writer: writer, channel: channel
+            )
         }
         let context = UpstreamConnectContext.Value(
             requester: peer?.requester, agentWait: nil,
@@ -251,5 +259,34 @@ extension ClientConnectionServer {
             logger.warning("a tunnel could not be set up", metadata: ["error": "\(error)"])
             return RequestOutcome(status: 0, bytes: 0, brokerError: "internal_error", disposition: .close)
         }
+    }
+
+    /// Ends the client's TLS here and keeps serving the connection: its requests are read as
+    /// the CONNECT was, made absolute for `origin`.
+    private func intercept(
+        _ origin: CanonicalOrigin, reason: InterceptPolicy.Reason, requestID: String, logger: Logger,
+        requests: inout ClientRequestIterator, writer: ClientResponseWriter, channel: any Channel
+    ) async -> RequestOutcome {
+        let tls: NIOSSLContext
+        do {
+            tls = try await self.interception.authority.serverContext(for: origin.host)
+        } catch {
+            logger.warning("a CONNECT to intercept could not be", metadata: ["origin": "\(origin.authorityForm)", "error": "\(error.code)"])
+            return await self.interceptor.respondWithError(
+                error, requestID: requestID, logger: logger, requests: &requests, writer: writer,
+                clientWantsKeepAlive: false, requestEnded: true
+            )
+        }
+        do {
+            try await ClientInterception.start(
+                channel, origin: origin, tls: tls, maxHeadBytes: self.settings.limits.maxRequestHeadBytes
+            ).get()
+        } catch {
+            logger.warning("an interception could not be set up", metadata: ["error": "\(error)"])
+            return RequestOutcome(status: 0, bytes: 0, brokerError: "internal_error", disposition: .close)
+        }
+        self.counters.connectsIntercepted.add(1)
+        logger.debug("intercepting a CONNECT", metadata: ["origin": "\(origin.authorityForm)", "why": "\(reason.logDescription)"])
+        return RequestOutcome(status: 200, bytes: 0, brokerError: nil, disposition: .keepAlive)
     }
 }

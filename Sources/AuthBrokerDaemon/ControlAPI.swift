@@ -126,10 +126,12 @@ package struct ControlAPI: Sendable {
     package let inspect: @Sendable (CanonicalOrigin) async throws -> Inspection
     /// Wildcards that cover one of these are refused as the scope of trust material.
     package let publicSuffixes: PublicSuffixList
+    /// The interception CA; nil in tests of the router alone.
+    package let localCA: LocalCA?
 
     package init(
         store: TrustStore, vault: PasswordVault, reauth: ReauthService? = nil, challenges: AgentChallenges? = nil,
-        identities: ClientIdentities? = nil, publicSuffixes: PublicSuffixList = .defaultRuleOnly,
+        identities: ClientIdentities? = nil, localCA: LocalCA? = nil, publicSuffixes: PublicSuffixList = .defaultRuleOnly,
         status: @escaping @Sendable () -> StatusReport,
         inspect: @escaping @Sendable (CanonicalOrigin) async throws -> Inspection
     ) {
@@ -139,6 +141,7 @@ package struct ControlAPI: Sendable {
         self.reauth = reauth
         self.challenges = challenges
         self.identities = identities
+        self.localCA = localCA
         self.status = status
         self.inspect = inspect
     }
@@ -240,6 +243,13 @@ package struct ControlAPI: Sendable {
             )
             response.headers.replaceOrAdd(name: "Cache-Control", value: "no-store")
             return response
+
+        case (.GET, ["v1", "ca"]):
+            let localCA = try self.localCAAvailable()
+            return try Self.json(.ok, await LocalCAJSON(try await localCA.authority(), of: localCA))
+        case (.POST, ["v1", "ca", "rotate"]):
+            let localCA = try self.localCAAvailable()
+            return try Self.json(.ok, await LocalCAJSON(try await localCA.rotate(), of: localCA))
 
         case (.GET, ["v1", "challenges"]):
             let pending = await (try self.agentsAvailable()).pendingChallenges()
@@ -516,6 +526,13 @@ package struct ControlAPI: Sendable {
             )
         }
         return identities
+    }
+
+    private func localCAAvailable() throws -> LocalCA {
+        guard let localCA = self.localCA else {
+            throw BrokerError.internalError("This daemon was started without a local CA.")
+        }
+        return localCA
     }
 
     package func agentsAvailable() throws -> AgentChallenges {
@@ -880,6 +897,30 @@ struct AnchorJSON: Encodable {
     enum CodingKeys: String, CodingKey {
         case id, hosts, pem, certificate
         case addedAt = "added_at"
+    }
+}
+
+/// `GET /v1/ca`: the local CA's certificate and the files programs are pointed at.
+struct LocalCAJSON: Encodable {
+    var certificate: CertificateInfo
+    var pem: String
+    var certificateFile: String
+    var bundleFile: String
+    var leavesMinted: Int
+
+    init(_ authority: LocalCertificateAuthority, of localCA: LocalCA) async {
+        self.certificate = authority.info
+        self.pem = authority.pem
+        self.certificateFile = localCA.files.certificate
+        self.bundleFile = localCA.files.bundle
+        self.leavesMinted = await localCA.leavesMinted
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case certificate, pem
+        case certificateFile = "certificate_file"
+        case bundleFile = "bundle_file"
+        case leavesMinted = "leaves_minted"
     }
 }
 

@@ -144,6 +144,15 @@ package final class PasswordVault: Sendable {
         return infos
     }
 
+    /// Whether any password is stored for `origin` (session or permanent, refused ones too):
+    /// whether the proxy port intercepts a CONNECT to it. A secret store that cannot be asked
+    /// counts as holding none.
+    package func hasPassword(for origin: CanonicalOrigin) async -> Bool {
+        if self.session.withLockedValue({ $0.contains { $0.info.origin == origin } }) { return true }
+        guard let store = self.permanent else { return false }
+        return (try? await self.blocking { try !store.entries(origin: origin).isEmpty }) ?? false
+    }
+
     /// The secret itself, for a caller that passed the PAM gate.
     package func reveal(origin: CanonicalOrigin, realm: String?, user: String) async throws(BrokerError) -> PasswordCredential {
         let key = Key(origin: origin, realm: realm, user: user)

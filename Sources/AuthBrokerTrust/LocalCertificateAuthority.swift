@@ -89,8 +89,8 @@ package struct LocalCertificateAuthority: Sendable {
     package struct LeafKey: Sendable {
         package let key: P256.Signing.PrivateKey
         package init() { self.key = P256.Signing.PrivateKey() }
-        /// PKCS#8 DER, for the TLS stack.
-        package var derRepresentation: [UInt8] { Array(self.key.derRepresentation) }
+        /// PKCS#8 PEM, for the TLS stack.
+        package var pemRepresentation: String { self.key.pemRepresentation }
     }
 
     /// A leaf for `host` (a DNS name or an IP address, canonical), as the server's certificate

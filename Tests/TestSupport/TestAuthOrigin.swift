@@ -3,6 +3,7 @@ import Foundation
 import NIOCore
 import NIOHTTP1
 import NIOPosix
+import NIOSSL
 import Synchronization
 
 /// What a `TestAuthOrigin` does beyond plain verification: set at start, with `setBehaviour`,
@@ -122,15 +123,24 @@ package final class TestAuthOrigin: Sendable {
         self.channel = channel
     }
 
-    /// Starts a server that accepts `user` with `password`.
+    /// Starts a server that accepts `user` with `password`; with `identity`, over TLS with that certificate.
     package static func start(
-        name: String, user: String, password: String, behaviour: TestAuthBehaviour = TestAuthBehaviour()
+        name: String, user: String, password: String, behaviour: TestAuthBehaviour = TestAuthBehaviour(),
+        identity: TestIdentity? = nil
     ) async throws -> TestAuthOrigin {
         let core = AuthOriginCore(name: name, user: user, password: password, behaviour: behaviour)
+        let tls = try identity.map { identity in
+            try NIOSSLContext(
+                configuration: .makeServerConfiguration(
+                    certificateChain: [.certificate(try identity.nioCertificate())], privateKey: .privateKey(try identity.nioPrivateKey())
+                )
+            )
+        }
         let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
+                    if let tls { try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls)) }
                     try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
                     try channel.pipeline.syncOperations.addHandler(AuthOriginHandler(core: core))
                 }

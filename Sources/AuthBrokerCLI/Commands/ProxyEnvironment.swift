@@ -12,14 +12,56 @@ package enum ProxyEnvironment {
     /// Hosts programs reach directly: services on this machine need no broker.
     package static let direct = "localhost,127.0.0.1,::1"
 
+    /// Where programs find the local CA: intercepted https:// hosts present its leaves.
+    package struct CAFiles: Sendable, Equatable {
+        /// The system anchors and the local CA.
+        package var bundle: String
+        /// The local CA alone.
+        package var certificate: String
+
+        package init(bundle: String, certificate: String) {
+            self.bundle = bundle
+            self.certificate = certificate
+        }
+    }
+
+    /// The variables that replace a program's CA bundle (so each holds the system anchors too):
+    /// OpenSSL's default (Python, Ruby, Go on Linux), Python requests, curl, git, pip, cargo,
+    /// the AWS CLI.
+    package static let bundleVariables = [
+        "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT", "CARGO_HTTP_CAINFO",
+        "AWS_CA_BUNDLE",
+    ]
+    /// The variables that add to a program's own roots: Node.js (npm, yarn).
+    package static let addedCAVariables = ["NODE_EXTRA_CA_CERTS"]
+
     /// The variables, in the order `env` prints them, for the proxy at `address`
-    /// (`127.0.0.1:21000`).
-    package static func variables(proxy address: String) -> [(name: String, value: String)] {
+    /// (`127.0.0.1:21000`) and, when it can be had, the local CA.
+    package static func variables(proxy address: String, ca: CAFiles?) -> [(name: String, value: String)] {
         let url = "http://\(address)"
-        return [
+        var variables = [
             ("http_proxy", url), ("https_proxy", url), ("HTTP_PROXY", url), ("HTTPS_PROXY", url),
             ("no_proxy", Self.direct), ("NO_PROXY", Self.direct),
         ]
+        if let ca {
+            variables += Self.bundleVariables.map { ($0, ca.bundle) } + Self.addedCAVariables.map { ($0, ca.certificate) }
+        }
+        return variables
+    }
+
+    /// The proxy's address and the CA files; a CA that cannot be had is a warning on standard
+    /// error (https:// is then tunnelled only where it is not intercepted), not a failure.
+    static func settings(_ api: ControlAPI) async throws -> (proxy: String, ca: CAFiles?) {
+        let proxy = try await Self.proxyAddress(api)
+        do {
+            let (record, _) = try await api.call("GET", "/v1/ca", context: "cannot read the local CA", as: LocalCARecord.self)
+            return (proxy, CAFiles(bundle: record.bundleFile, certificate: record.certificateFile))
+        } catch let error as CLIError {
+            Console.error(
+                "\(error.message)\nauthbrokerctl: warning: no CA bundle variables set; programs will not trust https:// hosts the broker intercepts."
+            )
+            return (proxy, nil)
+        }
     }
 
     /// The shells `env` writes for.
@@ -61,10 +103,14 @@ struct Env: AsyncParsableCommand {
         abstract: "Print the environment that sends programs through the daemon's proxy port.",
         discussion: """
             Prints shell assignments of http_proxy, https_proxy (and their upper-case forms) \
-            naming the daemon's proxy port, and no_proxy for this machine's own addresses. \
-            Programs that honour them (curl, wget, git, pip, Python requests, Go and Node \
-            tools) then reach http:// servers through the broker, which answers their 401s \
-            from stored passwords, and https:// servers through a tunnel.
+            naming the daemon's proxy port, no_proxy for this machine's own addresses, and the \
+            CA bundle variables (SSL_CERT_FILE, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE, \
+            GIT_SSL_CAINFO, PIP_CERT, CARGO_HTTP_CAINFO, AWS_CA_BUNDLE: the system anchors \
+            plus the broker's local CA; NODE_EXTRA_CA_CERTS: the local CA). Programs that \
+            honour them (curl, wget, git, pip, Python requests, Go and Node tools) then reach \
+            http:// servers through the broker, which answers their 401s from stored \
+            passwords, and https:// servers through it too: intercepted (see `authbrokerctl ca`) \
+            where you hold something for the host, a tunnel elsewhere.
 
             Examples:
               eval "$(authbrokerctl env)"
@@ -77,8 +123,8 @@ struct Env: AsyncParsableCommand {
 
     func run() async throws {
         try await CommandRunner.run {
-            let address = try await ProxyEnvironment.proxyAddress(ControlAPI(client: try connection.client()))
-            let lines = ProxyEnvironment.variables(proxy: address).map { shell.export($0.name, $0.value) }
+            let (address, ca) = try await ProxyEnvironment.settings(ControlAPI(client: try connection.client()))
+            let lines = ProxyEnvironment.variables(proxy: address, ca: ca).map { shell.export($0.name, $0.value) }
             Console.out(lines.joined(separator: "\n"))
         }
     }
@@ -112,8 +158,8 @@ struct Run: AsyncParsableCommand {
             guard let program = command.first, !program.isEmpty else {
                 throw ValidationError("name the program to run after --, e.g. `authbrokerctl run -- curl http://intranet.test/`")
             }
-            let address = try await ProxyEnvironment.proxyAddress(ControlAPI(client: try connection.client()))
-            for (name, value) in ProxyEnvironment.variables(proxy: address) {
+            let (address, ca) = try await ProxyEnvironment.settings(ControlAPI(client: try connection.client()))
+            for (name, value) in ProxyEnvironment.variables(proxy: address, ca: ca) {
                 setenv(name, value, 1)
             }
             let arguments = command.map { strdup($0) } + [nil]

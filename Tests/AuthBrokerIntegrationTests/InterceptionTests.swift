@@ -1,0 +1,291 @@
+import Foundation
+import Testing
+import TestSupport
+
+/// Interception on the proxy port: https:// to a host the user holds something for ends at the
+/// broker under a leaf from the user's local CA, and its requests get the broker's trust
+/// decision and stored passwords; unmodified programs trust the leaf through `authbrokerctl run`.
+@Suite("Interception", .serialized)
+struct InterceptionTests {
+    static let password = "Intercepted-Secret-5"
+    static let ctl = DaemonProcess.binDirectory + "/authbrokerctl"
+
+    static func post(_ daemon: DaemonProcess, _ path: String, _ body: [String: Any]) throws -> TestResponse {
+        try UnixSocketConnection(path: daemon.socketPath).request(
+            "POST", path, headers: [("Content-Type", "application/json")], body: jsonBody(body)
+        )
+    }
+
+    static func counter(_ daemon: DaemonProcess, _ name: String) throws -> Int? {
+        let status = try UnixSocketConnection(path: daemon.socketPath).request("GET", "/v1/status")
+        return (status.json["counters"] as? [String: Any])?[name] as? Int
+    }
+
+    /// An https:// origin behind a private CA, asking for Basic; the CA and the password are
+    /// given to the broker only.
+    struct PrivateOrigin {
+        var origin: TestAuthOrigin
+        var ca: TestIdentity
+        var host: String
+        var base: String { "https://\(self.host):\(self.origin.port)" }
+        var resolve: String { "\"\(self.host):\(self.origin.port):127.0.0.1\"" }
+
+        static func start(host: String) async throws -> PrivateOrigin {
+            let ca = try TestPKI.makeCA(commonName: "Corp Private CA")
+            let leaf = try TestPKI.makeLeaf(dnsNames: [host], issuer: ca)
+            let origin = try await TestAuthOrigin.start(name: "corp", user: "alice", password: InterceptionTests.password, identity: leaf)
+            return PrivateOrigin(origin: origin, ca: ca, host: host)
+        }
+
+        /// The CA as an anchor for the host, and alice's password for the origin.
+        func giveToBroker(_ daemon: DaemonProcess) throws {
+            #expect(try InterceptionTests.post(daemon, "/v1/anchors", ["pem": self.ca.pem, "hosts": [self.host]]).status == 201)
+            let stored = try InterceptionTests.post(
+                daemon, "/v1/passwords", ["url": self.base, "user": "alice", "password": InterceptionTests.password, "persistence": "session"]
+            )
+            #expect(stored.status == 201)
+        }
+    }
+
+    @Test("curl, Python urllib and requests, unmodified, get a Basic-protected page behind a private CA: the broker holds the CA and the password")
+    func unmodifiedProgramsThroughInterception() async throws {
+        let corp = try await PrivateOrigin.start(host: "git.corp.test")
+        defer { Task { await corp.origin.stop() } }
+        try await withDaemon(config: "[upstream]\nresolve = [\(corp.resolve)]\n") { daemon in
+            try corp.giveToBroker(daemon)
+            let curl = try ProxyPortTests.runThroughBroker(daemon, ["/usr/bin/curl", "-sS", "--fail", "\(corp.base)/basic/curl"])
+            #expect(curl.status == 0 && curl.stdout == "hello alice", "\(curl.stderr)")
+            let urllib = try ProxyPortTests.runThroughBroker(
+                daemon, ["/usr/bin/python3", "-c", "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())", "\(corp.base)/basic/urllib"]
+            )
+            #expect(urllib.status == 0 && urllib.stdout == "hello alice", "\(urllib.stderr)")
+            let requests = try ProxyPortTests.runThroughBroker(
+                daemon, ["/usr/bin/python3", "-c", "import sys, requests; r = requests.get(sys.argv[1]); r.raise_for_status(); sys.stdout.write(r.text)", "\(corp.base)/basic/requests"]
+            )
+            #expect(requests.status == 0 && requests.stdout == "hello alice", "\(requests.stderr)")
+            // Several requests on one intercepted connection (curl reuses it).
+            let twice = try ProxyPortTests.runThroughBroker(
+                daemon, ["/usr/bin/curl", "-sS", "--fail", "\(corp.base)/basic/one", "\(corp.base)/basic/two"]
+            )
+            #expect(twice.stdout == "hello alicehello alice", "\(twice.stderr)")
+            #expect(corp.origin.stats.successes == 5)
+            #expect(try Self.counter(daemon, "connects_intercepted") == 4)
+            #expect(try Self.counter(daemon, "tunnels_opened") == 0)
+            // The leaf the programs saw came from the local CA.
+            let issuer = try ProxyPortTests.runThroughBroker(
+                daemon, ["/usr/bin/curl", "-sS", "-o", "/dev/null", "-w", "%{certs}", "\(corp.base)/open/x"]
+            )
+            #expect(issuer.stdout.contains("AuthBroker local CA for"), "\(issuer.stdout.prefix(400))")
+        }
+    }
+
+    @Test("env names the CA bundle (system anchors plus the local CA) and the CA alone for Node")
+    func envNamesTheCABundle() async throws {
+        try await withDaemon { daemon in
+            let env = try ExternalCommand.run(Self.ctl, ["env", "--socket", daemon.socketPath])
+            #expect(env.status == 0, "\(env.stderr)")
+            let show = try ExternalCommand.run(Self.ctl, ["ca", "show", "--json", "--socket", daemon.socketPath])
+            let record = try #require(try JSONSerialization.jsonObject(with: Data(show.stdout.utf8)) as? [String: Any])
+            let bundle = try #require(record["bundle_file"] as? String)
+            let certificate = try #require(record["certificate_file"] as? String)
+            for name in ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT"] {
+                #expect(env.stdout.contains("export \(name)='\(bundle)'"), "\(name)")
+            }
+            #expect(env.stdout.contains("export NODE_EXTRA_CA_CERTS='\(certificate)'"))
+            let bundleText = try String(contentsOfFile: bundle, encoding: .utf8)
+            let pem = try #require(record["pem"] as? String)
+            #expect(bundleText.hasSuffix(pem + "\n"))
+            // The system anchors come first, whole.
+            let system = try String(contentsOfFile: "/etc/ssl/certs/ca-certificates.crt", encoding: .utf8)
+            #expect(bundleText.hasPrefix(system))
+            #expect(try String(contentsOfFile: certificate, encoding: .utf8) == pem)
+        }
+    }
+
+    @Test("a host with nothing held is tunnelled blind; [proxy] intercept names more hosts, [proxy] tunnel wins over all")
+    func interceptAndTunnelRules() async throws {
+        let corp = try await PrivateOrigin.start(host: "plain.corp.test")
+        defer { Task { await corp.origin.stop() } }
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let caFile = directory + "/corp-ca.pem"
+        try corp.ca.pem.write(toFile: caFile, atomically: true, encoding: .utf8)
+        // Nothing held, no rule: the program talks TLS with the origin itself (its own CA file works).
+        try await withDaemon(config: "[upstream]\nresolve = [\(corp.resolve)]\n") { daemon in
+            let curl = try ProxyPortTests.runThroughBroker(daemon, ["/usr/bin/curl", "-sS", "--fail", "--cacert", caFile, "\(corp.base)/open/x"])
+            #expect(curl.status == 0, "\(curl.stderr)")
+            #expect(try Self.counter(daemon, "tunnels_opened") == 1)
+        }
+        // intercept = "all" with the host in tunnel: still the origin's own certificate.
+        let rules = "[upstream]\nresolve = [\(corp.resolve)]\n[proxy]\nlisten = [\"127.0.0.1:0\"]\nintercept = \"all\"\ntunnel = [\"*.corp.test\"]\n"
+        try await withDaemon(config: rules) { daemon in
+            try corp.giveToBroker(daemon)
+            let curl = try ProxyPortTests.runThroughBroker(daemon, ["/usr/bin/curl", "-sS", "--cacert", caFile, "-o", "/dev/null", "-w", "%{http_code}", "\(corp.base)/basic/x"])
+            // The broker did not see it, so the 401 reached curl unanswered.
+            #expect(curl.stdout == "401", "\(curl.stderr)")
+            #expect(try Self.counter(daemon, "connects_intercepted") == 0)
+        }
+        // A host only [proxy] intercept names: intercepted, so the broker's trust applies, and
+        // without the anchor the broker refuses the origin's certificate.
+        let named = "[upstream]\nresolve = [\(corp.resolve)]\n[proxy]\nlisten = [\"127.0.0.1:0\"]\nintercept = [\"plain.corp.test\"]\n"
+        try await withDaemon(config: named) { daemon in
+            let curl = try ProxyPortTests.runThroughBroker(
+                daemon, ["/usr/bin/curl", "-sS", "-D", "-", "-o", "/dev/null", "\(corp.base)/open/x"]
+            )
+            // -D shows the CONNECT's 200, then the response inside.
+            #expect(curl.stdout.hasPrefix("HTTP/1.1 200 Connection established"), "\(curl.stdout) \(curl.stderr)")
+            #expect(curl.stdout.contains("\r\nHTTP/1.1 502"), "\(curl.stdout) \(curl.stderr)")
+            #expect(curl.stdout.lowercased().contains("authbroker-error: untrusted_server"), "\(curl.stdout)")
+            #expect(try Self.counter(daemon, "connects_intercepted") == 1)
+        }
+    }
+
+    @Test("a program that does not trust the local CA fails its handshake; the daemon's log says what to do")
+    func programWithoutTheBundle() async throws {
+        let corp = try await PrivateOrigin.start(host: "strict.corp.test")
+        defer { Task { await corp.origin.stop() } }
+        try await withDaemon(config: "[upstream]\nresolve = [\(corp.resolve)]\n") { daemon in
+            try corp.giveToBroker(daemon)
+            let curl = try ExternalCommand.run(
+                "/usr/bin/curl", ["-sS", "--noproxy", "", "-x", "http://127.0.0.1:\(try daemon.proxyPort())", "\(corp.base)/basic/x"]
+            )
+            #expect(curl.status == 60, "\(curl.status) \(curl.stderr)")
+            for _ in 0..<100 where !daemon.log.contains("does not trust the broker's local CA") {
+                try await Task.sleep(for: .milliseconds(50))
+            }
+            #expect(daemon.log.contains("does not trust the broker's local CA"))
+            #expect(corp.origin.stats.successes == 0)
+            // The daemon carries on.
+            let again = try ProxyPortTests.runThroughBroker(daemon, ["/usr/bin/curl", "-sS", "--fail", "\(corp.base)/basic/y"])
+            #expect(again.stdout == "hello alice", "\(again.stderr)")
+        }
+    }
+
+    /// A TLS client over the proxy port by hand: CONNECT with the ClientHello in the same write,
+    /// then `request`; prints what came back.
+    static let rawClient = """
+        import socket, ssl, sys
+        port, host, hport, bundle, request = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+        s = socket.create_connection(("127.0.0.1", port), timeout=20)
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = ssl.create_default_context(cafile=bundle).wrap_bio(incoming, outgoing, server_hostname=host)
+        try:
+            tls.do_handshake()
+        except ssl.SSLWantReadError:
+            pass
+        s.sendall(("CONNECT %s:%s HTTP/1.1\\r\\nHost: %s:%s\\r\\n\\r\\n" % (host, hport, host, hport)).encode() + outgoing.read())
+        buffered = b""
+        while b"\\r\\n\\r\\n" not in buffered:
+            buffered += s.recv(4096)
+        head, rest = buffered.split(b"\\r\\n\\r\\n", 1)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        incoming.write(rest)
+        def pump():
+            out = outgoing.read()
+            if out:
+                s.sendall(out)
+            data = s.recv(65536)
+            if not data:
+                raise SystemExit("the broker closed the connection during the TLS handshake")
+            incoming.write(data)
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                pump()
+        tls.write(request.encode())
+        s.sendall(outgoing.read())
+        response = b""
+        while True:
+            try:
+                chunk = tls.read(65536)
+                if not chunk:
+                    break
+                response += chunk
+            except ssl.SSLWantReadError:
+                out = outgoing.read()
+                if out:
+                    s.sendall(out)
+                data = s.recv(65536)
+                if not data:
+                    break
+                incoming.write(data)
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                break
+        sys.stdout.write(response.decode("latin-1"))
+        """
+
+    @Test(
+        "inside an intercepted connection, requests are for the CONNECT's origin only; a ClientHello sent with the CONNECT is kept",
+        arguments: [
+            ("GET /open/inside HTTP/1.1\r\nHost: H\r\nConnection: close\r\n\r\n", "HTTP/1.1 200", "received 0 bytes"),
+            ("GET https://H:P/open/absolute HTTP/1.1\r\nHost: H\r\nConnection: close\r\n\r\n", "HTTP/1.1 200", "received 0 bytes"),
+            ("GET https://elsewhere.test/ HTTP/1.1\r\nHost: elsewhere.test\r\nConnection: close\r\n\r\n", "HTTP/1.1 400", "invalid_host"),
+            ("CONNECT elsewhere.test:443 HTTP/1.1\r\nHost: elsewhere.test\r\n\r\n", "HTTP/1.1 400", "invalid_host"),
+            // Not the control API: origin-form is the origin's path, and the origin answers it.
+            ("GET /v1/status HTTP/1.1\r\nHost: H\r\nConnection: close\r\n\r\n", "HTTP/1.1 404", "no route /v1/status"),
+        ]
+    )
+    func requestsInsideAreForTheOrigin(request: String, statusLine: String, body: String) async throws {
+        let corp = try await PrivateOrigin.start(host: "raw.corp.test")
+        defer { Task { await corp.origin.stop() } }
+        try await withDaemon(config: "[upstream]\nresolve = [\(corp.resolve)]\n") { daemon in
+            try corp.giveToBroker(daemon)
+            let show = try ExternalCommand.run(Self.ctl, ["ca", "show", "--json", "--socket", daemon.socketPath])
+            let record = try #require(try JSONSerialization.jsonObject(with: Data(show.stdout.utf8)) as? [String: Any])
+            let bundle = try #require(record["bundle_file"] as? String)
+            let text = request.replacingOccurrences(of: "H:P", with: "\(corp.host):\(corp.origin.port)")
+                .replacingOccurrences(of: "Host: H", with: "Host: \(corp.host)")
+            let result = try ExternalCommand.run(
+                "/usr/bin/python3", ["-c", Self.rawClient, String(try daemon.proxyPort()), corp.host, String(corp.origin.port), bundle, text]
+            )
+            #expect(result.status == 0, "\(result.stderr)\n\(daemon.log)")
+            #expect(result.stdout.hasPrefix(statusLine), "\(result.stdout.prefix(300))")
+            #expect(result.stdout.contains(body), "\(result.stdout.prefix(600))")
+            #expect(!result.stdout.contains("\"pid\""))
+        }
+    }
+
+    @Test("ca show, export and rotate: a rotated CA's bundle and leaves replace the old ones; the key is never on disk in the clear")
+    func caCommands() async throws {
+        let corp = try await PrivateOrigin.start(host: "rotate.corp.test")
+        defer { Task { await corp.origin.stop() } }
+        try await withDaemon(config: "[upstream]\nresolve = [\(corp.resolve)]\n") { daemon in
+            try corp.giveToBroker(daemon)
+            let show = try ExternalCommand.run(Self.ctl, ["ca", "show", "--socket", daemon.socketPath])
+            #expect(show.status == 0, "\(show.stderr)")
+            #expect(show.stdout.contains("AuthBroker local CA for"))
+            #expect(show.stdout.contains("CA bundle (system anchors and this CA):"))
+            let exported = daemon.directory + "/exported-ca.pem"
+            let export = try ExternalCommand.run(Self.ctl, ["ca", "export", "-o", exported, "--socket", daemon.socketPath])
+            #expect(export.status == 0, "\(export.stderr)")
+            let first = try String(contentsOfFile: exported, encoding: .utf8)
+            #expect(first.hasPrefix("-----BEGIN CERTIFICATE-----"))
+            let again = try ExternalCommand.run(Self.ctl, ["ca", "export", "-o", exported, "--socket", daemon.socketPath])
+            #expect(again.status == 1 && again.stderr.contains("must not exist"))
+            let before = try ProxyPortTests.runThroughBroker(daemon, ["/usr/bin/curl", "-sS", "--fail", "\(corp.base)/basic/a"])
+            #expect(before.stdout == "hello alice", "\(before.stderr)")
+
+            let rotate = try ExternalCommand.run(Self.ctl, ["ca", "rotate", "--socket", daemon.socketPath])
+            #expect(rotate.status == 0, "\(rotate.stderr)")
+            let stdout = try ExternalCommand.run(Self.ctl, ["ca", "export", "--socket", daemon.socketPath])
+            let second = stdout.stdout + "\n"
+            #expect(second != first && second.hasPrefix("-----BEGIN CERTIFICATE-----"))
+            // A program given only the old CA no longer trusts the broker's leaves ...
+            let old = try ExternalCommand.run(
+                "/usr/bin/curl", ["-sS", "--cacert", exported, "-x", "http://127.0.0.1:\(try daemon.proxyPort())", "\(corp.base)/basic/b"]
+            )
+            #expect(old.status == 60, "\(old.status) \(old.stderr)")
+            // ... and one started through the broker does, with the same bundle path.
+            let after = try ProxyPortTests.runThroughBroker(daemon, ["/usr/bin/curl", "-sS", "--fail", "\(corp.base)/basic/c"])
+            #expect(after.stdout == "hello alice", "\(after.stderr)")
+            // No private key in the clear anywhere under the daemon's directories.
+            let files = FileManager.default.enumerator(atPath: daemon.directory)?.compactMap { $0 as? String } ?? []
+            for file in files {
+                guard let data = FileManager.default.contents(atPath: daemon.directory + "/" + file) else { continue }
+                #expect(!String(decoding: data, as: UTF8.self).contains("PRIVATE KEY"), "\(file)")
+            }
+        }
+    }
+}
