@@ -79,6 +79,49 @@ struct InterceptionTests {
         }
     }
 
+    @Test("git clone and pip download, unmodified, from Apache behind a private CA that wants a client certificate and Basic or Digest")
+    func gitAndPipFromACorporateApache() async throws {
+        let host = "code.corp.test"
+        let serverCA = try TestPKI.makeCA(commonName: "Corp Server CA")
+        let clientCA = try TestPKI.makeCA(commonName: "Corp Client CA")
+        let clientLeaf = try TestPKI.makeLeaf(issuer: clientCA, commonName: "alice-laptop", clientAuthenticationOnly: true)
+        let site = try await ApacheTLSSite.start(
+            serverIdentity: try TestPKI.makeLeaf(dnsNames: [host], issuer: serverCA), clientCA: clientCA, user: "alice", password: Self.password
+        )
+        defer { Task { await site.stop() } }
+        let base = "https://\(host):\(site.port)"
+        try await withDaemon(config: "[upstream]\nresolve = [\"\(host):\(site.port):127.0.0.1\"]\n") { daemon in
+            #expect(try Self.post(daemon, "/v1/anchors", ["pem": serverCA.pem, "hosts": [host]]).status == 201)
+            let identity = try Self.post(
+                daemon, "/v1/identities", ["name": "laptop", "cert_pem": clientLeaf.pem, "key_pem": clientLeaf.privateKeyPEM, "hosts": [host]]
+            )
+            #expect(identity.status == 201, "\(identity.json)")
+            let stored = try Self.post(daemon, "/v1/passwords", ["url": base, "user": "alice", "password": Self.password, "persistence": "session"])
+            #expect(stored.status == 201)
+            let clone = daemon.directory + "/clone"
+            let git = try ProxyPortTests.runThroughBroker(
+                daemon, ["/usr/bin/env", "GIT_TERMINAL_PROMPT=0", "/usr/bin/git", "clone", "-q", "\(base)/git/repo.git", clone]
+            )
+            #expect(git.status == 0, "\(git.stderr)\n\(site.errorLog)")
+            #expect((try? String(contentsOfFile: clone + "/README", encoding: .utf8)) == ApacheTLSSite.readme)
+            let downloads = daemon.directory + "/downloads"
+            let pip = try ProxyPortTests.runThroughBroker(
+                daemon,
+                [
+                    "/usr/bin/python3", "-m", "pip", "download", "--no-deps", "--no-cache-dir", "--disable-pip-version-check",
+                    "--index-url", "\(base)/simple/", "-d", downloads, ApacheTLSSite.packageName,
+                ]
+            )
+            #expect(pip.status == 0, "\(pip.stdout)\n\(pip.stderr)\n\(site.errorLog)")
+            #expect(FileManager.default.fileExists(atPath: downloads + "/" + ApacheTLSSite.wheelName))
+            // Apache saw alice (Basic for git, Digest for the index) with the broker's client certificate.
+            let log = site.accessLog
+            #expect(log.contains("alice alice-laptop \"GET /git/repo.git/info/refs?service=git-upload-pack HTTP/1.1\" 200"), "\(log)")
+            #expect(log.contains("alice alice-laptop \"GET /simple/\(ApacheTLSSite.packageName)/ HTTP/1.1\" 200"), "\(log)")
+            #expect(log.contains("alice alice-laptop \"GET /simple/\(ApacheTLSSite.packageName)/\(ApacheTLSSite.wheelName) HTTP/1.1\" 200"), "\(log)")
+        }
+    }
+
     @Test("env names the CA bundle (system anchors plus the local CA) and the CA alone for Node")
     func envNamesTheCABundle() async throws {
         try await withDaemon { daemon in

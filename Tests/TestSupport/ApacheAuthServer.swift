@@ -71,7 +71,7 @@ package final class ApacheAuthServer: Sendable {
             for _ in 0..<3 {
                 let port = try freeLoopbackPort()
                 do {
-                    let process = try await launch(directory: directory, port: port)
+                    let process = try await launch(directory: directory, port: port) { configuration(directory: directory, port: $0) }
                     return ApacheAuthServer(port: port, user: user, directory: directory, process: process)
                 } catch let error as LaunchError where error.portInUse {
                     lastError = error
@@ -98,14 +98,16 @@ package final class ApacheAuthServer: Sendable {
 
     // MARK: - Start-up
 
-    private struct LaunchError: Error, CustomStringConvertible {
+    struct LaunchError: Error, CustomStringConvertible {
         var description: String
         var portInUse: Bool
     }
 
-    private static func launch(directory: String, port: Int) async throws -> SpawnedProcess {
+    /// Starts `apache2 -DFOREGROUND` with the config `configuration` makes for `port`, and
+    /// waits (at most 10 s) until the port accepts connections.
+    static func launch(directory: String, port: Int, configuration: (Int) -> String) async throws -> SpawnedProcess {
         let config = directory + "/httpd.conf"
-        try configuration(directory: directory, port: port).write(toFile: config, atomically: true, encoding: .utf8)
+        try configuration(port).write(toFile: config, atomically: true, encoding: .utf8)
         // Truncated per try, so that a retry's messages are its own.
         _ = FileManager.default.createFile(atPath: directory + "/error.log", contents: nil)
         // FOREGROUND: the parent does not detach, and a SIGTERM to it stops its children too
@@ -132,11 +134,11 @@ package final class ApacheAuthServer: Sendable {
         throw LaunchError(description: "apache2 did not listen on 127.0.0.1:\(port) within 10 s\n\(logs(directory))", portInUse: false)
     }
 
-    private static func logs(_ directory: String) -> String {
+    static func logs(_ directory: String) -> String {
         "error.log:\n\(read(directory + "/error.log"))\nstderr:\n\(read(directory + "/stderr.log"))"
     }
 
-    private static func read(_ path: String) -> String {
+    static func read(_ path: String) -> String {
         (try? String(contentsOfFile: path, encoding: .utf8)) ?? ""
     }
 
@@ -161,15 +163,34 @@ package final class ApacheAuthServer: Sendable {
             .map { String(format: "%02x", $0) }.joined()
         try "\(user):\(digestRealm):\(ha1)\n".write(toFile: directory + "/htdigest", atomically: true, encoding: .utf8)
 
-        if getuid() == 0 {
-            // Apache serves as `runAs` (it refuses to serve as root): it must read everything.
-            let paths = try [directory] + manager.subpathsOfDirectory(atPath: directory).map { directory + "/" + $0 }
-            for path in paths {
-                var isDirectory: ObjCBool = false
-                _ = manager.fileExists(atPath: path, isDirectory: &isDirectory)
-                try manager.setAttributes([.posixPermissions: isDirectory.boolValue ? 0o755 : 0o644], ofItemAtPath: path)
-            }
+        try self.makeReadableByApache(directory)
+    }
+
+    /// Apache serves as `runAs` when started as root (it refuses to serve as root): it must
+    /// read everything under `directory`.
+    static func makeReadableByApache(_ directory: String) throws {
+        guard getuid() == 0 else { return }
+        let manager = FileManager.default
+        let paths = try [directory] + manager.subpathsOfDirectory(atPath: directory).map { directory + "/" + $0 }
+        for path in paths {
+            var isDirectory: ObjCBool = false
+            _ = manager.fileExists(atPath: path, isDirectory: &isDirectory)
+            let executable = manager.isExecutableFile(atPath: path)
+            try manager.setAttributes([.posixPermissions: isDirectory.boolValue || executable ? 0o755 : 0o644], ofItemAtPath: path)
         }
+    }
+
+    /// `LoadModule` lines for `modules` (id, file), each only where Debian did not compile it in
+    /// (loading one of those again is a syntax error).
+    static func loadModules(_ modules: [(String, String)]) -> String {
+        modules.map { id, file in
+            "<IfModule !\(id)>\n    LoadModule \(id) \(modulesDirectory)/\(file)\n</IfModule>"
+        }.joined(separator: "\n")
+    }
+
+    /// The `User`/`Group` lines of a root-started Apache.
+    static var identityLines: String {
+        getuid() == 0 ? "User \(runAs.user)\nGroup \(runAs.group)" : "# not root: Apache keeps the test's user"
     }
 
     /// The user and group a root-started Apache switches to: `www-data` on Debian, else `nobody`.
@@ -190,11 +211,8 @@ package final class ApacheAuthServer: Sendable {
             ("auth_digest_module", "mod_auth_digest.so"),
             ("dir_module", "mod_dir.so"),
         ]
-        // Debian compiles some in (mod_unixd): loading one of those again is a syntax error.
-        let loads = modules.map { id, file in
-            "<IfModule !\(id)>\n    LoadModule \(id) \(modulesDirectory)/\(file)\n</IfModule>"
-        }
-        let identity = getuid() == 0 ? "User \(runAs.user)\nGroup \(runAs.group)" : "# not root: Apache keeps the test's user"
+        let loads = loadModules(modules)
+        let identity = identityLines
         return """
             ServerRoot "\(directory)"
             ServerName 127.0.0.1
@@ -208,7 +226,7 @@ package final class ApacheAuthServer: Sendable {
             MinSpareServers 1
             MaxSpareServers 4
             MaxRequestWorkers 16
-            \(loads.joined(separator: "\n"))
+            \(loads)
             \(identity)
 
             DocumentRoot "\(directory)/htdocs"
