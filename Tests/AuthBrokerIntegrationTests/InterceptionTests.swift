@@ -290,6 +290,55 @@ struct InterceptionTests {
         }
     }
 
+    @Test("bad input on an intercepted CONNECT: garbage instead of TLS, a client leaving mid-handshake; closed, nothing left open, the daemon unharmed")
+    func badInputOnAnInterceptedConnect() async throws {
+        let corp = try await PrivateOrigin.start(host: "hostile.corp.test")
+        defer { Task { await corp.origin.stop() } }
+        try await withDaemon(config: "[upstream]\nresolve = [\(corp.resolve)]\n") { daemon in
+            try corp.giveToBroker(daemon)
+            let proxyPort = try daemon.proxyPort()
+            // The CA exists before the baseline is taken (it is made on first need).
+            #expect(try UnixSocketConnection(path: daemon.socketPath).request("GET", "/v1/ca").status == 200)
+            let warm = try UnixSocketConnection(tcpPort: proxyPort, timeoutSeconds: 10)
+            try warm.send("CONNECT \(corp.host):\(corp.origin.port) HTTP/1.1\r\nHost: x\r\n\r\nnot TLS at all\r\n")
+            #expect(warm.peerClosedWithin(milliseconds: 5000))
+            let baseline = await daemon.settledFileDescriptorCount()
+            let head = "CONNECT \(corp.host):\(corp.origin.port) HTTP/1.1\r\nHost: \(corp.host)\r\n\r\n"
+            for garbage in ["GET / HTTP/1.1\r\nHost: x\r\n\r\n", "\u{16}\u{3}\u{1}\u{0}\u{5}hello", String(repeating: "\u{0}", count: 4096)] {
+                let client = try UnixSocketConnection(tcpPort: proxyPort, timeoutSeconds: 10)
+                try client.send(head)
+                #expect(try client.readLine().hasPrefix("HTTP/1.1 200"))
+                while try client.readLine() != "" {}
+                try client.send(garbage)
+                #expect(client.peerClosedWithin(milliseconds: 5000), "\(garbage.prefix(20))")
+            }
+            for _ in 0..<5 {
+                let client = try UnixSocketConnection(tcpPort: proxyPort, timeoutSeconds: 10)
+                try client.send(head)
+                _ = try client.readLine()
+                try client.send("\u{16}\u{3}\u{1}\u{2}\u{0}half a hello")
+                client.close()
+            }
+            #expect(await daemon.waitForFileDescriptors(atMost: baseline) <= baseline)
+            #expect(corp.origin.stats.successes == 0)
+            let after = try ProxyPortTests.runThroughBroker(daemon, ["/usr/bin/curl", "-sS", "--fail", "\(corp.base)/basic/z"])
+            #expect(after.stdout == "hello alice", "\(after.stderr)")
+        }
+    }
+
+    @Test("an intercepted host whose server does not speak TLS: the program gets the broker's error inside its TLS")
+    func interceptedHostWithoutTLS() async throws {
+        let plain = try await TestAuthOrigin.start(name: "plain", user: "alice", password: Self.password)
+        defer { Task { await plain.stop() } }
+        let config = "[upstream]\nresolve = [\"cleartext.corp.test:\(plain.port):127.0.0.1\"]\n[proxy]\nlisten = [\"127.0.0.1:0\"]\nintercept = [\"cleartext.corp.test\"]\n"
+        try await withDaemon(config: config) { daemon in
+            let curl = try ProxyPortTests.runThroughBroker(
+                daemon, ["/usr/bin/curl", "-sS", "-o", "/dev/null", "-w", "%{http_code} %header{authbroker-error}", "https://cleartext.corp.test:\(plain.port)/open/x"]
+            )
+            #expect(curl.stdout == "502 tls_handshake_failed", "\(curl.stdout) \(curl.stderr)")
+        }
+    }
+
     @Test("ca show, export and rotate: a rotated CA's bundle and leaves replace the old ones; the key is never on disk in the clear")
     func caCommands() async throws {
         let corp = try await PrivateOrigin.start(host: "rotate.corp.test")
