@@ -60,18 +60,18 @@ release:
 install: release
 	install -d $(PREFIX)/bin $(UNIT_DIR) $(HOME)/.local/share/doc/authbroker
 	install -m 0755 .build/release/authbrokerd .build/release/authbrokerctl $(PREFIX)/bin/
-	install -m 0644 systemd/authbrokerd.socket systemd/authbrokerd.service $(UNIT_DIR)/
+	install -m 0644 systemd/authbrokerd.socket systemd/authbrokerd.service systemd/authbroker-proxy.socket $(UNIT_DIR)/
 	install -m 0644 README.md etc/authbroker/config.toml $(HOME)/.local/share/doc/authbroker/
 	systemctl --user daemon-reload && systemctl --user enable --now authbrokerd.socket || \
 		echo "make install: no user systemd manager here; run authbrokerd by hand"
 
 uninstall:
-	-systemctl --user disable --now authbrokerd.socket authbrokerd.service
+	-systemctl --user disable --now authbroker-proxy.socket authbrokerd.socket authbrokerd.service
 	rm -f $(PREFIX)/bin/authbrokerd $(PREFIX)/bin/authbrokerctl
-	rm -f $(UNIT_DIR)/authbrokerd.socket $(UNIT_DIR)/authbrokerd.service
+	rm -f $(UNIT_DIR)/authbrokerd.socket $(UNIT_DIR)/authbrokerd.service $(UNIT_DIR)/authbroker-proxy.socket
 
 verify-units:
-	systemd-analyze verify systemd/authbrokerd.socket systemd/authbrokerd.service
+	systemd-analyze verify systemd/authbrokerd.socket systemd/authbrokerd.service systemd/authbroker-proxy.socket
 
 clean:
 	rm -rf .build .build-fuzz .build-tsan

@@ -85,7 +85,10 @@ package enum BrokerDaemon {
             cacheTTL: .seconds(settings.trust.decisionCacheSeconds), publicSuffixes: publicSuffixes, logger: logger
         )
 
-        let listening = ListeningSocket.choose(socketPath: socketPath, environment: environment)
+        let (listening, passedSockets) = ListeningSocket.choose(socketPath: socketPath, environment: environment)
+        for ignored in passedSockets.ignored {
+            logger.warning("systemd passed a socket that is not the daemon's; leaving it alone", metadata: ["fd": "\(ignored)"])
+        }
         if case .path(let path) = listening {
             do {
                 try ListeningSocket.prepare(
@@ -217,7 +220,8 @@ package enum BrokerDaemon {
         )
         let service = BrokerService(
             listening: listening, displayPath: boundPath, server: server, registry: registry, pool: pool,
-            group: group, settings: settings, counters: counters, trustStore: store, proxyPort: proxyPort, logger: logger
+            group: group, settings: settings, counters: counters, trustStore: store, proxyPort: proxyPort,
+            passedProxySockets: passedSockets.proxy, logger: logger
         )
         var configuration = ServiceGroupConfiguration(
             services: [.init(service: service)],
@@ -290,6 +294,8 @@ struct BrokerService: Service, CustomStringConvertible {
     let trustStore: TrustStore
     /// Where the proxy port listens, once bound, for `status`.
     let proxyPort: ProxyPortAddresses
+    /// The proxy port's sockets from systemd (`authbroker-proxy.socket`); they replace `[proxy] listen`.
+    let passedProxySockets: [CInt]
     let logger: Logger
 
     func run() async throws {
@@ -347,28 +353,29 @@ struct BrokerService: Service, CustomStringConvertible {
             }.closingOnFailure(channel)
         }
 
+        // The proxy port first: a start-up that fails there has accepted nothing on the socket
+        // (a connection accepted but never served traps in NIO's async channel).
+        let proxyChannels = try await ProxyPort.bind(
+            self.settings.proxy.listen, passed: self.passedProxySockets, uid: UInt32(ownUID), group: self.group, admit: admit,
+            counters: counters, logger: logger
+        )
         let serverChannel: NIOAsyncChannel<AcceptedClientConnection, Never>
-        switch self.listening {
-        case .systemd(let fd):
-            serverChannel = try await bootstrap.bind(fd, childChannelInitializer: initializer)
-        case .path(let path):
-            let oldMask = umask(0o177)  // the socket file is created 0600
-            defer { umask(oldMask) }
-            do {
-                serverChannel = try await bootstrap.bind(unixDomainSocketPath: path, childChannelInitializer: initializer)
-            } catch {
-                throw ListenerError(description: "cannot listen on \(path): \(error)")
-            }
-            chmod(path, 0o600)
-        }
-        let proxyChannels: [NIOAsyncChannel<AcceptedClientConnection, Never>]
         do {
-            proxyChannels = try await ProxyPort.bind(
-                self.settings.proxy.listen, uid: UInt32(ownUID), group: self.group, admit: admit, counters: counters, logger: logger
-            )
+            switch self.listening {
+            case .systemd(let fd):
+                serverChannel = try await bootstrap.bind(fd, childChannelInitializer: initializer)
+            case .path(let path):
+                let oldMask = umask(0o177)  // the socket file is created 0600
+                defer { umask(oldMask) }
+                do {
+                    serverChannel = try await bootstrap.bind(unixDomainSocketPath: path, childChannelInitializer: initializer)
+                } catch {
+                    throw ListenerError(description: "cannot listen on \(path): \(error)")
+                }
+                chmod(path, 0o600)
+            }
         } catch {
-            serverChannel.channel.close(promise: nil)
-            if case .path(let path) = self.listening { unlink(path) }
+            for proxyChannel in proxyChannels { await proxyChannel.closeUnserved() }
             throw error
         }
         self.proxyPort.set(proxyChannels.compactMap { $0.channel.localAddress.flatMap(ProxyPort.describe) })

@@ -23,20 +23,17 @@ package enum ListeningSocket: Sendable {
     case systemd(fd: CInt)
     case path(String)
 
-    /// The first socket passed by systemd (`LISTEN_FDS`, fd 3, for this pid only: sd_listen_fds(3)),
-    /// else the path we bind ourselves. Clears the variables so children do not inherit them.
-    package static func choose(socketPath: String, environment: [String: String]) -> ListeningSocket {
+    /// The Unix socket systemd passed (for this pid only: sd_listen_fds(3)), else the path we
+    /// bind ourselves; and the proxy-port sockets systemd passed (named `proxy`, see
+    /// `SystemdListenFDs`). Clears the variables so children do not inherit them.
+    package static func choose(socketPath: String, environment: [String: String]) -> (socket: ListeningSocket, passed: SystemdListenFDs) {
         defer {
             unsetenv("LISTEN_PID")
             unsetenv("LISTEN_FDS")
             unsetenv("LISTEN_FDNAMES")
         }
-        if let pid = environment["LISTEN_PID"].flatMap({ Int32($0) }), pid == getpid(),
-            let count = environment["LISTEN_FDS"].flatMap({ Int($0) }), count >= 1
-        {
-            return .systemd(fd: 3)
-        }
-        return .path(socketPath)
+        let passed = SystemdListenFDs.passed(to: getpid(), environment: environment)
+        return (passed.control.map { .systemd(fd: $0) } ?? .path(socketPath), passed)
     }
 
     /// Makes `path` ready to bind: its directory checked (or created 0700), no live daemon on
@@ -164,6 +161,20 @@ extension EventLoopFuture {
         self.flatMapErrorThrowing { error in
             channel.close(promise: nil)
             throw error
+        }
+    }
+}
+
+extension NIOAsyncChannel where Inbound == AcceptedClientConnection, Outbound == Never {
+    /// Closes a listener that will not be served (start-up failed after it was bound), and every
+    /// connection it accepted meanwhile: each through its async channel, whose writer must be
+    /// finished before it goes (NIO traps otherwise).
+    func closeUnserved() async {
+        try? await self.executeThenClose { accepted, _ in
+            self.channel.close(promise: nil)
+            for try await connection in accepted {
+                try? await connection.connection.executeThenClose { _, _ in }
+            }
         }
     }
 }

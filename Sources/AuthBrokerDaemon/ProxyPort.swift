@@ -4,6 +4,10 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// Where the proxy port listens, for `status`: filled in once it is bound.
 package final class ProxyPortAddresses: Sendable {
     private let box = NIOLockedValueBox<[String]>([])
@@ -27,9 +31,10 @@ package final class ProxyPortAddresses: Sendable {
 /// unread. The owner's process is then looked up (off the event loop) for the audit log and
 /// agents, as `SO_PEERCRED` gives it on the Unix socket.
 enum ProxyPort {
-    /// Binds every configured address (or the user's own port when none is configured).
+    /// Adopts the sockets systemd passed (`passed`), or else binds every configured address (or
+    /// the user's own port when none is configured).
     static func bind(
-        _ configured: [ProxyListenAddress]?, uid: UInt32, group: any EventLoopGroup,
+        _ configured: [ProxyListenAddress]?, passed: [CInt] = [], uid: UInt32, group: any EventLoopGroup,
         admit: @escaping @Sendable (any Channel, ConnectionPeer, Bool) throws -> AcceptedClientConnection,
         counters: BrokerCounters, logger: Logger
     ) async throws -> [NIOAsyncChannel<AcceptedClientConnection, Never>] {
@@ -51,7 +56,20 @@ enum ProxyPort {
             }
         }
         do {
-            if let configured {
+            if !passed.isEmpty {
+                if configured != nil {
+                    logger.notice("systemd passed the proxy port's sockets; [proxy] listen is not used")
+                }
+                // Every one checked before any is served.
+                for fd in passed where !Self.isLoopbackTCPListener(fd) {
+                    throw ListenerError(
+                        description: "the proxy-port socket systemd passed (fd \(fd)) is not a TCP socket on a loopback address; set ListenStream=127.0.0.1:PORT (or [::1]:PORT) in authbroker-proxy.socket."
+                    )
+                }
+                for fd in passed {
+                    channels.append(try await Self.adopt(fd, bootstrap: bootstrap, initializer: initializer))
+                }
+            } else if let configured {
                 for address in configured {
                     let advice = "Choose another address in [proxy] listen (port 0: any free port), or listen = [] to turn the proxy port off."
                     channels.append(try await bind(address, advice: advice))
@@ -72,10 +90,46 @@ enum ProxyPort {
                 }
             }
         } catch {
-            for channel in channels { try? await channel.channel.close() }
+            for channel in channels { await channel.closeUnserved() }
             throw error
         }
         return channels
+    }
+
+    /// Whether `fd` is a TCP socket bound to a loopback address: a unit that listens on every
+    /// interface would hand the user's credentials to the network.
+    static func isLoopbackTCPListener(_ fd: CInt) -> Bool {
+        var type: CInt = 0
+        var typeLength = socklen_t(MemoryLayout<CInt>.size)
+        guard getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &typeLength) == 0, type == CInt(SOCK_STREAM.rawValue) else { return false }
+        var storage = sockaddr_storage()
+        var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
+        let named = withUnsafeMutablePointer(to: &storage) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) == 0 }
+        }
+        guard named else { return false }
+        switch CInt(storage.ss_family) {
+        case AF_INET:
+            let address = withUnsafeBytes(of: &storage) { $0.load(as: sockaddr_in.self) }
+            return UInt32(bigEndian: address.sin_addr.s_addr) >> 24 == 127
+        case AF_INET6:
+            let address = withUnsafeBytes(of: &storage) { $0.load(as: sockaddr_in6.self) }
+            return withUnsafeBytes(of: address.sin6_addr) { Array($0) } == Array(repeating: 0, count: 15) + [1]
+        default:
+            return false
+        }
+    }
+
+    /// A listening socket systemd passed, checked by `isLoopbackTCPListener`.
+    private static func adopt(
+        _ fd: CInt, bootstrap: ServerBootstrap,
+        initializer: @escaping @Sendable (any Channel) -> EventLoopFuture<AcceptedClientConnection>
+    ) async throws -> NIOAsyncChannel<AcceptedClientConnection, Never> {
+        do {
+            return try await bootstrap.bind(fd, childChannelInitializer: initializer)
+        } catch {
+            throw ListenerError(description: "cannot use the proxy-port socket systemd passed (fd \(fd)): \(error). Check authbroker-proxy.socket.")
+        }
     }
 
     /// The client's socket must belong to this user; then its process is looked up.

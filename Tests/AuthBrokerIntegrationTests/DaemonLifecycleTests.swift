@@ -170,7 +170,65 @@ struct DaemonLifecycleTests {
         #expect(status.json["socket"] as? String != nil)
     }
 
-    @Test("systemd-analyze verify accepts both user units")
+    @Test("systemd passes the Unix socket and the proxy port's (named proxy); the daemon serves both, and refuses a proxy socket that is not on loopback")
+    func socketActivationWithProxyPort() async throws {
+        let origin = try await TestOrigin.start(name: "activated")
+        defer { Task { await origin.stop() } }
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let socketPath = directory + "/activated.sock"
+        try configText(resolving: [("origin.internal.test", origin)], extra: "[proxy]\nlisten = [\"127.0.0.1:0\"]\n").write(
+            toFile: directory + "/config.toml", atomically: true, encoding: .utf8
+        )
+        /// systemd-socket-activate with the Unix socket and one TCP socket named proxy.
+        func activate(socket: String, tcp: String, log: String) throws -> Process {
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: "/usr/bin/systemd-socket-activate")
+            process.arguments = [
+                "--listen=\(socket)", "--listen=\(tcp)", "--fdname=authbrokerd.socket:proxy", "-E", "XDG_STATE_HOME=\(directory)/state",
+                "-E", "HOME=\(directory)", DaemonProcess.binDirectory + "/authbrokerd", "--config", directory + "/config.toml",
+            ]
+            _ = FileManager.default.createFile(atPath: log, contents: nil)
+            process.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: log))
+            try process.run()
+            return process
+        }
+        let port = try freeLoopbackPort()
+        let process = try activate(socket: socketPath, tcp: "127.0.0.1:\(port)", log: directory + "/first.log")
+        var connection: UnixSocketConnection?
+        for _ in 0..<200 where connection == nil {
+            connection = try? UnixSocketConnection(path: socketPath)
+            if connection == nil { try await Task.sleep(for: .milliseconds(50)) }
+        }
+        let client = try #require(connection)
+        // The daemon is up once it answers; the passed socket is its proxy port, not [proxy] listen.
+        let status = try client.request("GET", "/v1/status")
+        #expect(status.json["proxy_port"] as? [String] == ["127.0.0.1:\(port)"], "\(status.json)")
+        let proxied = try UnixSocketConnection(tcpPort: port).request("GET", "http://origin.internal.test:\(origin.port)/hello")
+        #expect(proxied.status == 200 && proxied.text == "hello from activated")
+        kill(process.processIdentifier, SIGTERM)
+        process.waitUntilExit()
+
+        // A proxy socket on every interface is refused at start, with what to do.
+        let wideSocket = directory + "/wide.sock"
+        let wide = try activate(socket: wideSocket, tcp: "0.0.0.0:\(try freeLoopbackPort())", log: directory + "/second.log")
+        // systemd-socket-activate starts the daemon at the first connection.
+        for _ in 0..<100 where (try? UnixSocketConnection(path: wideSocket)) == nil {
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        var exited = false
+        for _ in 0..<200 where !exited {
+            exited = !wide.isRunning
+            if !exited { try await Task.sleep(for: .milliseconds(50)) }
+        }
+        if !exited { kill(wide.processIdentifier, SIGKILL) }
+        #expect(exited)
+        let log = (try? String(contentsOfFile: directory + "/second.log", encoding: .utf8)) ?? ""
+        #expect(log.contains("is not a TCP socket on a loopback address"), "\(log)")
+        #expect(!log.contains("Fatal error"), "\(log)")
+    }
+
+    @Test("systemd-analyze verify accepts the user units")
     func unitsVerify() async throws {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
         let home = try DaemonProcess.makeTemporaryDirectory()
@@ -180,7 +238,10 @@ struct DaemonLifecycleTests {
         try FileManager.default.createSymbolicLink(atPath: home + "/.local/bin/authbrokerd", withDestinationPath: DaemonProcess.binDirectory + "/authbrokerd")
         let verify = Process()
         verify.executableURL = URL(fileURLWithPath: "/usr/bin/systemd-analyze")
-        verify.arguments = ["--user", "verify", root.path + "/systemd/authbrokerd.socket", root.path + "/systemd/authbrokerd.service"]
+        verify.arguments = [
+            "--user", "verify", root.path + "/systemd/authbrokerd.socket", root.path + "/systemd/authbrokerd.service",
+            root.path + "/systemd/authbroker-proxy.socket",
+        ]
         var environment = ProcessInfo.processInfo.environment
         environment["HOME"] = home
         environment["XDG_RUNTIME_DIR"] = home + "/run"
