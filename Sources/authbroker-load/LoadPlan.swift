@@ -27,6 +27,8 @@ struct LoadPlan: Sendable {
     /// TLS to the server itself (direct HTTPS), with the name sent as SNI and checked.
     var tls: NIOSSLContext?
     var serverHostname: String?
+    /// `host:port` to send `CONNECT` for before TLS (`--tunnel`); nil: TLS (or HTTP) at once.
+    var tunnelAuthority: String?
     var connections: Int
     /// Requests per worker in count mode; `nil` runs for `measureEnd`.
     var requestsPerWorker: Int?

@@ -31,6 +31,9 @@ struct AuthBrokerLoad: AsyncParsableCommand {
     @Flag(help: "Send the whole URL as the request target (proxy form); otherwise only its path.")
     var absoluteForm = false
 
+    @Flag(help: "Through the --connect proxy with CONNECT, then TLS inside (https URLs): what programs honouring https_proxy do.")
+    var tunnel = false
+
     @Option(help: "Connections (simulated clients) at once.")
     var connections = 1
 
@@ -99,6 +102,9 @@ struct AuthBrokerLoad: AsyncParsableCommand {
         if unixSocket != nil && connect != nil {
             throw ValidationError("--unix-socket and --connect are exclusive")
         }
+        if tunnel && (connect == nil || absoluteForm || !url.lowercased().hasPrefix("https://")) {
+            throw ValidationError("--tunnel needs --connect (the proxy), an https URL, and no --absolute-form")
+        }
     }
 
     func run() async throws {
@@ -137,6 +143,7 @@ struct AuthBrokerLoad: AsyncParsableCommand {
             hostHeader: target.authority,
             tls: tls,
             serverHostname: target.isIPAddress ? nil : target.host,
+            tunnelAuthority: tunnel ? "\(target.host):\(target.port)" : nil,
             connections: connectionCount,
             requestsPerWorker: timed ? requests.map { $0 / connectionCount } : 1,
             measureStart: measureStart,

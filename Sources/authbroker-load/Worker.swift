@@ -96,12 +96,12 @@ final class Worker {
             .channelInitializer { channel in
                 do {
                     let plan = bound.value.plan
-                    if let tls = plan.tls {
-                        try channel.pipeline.syncOperations.addHandler(
-                            NIOSSLClientHandler(context: tls, serverHostname: plan.serverHostname))
+                    if let authority = plan.tunnelAuthority {
+                        // The rest goes in once the proxy has said 200.
+                        try channel.pipeline.syncOperations.addHandler(TunnelPrelude(authority: authority, worker: bound.value))
+                        return channel.eventLoop.makeSucceededVoidFuture()
                     }
-                    try channel.pipeline.syncOperations.addHTTPClientHandlers()
-                    try channel.pipeline.syncOperations.addHandler(ExchangeHandler(worker: bound.value))
+                    try Self.addExchangeHandlers(channel, worker: bound.value)
                     return channel.eventLoop.makeSucceededVoidFuture()
                 } catch {
                     return channel.eventLoop.makeFailedFuture(error)
@@ -117,6 +117,15 @@ final class Worker {
                 self.retryAfterError()
             }
         }
+    }
+
+    /// TLS when the plan has it, the HTTP codec and the exchange handler, at the end of the pipeline.
+    static func addExchangeHandlers(_ channel: any Channel, worker: Worker) throws {
+        if let tls = worker.plan.tls {
+            try channel.pipeline.syncOperations.addHandler(NIOSSLClientHandler(context: tls, serverHostname: worker.plan.serverHostname))
+        }
+        try channel.pipeline.syncOperations.addHTTPClientHandlers()
+        try channel.pipeline.syncOperations.addHandler(ExchangeHandler(worker: worker))
     }
 
     private func retryAfterError() {
@@ -323,5 +332,50 @@ final class ExchangeHandler: ChannelInboundHandler, RemovableChannelHandler {
     func detach() -> (any Channel)? {
         detached = true
         return context?.channel
+    }
+}
+
+/// `CONNECT host:port` through the proxy; on `200`, the TLS and HTTP handlers take over the
+/// connection (and see it become active), and this handler leaves. Anything else is an error.
+final class TunnelPrelude: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    private let authority: String
+    private let worker: Worker
+    private var received: [UInt8] = []
+
+    init(authority: String, worker: Worker) {
+        self.authority = authority
+        self.worker = worker
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        var request = context.channel.allocator.buffer(capacity: 128)
+        request.writeString("CONNECT \(self.authority) HTTP/1.1\r\nHost: \(self.authority)\r\n\r\n")
+        context.writeAndFlush(self.wrapOutboundOut(request), promise: nil)
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        var buffer = self.unwrapInboundIn(data)
+        self.received += buffer.readBytes(length: buffer.readableBytes) ?? []
+        guard let end = self.received.firstRange(of: Array("\r\n\r\n".utf8)) else {
+            if self.received.count > 16_384 { context.close(promise: nil) }
+            return
+        }
+        // The server does not speak first in TLS, so nothing follows the proxy's answer yet.
+        guard self.received.starts(with: Array("HTTP/1.1 200".utf8)), end.upperBound == self.received.count else {
+            context.close(promise: nil)
+            return
+        }
+        do {
+            try Worker.addExchangeHandlers(context.channel, worker: self.worker)
+            // The new handlers start their work (the handshake, the first request) as the
+            // connection becomes active for them.
+            context.fireChannelActive()
+            context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
+        } catch {
+            context.close(promise: nil)
+        }
     }
 }
