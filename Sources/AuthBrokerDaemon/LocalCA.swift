@@ -129,8 +129,13 @@ package actor LocalCA {
         BrokerError(
             code: .localCAUnavailable, status: .serviceUnavailable, proxyErrorType: .proxyInternalError,
             title: "The local CA cannot be used",
-            detail: "The broker needs its local CA (to intercept https:// for a host you hold something for, or for `authbrokerctl ca`), and \(error). Unlock the keyring (or check `authbrokerctl status` for the secret store), then try again; `[proxy] tunnel` lets a host through untouched meanwhile."
+            detail: "The local CA (which intercepting https:// for a host you hold something for, and `authbrokerctl ca`, need) cannot be used: \(Self.sentence("\(error)")) Fix that (`authbrokerctl status` shows the secret store) and try again; meanwhile `[proxy] tunnel` lets a host through untouched."
         )
+    }
+
+    /// `text` ending with a full stop, once.
+    private static func sentence(_ text: String) -> String {
+        text.hasSuffix(".") ? text : text + "."
     }
 
     // MARK: On the blocking pool
