@@ -64,24 +64,12 @@ package final class ApacheAuthServer: Sendable {
         guard !user.contains(":"), !user.contains("\n"), !password.contains("\n") else {
             throw TestSupportError("a user name for htpasswd/htdigest may not contain ':' or a newline")
         }
-        let directory = try DaemonProcess.makeTemporaryDirectory()
-        do {
+        let (directory, port, process) = try await self.launchInNewDirectory { directory in
             try self.writeSite(in: directory, user: user, password: password)
-            var lastError: (any Error)?
-            for _ in 0..<3 {
-                let port = try freeLoopbackPort()
-                do {
-                    let process = try await launch(directory: directory, port: port) { configuration(directory: directory, port: $0) }
-                    return ApacheAuthServer(port: port, user: user, directory: directory, process: process)
-                } catch let error as LaunchError where error.portInUse {
-                    lastError = error
-                }
-            }
-            throw lastError ?? TestSupportError("apache2 could not bind a port")
-        } catch {
-            try? FileManager.default.removeItem(atPath: directory)
-            throw error
+        } configuration: { directory, port in
+            configuration(directory: directory, port: port)
         }
+        return ApacheAuthServer(port: port, user: user, directory: directory, process: process)
     }
 
     /// SIGTERM (SIGKILL after 5 s), then removes the directory.
@@ -101,6 +89,32 @@ package final class ApacheAuthServer: Sendable {
     struct LaunchError: Error, CustomStringConvertible {
         var description: String
         var portInUse: Bool
+    }
+
+    /// A new temporary directory that `prepare` fills, then Apache started on a free port with
+    /// the config `configuration` makes (a port taken between choosing and binding it is retried
+    /// with another, twice). The directory is removed if it fails.
+    static func launchInNewDirectory(
+        prepare: (String) throws -> Void, configuration: @escaping (String, Int) -> String
+    ) async throws -> (directory: String, port: Int, process: SpawnedProcess) {
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        do {
+            try prepare(directory)
+            var lastError: (any Error)?
+            for _ in 0..<3 {
+                let port = try freeLoopbackPort()
+                do {
+                    let process = try await launch(directory: directory, port: port) { configuration(directory, $0) }
+                    return (directory, port, process)
+                } catch let error as LaunchError where error.portInUse {
+                    lastError = error
+                }
+            }
+            throw lastError ?? TestSupportError("apache2 could not bind a port")
+        } catch {
+            try? FileManager.default.removeItem(atPath: directory)
+            throw error
+        }
     }
 
     /// Starts `apache2 -DFOREGROUND` with the config `configuration` makes for `port`, and

@@ -46,24 +46,12 @@ package final class ApacheTLSSite: Sendable {
         guard isInstalled else {
             throw TestSupportError("apache2 with mod_ssl, git and git-http-backend are needed: apt-get install -y apache2 apache2-utils git")
         }
-        let directory = try DaemonProcess.makeTemporaryDirectory()
-        do {
+        let (directory, port, process) = try await ApacheAuthServer.launchInNewDirectory { directory in
             try self.writeSite(in: directory, serverIdentity: serverIdentity, clientCA: clientCA, user: user, password: password)
-            var lastError: (any Error)?
-            for _ in 0..<3 {
-                let port = try freeLoopbackPort()
-                do {
-                    let process = try await ApacheAuthServer.launch(directory: directory, port: port) { configuration(directory: directory, port: $0) }
-                    return ApacheTLSSite(port: port, directory: directory, process: process)
-                } catch let error as ApacheAuthServer.LaunchError where error.portInUse {
-                    lastError = error
-                }
-            }
-            throw lastError ?? TestSupportError("apache2 could not bind a port")
-        } catch {
-            try? FileManager.default.removeItem(atPath: directory)
-            throw error
+        } configuration: { directory, port in
+            configuration(directory: directory, port: port)
         }
+        return ApacheTLSSite(port: port, directory: directory, process: process)
     }
 
     package func stop() async {
