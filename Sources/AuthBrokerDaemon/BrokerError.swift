@@ -316,6 +316,23 @@ extension BrokerError {
         )
     }
 
+    /// The Unix socket a `[[route]]` names for `origin` refused or is missing.
+    package static func unixRouteUnreachable(_ error: any Error, route: UnixRoute, origin: CanonicalOrigin) -> BrokerError {
+        let errno = (error as? IOError)?.errnoCode
+        let (code, type, why): (BrokerErrorCode, ProxyErrorType, String) =
+            switch errno {
+            case ECONNREFUSED: (.connectionRefused, .connectionRefused, "nothing listens on it")
+            case ENOENT: (.destinationUnavailable, .destinationUnavailable, "it does not exist")
+            case EACCES: (.destinationUnavailable, .destinationUnavailable, "you may not connect to it (its permissions)")
+            default: (.destinationUnavailable, .destinationUnavailable, "\(error)")
+            }
+        return BrokerError(
+            code: code, status: .badGateway, proxyErrorType: type, title: "Could not connect",
+            detail: "\(origin.hostHeader) is routed to the Unix socket \(route.socketPath) ([[route]] in config.toml), and \(why). Start the server behind it, or correct the route.",
+            host: origin.hostHeader
+        )
+    }
+
     package static func responseHeadTimeout(origin: CanonicalOrigin, milliseconds: Int) -> BrokerError {
         BrokerError(
             code: .httpResponseTimeout, status: .gatewayTimeout, proxyErrorType: .httpResponseTimeout,

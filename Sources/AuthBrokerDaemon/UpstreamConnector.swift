@@ -256,7 +256,8 @@ package final class UpstreamConnector: Sendable {
         )
     }
 
-    /// A TCP connection to `hop` (with the config's `resolve` overrides), set up by `initializer`.
+    /// A TCP connection to `hop` (with the config's `resolve` overrides), or a connection to the
+    /// Unix socket a `[[route]]` names for it, set up by `initializer`.
     ///
     /// - Throws: `BrokerError` for a failed connect: `origin`'s own error (DNS, refused, timeout),
     ///   or, when `hop` is the upstream proxy rather than `origin`, that error as the proxy's.
@@ -267,11 +268,18 @@ package final class UpstreamConnector: Sendable {
         // On the requester's event loop when given, so the exchange never hops threads.
         let bootstrap = ClientBootstrap(group: eventLoop ?? self.group)
             .connectTimeout(self.settings.upstream.connectTimeout)
-            .channelOption(.socketOption(.tcp_nodelay), value: 1)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture { try initializer(channel) }
             }
+        if let route = self.settings.upstream.unixRoute(for: hop.host) {
+            do {
+                return try await bootstrap.connect(unixDomainSocketPath: route.socketPath).get()
+            } catch {
+                throw BrokerError.unixRouteUnreachable(error, route: route, origin: origin)
+            }
+        }
         do {
+            let bootstrap = bootstrap.channelOption(.socketOption(.tcp_nodelay), value: 1)
             if let override = self.settings.upstream.resolveOverride(host: hop.host, port: hop.port) {
                 return try await bootstrap.connect(to: try SocketAddress(ipAddress: override.address, port: hop.port)).get()
             }

@@ -436,6 +436,34 @@ struct BrokerSettingsTests {
         #expect(try ProxyListenAddress(parsing: "[0:0::1]:8080") == ProxyListenAddress(address: "::1", port: 8080))
     }
 
+    @Test func unixRoutes() throws {
+        #expect(BrokerSettings.defaults.upstream.routes.isEmpty)
+        let text = "[[route]]\nhost = \"docker.local\"\nunix = \"/run/docker.sock\"\n[[route]]\nhost = \"*.svc.local\"\nunix = \"/run/svc.sock\"\n[upstream]\nproxy = \"http://proxy.test:3128\"\n"
+        let settings = try BrokerSettings.parse(text, file: Self.file)
+        #expect(settings.upstream.routes.map(\.socketPath) == ["/run/docker.sock", "/run/svc.sock"])
+        #expect(settings.upstream.unixRoute(for: "api.svc.local")?.socketPath == "/run/svc.sock")
+        #expect(settings.upstream.unixRoute(for: "example.com") == nil)
+        // A routed host never goes through the proxy.
+        #expect(settings.upstream.proxy(for: try CanonicalOrigin(scheme: .http, host: "docker.local", port: 80)) == nil)
+        #expect(settings.upstream.proxy(for: try CanonicalOrigin(scheme: .http, host: "example.com", port: 80)) != nil)
+        for (text, line, message) in [
+            ("[[routes]]\nhost = \"a\"\n", 1, "unknown array of tables [[routes]]"),
+            ("[[daemon]]\n", 1, "[daemon] is a single table"),
+            ("[route]\nhost = \"a\"\n", 1, "write [[route]]"),
+            ("[[route]]\nhost = \"a\"\nsocket = \"/s\"\n", 3, "unknown setting in [[route]]"),
+            ("[[route]]\nunix = \"/s\"\n", 1, "has no host"),
+            ("[[route]]\nhost = \"a.local\"\n", 1, "has no unix socket"),
+            ("[[route]]\nhost = \"a.local\"\nunix = \"run/s\"\n", 3, "relative path"),
+            ("[[route]]\nhost = \"*\"\nunix = \"/s\"\n", 2, "route.host"),
+            ("[[route]]\nhost = \"a.local\"\nunix = \"/s\"\n[[route]]\nhost = \"a.local\"\nunix = \"/t\"\n", 5, "already routed to /s"),
+            ("[[route]]\nhost = \"a.local\"\nunix = \"/\(String(repeating: "x", count: 120))\"\n", 3, "the limit is 107"),
+        ] {
+            let error = #expect(throws: ConfigError.self) { try BrokerSettings.parse(text, file: Self.file) }
+            #expect(error?.line == line, "\(text): \(error?.description ?? "")")
+            #expect(error?.description.contains(message) == true, "\(text): \(error?.description ?? "")")
+        }
+    }
+
     @Test func interceptAndTunnelHosts() throws {
         #expect(BrokerSettings.defaults.proxy.interception == InterceptPolicy())
         let all = try BrokerSettings.parse("[proxy]\nintercept = \"all\"\ntunnel = [\"pinned.example\"]\n", file: Self.file)

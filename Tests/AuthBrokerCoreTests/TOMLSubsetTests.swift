@@ -201,7 +201,13 @@ struct TOMLSubsetTests {
         ("[daemon", .invalidTableHeader, 1),
         ("[daemon\n]", .invalidTableHeader, 1),
         ("[a.b]", .unsupported, 1),
-        ("[[a]]", .unsupported, 1),
+        ("[[a]", .invalidTableHeader, 1),
+        ("[[a] ]", .invalidTableHeader, 1),
+        ("[[]]", .invalidTableHeader, 1),
+        ("[[a.b]]", .unsupported, 1),
+        ("[a]\n[[a]]", .duplicateTable, 2),
+        ("[[a]]\n[a]", .duplicateTable, 2),
+        ("[[a]]\nx = 1\nx = 2", .duplicateKey, 3),
         ("[\"a\"]", .unsupported, 1),
         ("[a] x = 1", .unexpectedText, 1),
         ("[a]\n[b]\n[a]", .duplicateTable, 3),
@@ -223,7 +229,7 @@ struct TOMLSubsetTests {
         ("x = [1, bare]", .invalidValue, 1),
         ("x = [\"a\nb\"]", .unterminatedString, 1),
         // Deep garbage: rejected at the second bracket, no recursion.
-        (String(repeating: "[", count: 100_000), .unsupported, 1),
+        (String(repeating: "[", count: 100_000), .invalidTableHeader, 1),
         ("x = " + String(repeating: "[", count: 100_000), .unsupported, 1),
         ("x = " + String(repeating: "9", count: 500_000), .numberOutOfRange, 1),
         (String(repeating: "\n", count: 9) + "garbage!", .missingEquals, 10),
@@ -270,6 +276,21 @@ struct TOMLSubsetTests {
         // Garbage that would fail later still fails on size first.
         let error = #expect(throws: TOMLError.self) { try TOMLSubset.parse("[[[\u{0}", maxInputBytes: 3) }
         #expect(error?.code == .inputTooLarge)
+    }
+
+    @Test func arraysOfTables() throws {
+        let document = try TOMLSubset.parse(
+            "top = 1\n[[route]]\nhost = \"a\"\n\n[[ route ]]\nhost = \"b\"\nunix = \"/s\"\n[daemon]\nx = 2\n[[route]]\n"
+        )
+        let routes = try #require(document.arrayTables["route"])
+        #expect(routes.map(\.headerLine) == [2, 5, 10])
+        #expect(routes[0].values == ["host": .string("a")])
+        #expect(routes[1].values == ["host": .string("b"), "unix": .string("/s")])
+        #expect(routes[1].keyLines == ["host": 6, "unix": 7])
+        #expect(routes[2].values.isEmpty)
+        // A [table] after an entry takes the keys that follow.
+        #expect(document.tables["daemon"] == ["x": .integer(2)])
+        #expect(document.tables[""] == ["top": .integer(1)])
     }
 
     @Test func arrayLengthIsLimited() throws {

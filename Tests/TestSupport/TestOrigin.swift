@@ -34,7 +34,7 @@ package final class TestOrigin: Sendable {
     /// `clientCertificateOptional` takes one if offered (`/client-cert` says which).
     package static func start(
         name: String, identity: TestIdentity? = nil, chain: [TestIdentity] = [], host: String = "127.0.0.1",
-        clientCA: TestIdentity? = nil, clientCertificateOptional: Bool = false
+        clientCA: TestIdentity? = nil, clientCertificateOptional: Bool = false, unixSocketPath: String? = nil
     ) async throws -> TestOrigin {
         var sslContext: NIOSSLContext?
         if let identity {
@@ -49,7 +49,7 @@ package final class TestOrigin: Sendable {
             sslContext = try NIOSSLContext(configuration: configuration)
         }
         let context = sslContext
-        let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+        let bootstrap = ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
@@ -60,8 +60,9 @@ package final class TestOrigin: Sendable {
                     try channel.pipeline.syncOperations.addHandler(OriginHandler(name: name))
                 }
             }
-            .bind(host: host, port: 0).get()
-        guard let port = channel.localAddress?.port else {
+        let channel = try await (unixSocketPath.map { bootstrap.bind(unixDomainSocketPath: $0) } ?? bootstrap.bind(host: host, port: 0)).get()
+        // On a Unix socket (`unixSocketPath`) there is no port: 0.
+        guard let port = unixSocketPath == nil ? channel.localAddress?.port : 0 else {
             throw TestSupportError("origin server has no port")
         }
         return TestOrigin(port: port, name: name, channel: channel)

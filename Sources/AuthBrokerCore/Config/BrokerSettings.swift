@@ -85,10 +85,18 @@ package struct BrokerSettings: Sendable, Equatable {
 
         package init() {}
 
+        /// `[[route]]`: hosts reached over a Unix socket instead of TCP (never through `proxy`).
+        package var routes: [UnixRoute] = []
+
+        /// The Unix socket `host` is routed to, if a `[[route]]` names it (the first that does).
+        package func unixRoute(for host: String) -> UnixRoute? {
+            self.routes.first { $0.host.matches(host) }
+        }
+
         /// The proxy a connection to `origin` goes through: `proxy`, unless a `no_proxy` pattern
         /// names the origin's host.
         package func proxy(for origin: CanonicalOrigin) -> CanonicalOrigin? {
-            guard let proxy, !noProxy.contains(where: { $0.matches(origin.host) }) else { return nil }
+            guard let proxy, !noProxy.contains(where: { $0.matches(origin.host) }), self.unixRoute(for: origin.host) == nil else { return nil }
             return proxy
         }
 
@@ -221,6 +229,11 @@ package struct BrokerSettings: Sendable, Equatable {
         "security": ["reauth_grant_seconds", "pam_service", "pam_config_dir"],
         "secrets": ["store"],
         "debug": ["tls_key_log", "tls_key_log_scope"],
+    ]
+
+    /// The arrays of tables the file may contain (`[[route]]`), and their keys.
+    package static let knownArrayTables: KeyValuePairs<String, [String]> = [
+        "route": ["host", "unix"]
     ]
 
     /// The longest Unix socket path Linux accepts: `sun_path` is 108 bytes with the NUL.
@@ -372,6 +385,23 @@ package struct BrokerSettings: Sendable, Equatable {
         if let value = try proxy.interceptHosts("intercept") { settings.proxy.interception.intercept = value }
         if let value = try proxy.hostPatterns("tunnel") { settings.proxy.interception.tunnel = value }
 
+        for entry in document.arrayTables["route"] ?? [] {
+            let route = TableReader(file: file, table: "route", values: entry.values, lines: entry.keyLines)
+            guard let host = try route.hostPattern("host") else {
+                throw ConfigError(.invalidValue, file: file, line: entry.headerLine, message: "this [[route]] has no host; write host = \"docker.local\" under it")
+            }
+            guard let path = try route.path("unix", maxBytes: maxSocketPathBytes) else {
+                throw ConfigError(
+                    .invalidValue, file: file, line: entry.headerLine,
+                    message: "this [[route]] has no unix socket; write unix = \"/run/docker.sock\" under it"
+                )
+            }
+            if let earlier = settings.upstream.routes.first(where: { $0.host == host }) {
+                throw route.error("host", .invalidValue, "\(host) is already routed to \(earlier.socketPath); keep one [[route]] per host")
+            }
+            settings.upstream.routes.append(UnixRoute(host: host, socketPath: path))
+        }
+
         let security = TableReader(file: file, table: "security", document: document)
         if let value = try security.integer("reauth_grant_seconds", in: 1...86_400, unit: seconds, note: " (1 to 86400)") {
             settings.security.reauthGrantSeconds = value
@@ -405,6 +435,31 @@ package struct BrokerSettings: Sendable, Equatable {
         func nearestQualified(_ key: String) -> String? {
             guard let suggestion = nearest(key, in: allKeys), let table = homeTable(of: suggestion) else { return nil }
             return "\(table).\(suggestion)"
+        }
+
+        for (name, entries) in document.arrayTables {
+            let line = entries.first?.headerLine
+            guard let keys = knownArrayTables.first(where: { $0.key == name })?.value else {
+                let hint = known[name] != nil ? "[\(name)] is a single table; write [\(name)]" : "the arrays of tables are " + knownArrayTables.map { "[[\($0.key)]]" }.joined(separator: ", ")
+                throw ConfigError(.unknownTable, file: file, line: line, message: "unknown array of tables [[\(name)]]; \(hint)")
+            }
+            for entry in entries {
+                for (key, keyLine) in entry.keyLines.sorted(by: { $0.value < $1.value }) where !keys.contains(key) {
+                    var message = "unknown setting in [[\(name)]]"
+                    if let suggestion = nearest(key, in: keys) {
+                        message += "; did you mean \(suggestion)?"
+                    } else {
+                        message += "; [[\(name)]] accepts " + keys.joined(separator: ", ")
+                    }
+                    throw ConfigError(.unknownKey, file: file, line: keyLine, key: "\(name).\(key)", message: message)
+                }
+            }
+        }
+        if let (name, line) = document.tableLines.first(where: { table in knownArrayTables.contains { $0.key == table.key } }) {
+            throw ConfigError(
+                .unknownTable, file: file, line: line,
+                message: "[\(name)] is an array of tables (there may be several); write [[\(name)]]"
+            )
         }
 
         var entries: [(line: Int, table: String, key: String?)] = []
@@ -564,10 +619,25 @@ private struct TableReader {
     let lines: [String: Int]
 
     init(file: String, table: String, document: TOMLDocument) {
+        self.init(file: file, table: table, values: document.tables[table] ?? [:], lines: document.keyLines[table] ?? [:])
+    }
+
+    /// One `[[table]]` entry's values.
+    init(file: String, table: String, values: [String: TOMLValue], lines: [String: Int]) {
         self.file = file
         self.table = table
-        self.values = document.tables[table] ?? [:]
-        self.lines = document.keyLines[table] ?? [:]
+        self.values = values
+        self.lines = lines
+    }
+
+    /// One host pattern, as a quoted string.
+    func hostPattern(_ key: String) throws(ConfigError) -> HostPattern? {
+        guard let text = try string(key, expected: "a host pattern as a quoted string, like \"docker.local\"") else { return nil }
+        do throws(HostPatternError) {
+            return try HostPattern(parsing: text)
+        } catch {
+            throw self.error(key, .invalidValue, error.message)
+        }
     }
 
     func error(_ key: String, _ code: ConfigError.Code, _ message: String) -> ConfigError {
@@ -770,6 +840,18 @@ private struct TableReader {
 }
 
 // MARK: - Resolve overrides
+
+/// `[[route]]`: a host reached over a Unix socket (a Docker-style API at `/run/docker.sock`), with
+/// TLS over it when the URL is `https://`.
+package struct UnixRoute: Sendable, Equatable {
+    package var host: HostPattern
+    package var socketPath: String
+
+    package init(host: HostPattern, socketPath: String) {
+        self.host = host
+        self.socketPath = socketPath
+    }
+}
 
 /// A pin of `host:port` to one address, written as curl's `--resolve` is:
 /// `example.com:443:127.0.0.1` or `example.com:443:[::1]`.

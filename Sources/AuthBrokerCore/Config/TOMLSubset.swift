@@ -80,6 +80,19 @@ package struct TOMLDocument: Sendable, Equatable {
     package var keyLines: [String: [String: Int]] = ["": [:]]
     /// The 1-based line of each `[table]` header (the root table has none).
     package var tableLines: [String: Int] = [:]
+    /// `[[name]]` entries, in file order, by name.
+    package var arrayTables: [String: [ArrayTableEntry]] = [:]
+
+    /// One `[[name]]` entry: its values, the line of each key, and the line of its header.
+    package struct ArrayTableEntry: Sendable, Equatable {
+        package var values: [String: TOMLValue] = [:]
+        package var keyLines: [String: Int] = [:]
+        package var headerLine: Int
+
+        package init(headerLine: Int) {
+            self.headerLine = headerLine
+        }
+    }
 
     package init() {}
 
@@ -129,7 +142,7 @@ package struct TOMLError: Error, Sendable, Equatable, CustomStringConvertible {
 
 /// A total parser for the TOML subset the broker's configuration uses.
 ///
-/// Accepted: comments, blank lines, `[table]` headers with bare names, `key = value` with bare
+/// Accepted: comments, blank lines, `[table]` and `[[array-of-tables]]` headers with bare names, `key = value` with bare
 /// keys, and values that are basic strings (TOML 1.0 §String escapes), literal strings,
 /// decimal integers, floats (including `inf` and `nan`), booleans, and arrays of those that may
 /// span lines, hold comments and end with a comma. Everything else is a `TOMLError` naming the
@@ -220,6 +233,8 @@ private struct Parser {
     var line = 1
     var document = TOMLDocument()
     var currentTable = ""
+    /// Set while keys go into the last `[[name]]` entry of this name.
+    var currentArrayTable: String?
 
     init(bytes: [UInt8], maxArrayElements: Int) {
         self.bytes = bytes
@@ -324,9 +339,8 @@ private struct Parser {
     mutating func parseTableHeader() throws(TOMLError) {
         let headerLine = line
         index += 1
-        if peek == ASCII.leftBracket {
-            throw failure(.unsupported, "arrays of tables ([[name]]) are not supported; use a single [name] table")
-        }
+        let isArray = peek == ASCII.leftBracket
+        if isArray { index += 1 }
         skipSpaces()
         if peek == ASCII.quote || peek == ASCII.apostrophe {
             throw failure(.unsupported, "quoted table names are not supported; table names are bare words like [daemon]")
@@ -345,17 +359,30 @@ private struct Parser {
         if peek == ASCII.dot {
             throw failure(.unsupported, "dotted table names ([\(name).…]) are not supported; use a single bare name like [daemon]")
         }
-        guard peek == ASCII.rightBracket else {
-            throw failure(.invalidTableHeader, "expected ']' to close the table header [\(name), found \(describe(at: index))")
+        guard peek == ASCII.rightBracket, !isArray || peek(ahead: 1) == ASCII.rightBracket else {
+            let close = isArray ? "]]" : "]"
+            throw failure(.invalidTableHeader, "expected '\(close)' to close the table header \(isArray ? "[[" : "[")\(name), found \(describe(at: index))")
         }
-        index += 1
+        index += isArray ? 2 : 1
+        if isArray {
+            if let previous = document.tableLines[name] {
+                throw failure(.duplicateTable, "[[\(name)]] names the table [\(name)] of line \(previous); use one form or the other")
+            }
+            document.arrayTables[name, default: []].append(TOMLDocument.ArrayTableEntry(headerLine: headerLine))
+            currentArrayTable = name
+            return
+        }
         if let previous = document.tableLines[name] {
             throw failure(.duplicateTable, "the table [\(name)] is already defined on line \(previous); merge the two into one")
+        }
+        if let first = document.arrayTables[name]?.first {
+            throw failure(.duplicateTable, "[\(name)] names the array of tables [[\(name)]] of line \(first.headerLine); use one form or the other")
         }
         document.tableLines[name] = headerLine
         document.tables[name] = [:]
         document.keyLines[name] = [:]
         currentTable = name
+        currentArrayTable = nil
     }
 
     mutating func parseKeyValue() throws(TOMLError) {
@@ -382,6 +409,16 @@ private struct Parser {
         }
         index += 1
         skipSpaces()
+        if let arrayTable = currentArrayTable, let entries = document.arrayTables[arrayTable], let entry = entries.last {
+            if let previous = entry.keyLines[key] {
+                throw failure(.duplicateKey, "the key '\(key)' is already set on line \(previous) in this [[\(arrayTable)]]; remove one of the two")
+            }
+            let value = try parseValue(inArrayOpenedOn: nil)
+            let last = entries.count - 1
+            document.arrayTables[arrayTable]?[last].values[key] = value
+            document.arrayTables[arrayTable]?[last].keyLines[key] = keyLine
+            return
+        }
         if let previous = document.keyLines[currentTable]?[key] {
             let place = currentTable.isEmpty ? "" : " in [\(currentTable)]"
             throw failure(.duplicateKey, "the key '\(key)' is already set on line \(previous)\(place); remove one of the two")
