@@ -20,10 +20,12 @@ package struct InterceptHoldings: OptionSet, Sendable, Hashable {
     package static let identity = InterceptHoldings(rawValue: 1 << 3)
     /// A stored password for the host's `https://` origin.
     package static let password = InterceptHoldings(rawValue: 1 << 4)
+    /// A `[[respond]]` rule for the host.
+    package static let rule = InterceptHoldings(rawValue: 1 << 5)
 
     /// `anchor, password`: for the log.
     package var names: [String] {
-        [(Self.anchor, "anchor"), (.pin, "pin"), (.exception, "exception"), (.identity, "identity"), (.password, "password")]
+        [(Self.anchor, "anchor"), (.pin, "pin"), (.exception, "exception"), (.identity, "identity"), (.password, "password"), (.rule, "rule")]
             .filter { self.contains($0.0) }.map(\.1)
     }
 }

@@ -9,6 +9,8 @@ package enum BrokerHeaders {
     /// body it likes). Every `Authbroker-*` field of an upstream response is removed, so only
     /// the daemon can set it.
     package static let error = "Authbroker-Error"
+    /// On a response a `[[respond]]` rule made: which rule (`respond config.toml:12`).
+    package static let rule = "Authbroker-Rule"
 }
 
 /// The header rules of a forwarding proxy: hop-by-hop fields stay on their hop, `Via` records

@@ -187,7 +187,9 @@ package enum BrokerDaemon {
             files: LocalCA.Files(stateDirectory: stateDirectory, systemAnchors: settings.trust.systemAnchorsPath),
             keys: SecretStoreIdentityKeys(store: selected.store), logger: logger
         )
-        let interception = InterceptionScope(policy: settings.proxy.interception, store: store, vault: vault, authority: localCA)
+        let interception = InterceptionScope(
+            policy: settings.proxy.interception, store: store, vault: vault, authority: localCA, responses: settings.responses
+        )
         let control = ControlAPI(
             store: store, vault: vault, reauth: reauth, challenges: challenges, identities: identities, localCA: localCA,
             publicSuffixes: publicSuffixes,

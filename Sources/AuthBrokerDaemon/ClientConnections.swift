@@ -5,6 +5,7 @@ import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
+import NIOPosix
 import NIOSSL
 import Synchronization
 
@@ -404,6 +405,13 @@ package struct ClientConnectionServer: Sendable {
                         .shuttingDown(), requestID: requestID, logger: logger, requests: &requests,
                         writer: writer, clientWantsKeepAlive: false
                     )
+                } else if let rule = self.settings.responses.first(where: {
+                    $0.matches(method: head.method.rawValue, origin: origin, pathAndQuery: pathAndQuery)
+                }) {
+                    outcome = await self.respond(
+                        with: rule, head: head, requestID: requestID, logger: logger, requests: &requests, writer: writer,
+                        keepAlive: keepAlive
+                    )
                 } else {
                     let exchange = adopted
                     adopted = nil
@@ -420,6 +428,62 @@ package struct ClientConnectionServer: Sendable {
         }
         Self.logAccess(logger, requestID: requestID, method: head.method, target: target, outcome: outcome, since: started)
         return outcome
+    }
+
+    /// Answers from a `[[respond]]` rule: the request body is read and dropped, nothing goes to
+    /// the network. The response carries `Authbroker-Rule: respond config.toml:LINE`, so it is
+    /// never taken for the origin's.
+    private func respond(
+        with rule: CannedResponse, head: HTTPRequestHead, requestID: String, logger: Logger,
+        requests: inout ClientRequestIterator, writer: ClientResponseWriter, keepAlive: Bool
+    ) async -> RequestOutcome {
+        let drained = await drainRequestBody(&requests)
+        if case .malformed(let error) = drained {
+            return await self.interceptor.respondWithError(
+                .malformedRequest(error), requestID: requestID, logger: logger, requests: &requests, writer: writer,
+                clientWantsKeepAlive: false, requestEnded: true
+            )
+        }
+        let body: [UInt8]
+        switch rule.body {
+        case .inline(let bytes):
+            body = bytes
+        case .file(let path):
+            do {
+                body = try await NIOThreadPool.singleton.runIfActive {
+                    guard let bytes = try PrivateFiles.readOwnedFile(
+                        path, what: "the [[respond]] file", maxBytes: CannedResponse.maxBodyBytes, requireOwnership: false
+                    ) else {
+                        throw PrivateFileError(.io, "\(path) does not exist")
+                    }
+                    return bytes
+                }
+            } catch {
+                let problem = BrokerError(
+                    code: .destinationUnavailable, status: .badGateway, proxyErrorType: .destinationUnavailable,
+                    title: "A [[respond]] file cannot be read",
+                    detail: "The [[respond]] rule on line \(rule.line) of config.toml answers from a file that cannot be read: \(error). Fix the file or the rule."
+                )
+                return await self.interceptor.respondWithError(
+                    problem, requestID: requestID, logger: logger, requests: &requests, writer: writer,
+                    clientWantsKeepAlive: keepAlive && drained == .ended, requestEnded: true
+                )
+            }
+        }
+        var headers = HTTPHeaders()
+        for field in rule.headers { headers.add(name: field.name, value: field.value) }
+        headers.add(name: "Content-Length", value: String(body.count))
+        headers.add(name: BrokerHeaders.rule, value: "respond config.toml:\(rule.line)")
+        headers.add(name: BrokerHeaders.requestID, value: requestID)
+        let keep = keepAlive && drained == .ended && !self.registry.isDraining
+        if !keep { headers.add(name: "Connection", value: "close") }
+        let status = HTTPResponseStatus(statusCode: rule.status)
+        var parts: [HTTPServerResponsePart] = [.head(HTTPResponseHead(version: .http1_1, status: status, headers: headers))]
+        if head.method != .HEAD, !body.isEmpty { parts.append(.body(.byteBuffer(ByteBuffer(bytes: body)))) }
+        parts.append(.end(nil))
+        try? await writer.write(contentsOf: parts)
+        logger.debug("answered from a [[respond]] rule", metadata: ["line": "\(rule.line)"])
+        return RequestOutcome(status: rule.status, bytes: body.count, brokerError: nil, disposition: keep ? .keepAlive : .close)
     }
 
     /// The access line of one request (both paths). `target`: the origin only, as paths and

@@ -245,6 +245,8 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
         guard
             route.proxy == nil, route.clientIdentity == nil,
             !interceptor.authenticator.knowsSpaces(at: origin),
+            // A [[respond]] rule may answer it: the full path decides.
+            interceptor.settings.responses.isEmpty || !CannedResponse.anyCovers(interceptor.settings.responses, host: origin.host),
             self.relay.registry.startRequestUnlessDraining(self.registration)
         else { return nil }
         interceptor.counters.requestsInFlight.add(1)

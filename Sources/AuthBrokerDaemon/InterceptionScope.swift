@@ -9,8 +9,11 @@ package struct InterceptionScope: Sendable {
     package let store: TrustStore
     package let vault: PasswordVault
     package let authority: LocalCA
+    /// `[[respond]]` rules: a host one covers is intercepted, so the rule can answer.
+    package let responses: [CannedResponse]
 
-    package init(policy: InterceptPolicy, store: TrustStore, vault: PasswordVault, authority: LocalCA) {
+    package init(policy: InterceptPolicy, store: TrustStore, vault: PasswordVault, authority: LocalCA, responses: [CannedResponse] = []) {
+        self.responses = responses
         self.policy = policy
         self.store = store
         self.vault = vault
@@ -30,6 +33,7 @@ package struct InterceptionScope: Sendable {
             holdings.insert(.exception)
         }
         if self.store.automaticClientIdentity(for: host, now: now).identity != nil { holdings.insert(.identity) }
+        if CannedResponse.anyCovers(self.responses, host: host) { holdings.insert(.rule) }
         // Asked last and only when nothing else decided: it may wait on the keyring.
         if holdings.isEmpty, await self.vault.hasPassword(for: origin) { holdings.insert(.password) }
         return self.policy.decide(host: host, holdings: holdings)

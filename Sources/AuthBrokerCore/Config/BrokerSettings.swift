@@ -194,6 +194,8 @@ package struct BrokerSettings: Sendable, Equatable {
     package var limits = Limits()
     package var security = Security()
     package var secrets = Secrets()
+    /// `[[respond]]` rules, in file order.
+    package var responses: [CannedResponse] = []
 
     /// `[secrets]`: where passwords and identity keys are kept.
     package struct Secrets: Sendable, Equatable {
@@ -233,7 +235,8 @@ package struct BrokerSettings: Sendable, Equatable {
 
     /// The arrays of tables the file may contain (`[[route]]`), and their keys.
     package static let knownArrayTables: KeyValuePairs<String, [String]> = [
-        "route": ["host", "unix"]
+        "route": ["host", "unix"],
+        "respond": ["method", "scheme", "host", "path", "status", "headers", "body", "file"],
     ]
 
     /// The longest Unix socket path Linux accepts: `sun_path` is 108 bytes with the NUL.
@@ -402,6 +405,10 @@ package struct BrokerSettings: Sendable, Equatable {
             settings.upstream.routes.append(UnixRoute(host: host, socketPath: path))
         }
 
+        for entry in document.arrayTables["respond"] ?? [] {
+            settings.responses.append(try Self.cannedResponse(entry, file: file))
+        }
+
         let security = TableReader(file: file, table: "security", document: document)
         if let value = try security.integer("reauth_grant_seconds", in: 1...86_400, unit: seconds, note: " (1 to 86400)") {
             settings.security.reauthGrantSeconds = value
@@ -422,6 +429,58 @@ package struct BrokerSettings: Sendable, Equatable {
             settings.secrets.store = value
         }
         return settings
+    }
+
+    /// One `[[respond]]` entry.
+    private static func cannedResponse(_ entry: TOMLDocument.ArrayTableEntry, file: String) throws(ConfigError) -> CannedResponse {
+        let rule = TableReader(file: file, table: "respond", values: entry.values, lines: entry.keyLines)
+        guard let host = try rule.hostPattern("host") else {
+            throw ConfigError(.invalidValue, file: file, line: entry.headerLine, message: "this [[respond]] has no host; write host = \"api.example.test\" under it")
+        }
+        var response = CannedResponse(host: host, line: entry.headerLine)
+        if let method = try rule.string("method", expected: "a method as a quoted string, like \"GET\"") {
+            guard !method.isEmpty, method.utf8.allSatisfy(HTTPSyntax.isTChar) else {
+                throw rule.error("method", .invalidValue, "\"\(TOMLValue.escapedForMessage(method))\" is not a method; write one like \"GET\" (case matters)")
+            }
+            response.method = method
+        }
+        if let scheme = try rule.string("scheme", expected: "\"http\" or \"https\"") {
+            guard let parsed = UpstreamScheme(rawValue: scheme) else {
+                throw rule.error("scheme", .invalidValue, "write \"http\" or \"https\", or leave it out for both")
+            }
+            response.scheme = parsed
+        }
+        if let path = try rule.string("path", expected: "a path prefix as a quoted string, like \"/v1/\"") {
+            guard path.hasPrefix("/"), !path.unicodeScalars.contains(where: { $0.value <= 0x20 || $0.value == 0x7F }) else {
+                throw rule.error("path", .invalidValue, "a path prefix starts with / and has no spaces or control characters, like \"/v1/status\"")
+            }
+            response.pathPrefix = path
+        }
+        if let status = try rule.integer("status", in: 200...599, unit: ValueUnit(expected: "an HTTP status code", plural: ""), note: " (a final status)") {
+            response.status = status
+        }
+        for (offset, text) in try rule.stringArray("headers", expected: "an array of \"Name: value\" strings").enumerated() {
+            switch CannedResponse.parseField(text) {
+            case .success(let field): response.headers.append(field)
+            case .failure(let error): throw rule.error("headers", .invalidValue, "entry \(offset + 1): \(error.message)")
+            }
+        }
+        let inline = try rule.string("body", expected: "the body as a quoted string")
+        let bodyFile = try rule.path("file")
+        switch (inline, bodyFile) {
+        case (_?, _?):
+            throw rule.error("file", .invalidValue, "a [[respond]] takes body or file, not both; keep one")
+        case (let text?, nil):
+            guard text.utf8.count <= CannedResponse.maxBodyBytes else {
+                throw rule.error("body", .outOfRange, "the body is \(text.utf8.count) bytes; at most \(CannedResponse.maxBodyBytes), or use file")
+            }
+            response.body = .inline(Array(text.utf8))
+        case (nil, let path?):
+            response.body = .file(path)
+        case (nil, nil):
+            break
+        }
+        return response
     }
 
     /// Rejects unknown tables, unknown keys and keys in the wrong place, earliest line first,
@@ -628,6 +687,11 @@ private struct TableReader {
         self.table = table
         self.values = values
         self.lines = lines
+    }
+
+    /// An array of strings (empty when the key is absent).
+    func stringArray(_ key: String, expected: String) throws(ConfigError) -> [String] {
+        try self.entries(key, expected: expected) { text throws(EntryError) in text } ?? []
     }
 
     /// One host pattern, as a quoted string.
