@@ -61,6 +61,8 @@ package enum BrokerErrorCode: String, CaseIterable, Sendable, Codable, CustomStr
     case clientIdentityUnavailable = "client_identity_unavailable"
     /// A client identity's private key is not in the secret store.
     case identityKeyMissing = "identity_key_missing"
+    /// `POST /v1/reload`: the config file has an error (its file:line is in the detail); nothing changed.
+    case invalidConfig = "invalid_config"
     /// A CONNECT the proxy port would intercept, or `authbrokerctl ca`, needs the local CA, which
     /// cannot be made or read (its key is in the secret store).
     case localCAUnavailable = "local_ca_unavailable"

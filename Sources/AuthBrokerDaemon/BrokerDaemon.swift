@@ -140,10 +140,12 @@ package enum BrokerDaemon {
         let keyLog = try settings.debug.tlsKeyLogPath.map { path throws(StartupError) in try TLSKeyLog(path: path, logger: logger) }
         if let keyLog { logger.warning("the TLS key log is on", metadata: ["path": "\(keyLog.path)"]) }
         let group = MultiThreadedEventLoopGroup(numberOfThreads: settings.daemon.ioThreadCount)
+        // `[[route]]`, `[[respond]]` and interception: replaced by a reload (SIGHUP, /v1/reload).
+        let rules = LiveRules(settings)
         let connector: UpstreamConnector
         do {
             connector = try UpstreamConnector(
-                group: group, settings: settings, trust: evaluator, identities: identities, proxyAuthenticator: authenticator,
+                group: group, settings: settings, rules: rules, trust: evaluator, identities: identities, proxyAuthenticator: authenticator,
                 keyLog: keyLog?.callback, keyLogAll: settings.debug.tlsKeyLogScope == .all, logger: logger
             )
         } catch {
@@ -187,12 +189,11 @@ package enum BrokerDaemon {
             files: LocalCA.Files(stateDirectory: stateDirectory, systemAnchors: settings.trust.systemAnchorsPath),
             keys: SecretStoreIdentityKeys(store: selected.store), logger: logger
         )
-        let interception = InterceptionScope(
-            policy: settings.proxy.interception, store: store, vault: vault, authority: localCA, responses: settings.responses
-        )
+        let interception = InterceptionScope(rules: rules, store: store, vault: vault, authority: localCA)
+        let reloader = RulesReloader(configFile: configFile, rules: rules, started: settings, logger: logger)
         let control = ControlAPI(
             store: store, vault: vault, reauth: reauth, challenges: challenges, identities: identities, localCA: localCA,
-            publicSuffixes: publicSuffixes,
+            reloader: reloader, publicSuffixes: publicSuffixes,
             status: {
                 StatusReport(
                     version: AuthBrokerVersion.current, pid: Int(getpid()), startedAt: startedAt,
@@ -212,7 +213,7 @@ package enum BrokerDaemon {
         let registry = ClientConnectionRegistry()
         let server = ClientConnectionServer(
             interceptor: Interceptor(
-                pool: pool, settings: settings, counters: counters, store: store,
+                pool: pool, settings: settings, rules: rules, counters: counters, store: store,
                 trustGeneration: { connector.trustGeneration }, authenticator: authenticator, audit: audit,
                 challenges: challenges
             ),
@@ -223,7 +224,7 @@ package enum BrokerDaemon {
         let service = BrokerService(
             listening: listening, displayPath: boundPath, server: server, registry: registry, pool: pool,
             group: group, settings: settings, counters: counters, trustStore: store, proxyPort: proxyPort,
-            passedProxySockets: passedSockets.proxy, logger: logger
+            passedProxySockets: passedSockets.proxy, reloader: reloader, logger: logger
         )
         var configuration = ServiceGroupConfiguration(
             services: [.init(service: service)],
@@ -298,6 +299,8 @@ struct BrokerService: Service, CustomStringConvertible {
     let proxyPort: ProxyPortAddresses
     /// The proxy port's sockets from systemd (`authbroker-proxy.socket`); they replace `[proxy] listen`.
     let passedProxySockets: [CInt]
+    /// Run on `SIGHUP`.
+    let reloader: RulesReloader
     let logger: Logger
 
     func run() async throws {
@@ -394,6 +397,12 @@ struct BrokerService: Service, CustomStringConvertible {
             try await withThrowingDiscardingTaskGroup { group in
                 group.addTask(executorPreference: globalConcurrentExecutor) {
                     await MemoryTrimmer.run { counters.requestsTotal.current + counters.clientConnectionsAccepted.current }
+                }
+                group.addTask(executorPreference: globalConcurrentExecutor) { [reloader = self.reloader] in
+                    // SIGHUP: the rules of the config file again (a bad file changes nothing; the log says why).
+                    for await _ in await UnixSignalsSequence(trapping: .sighup) {
+                        _ = try? reloader.reload()
+                    }
                 }
                 group.addTask(executorPreference: globalConcurrentExecutor) { [trustStore] in
                     await TrustStoreWatch.run(trustStore, logger: logger)

@@ -405,7 +405,7 @@ package struct ClientConnectionServer: Sendable {
                         .shuttingDown(), requestID: requestID, logger: logger, requests: &requests,
                         writer: writer, clientWantsKeepAlive: false
                     )
-                } else if let rule = self.settings.responses.first(where: {
+                } else if let rule = self.interceptor.rules.current.responses.first(where: {
                     $0.matches(method: head.method.rawValue, origin: origin, pathAndQuery: pathAndQuery)
                 }) {
                     outcome = await self.respond(

@@ -234,7 +234,7 @@ extension ClientConnectionServer {
         }
         let context = UpstreamConnectContext.Value(
             requester: peer?.requester, agentWait: nil,
-            clientProxyAuthorization: self.settings.upstream.proxy(for: origin) == nil ? nil : head.headers.first(name: "proxy-authorization")
+            clientProxyAuthorization: self.interceptor.rules.proxy(for: origin) == nil ? nil : head.headers.first(name: "proxy-authorization")
         )
         let upstream: any Channel
         do {

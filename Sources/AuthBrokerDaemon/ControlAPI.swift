@@ -128,10 +128,13 @@ package struct ControlAPI: Sendable {
     package let publicSuffixes: PublicSuffixList
     /// The interception CA; nil in tests of the router alone.
     package let localCA: LocalCA?
+    /// `POST /v1/reload`; nil in tests of the router alone.
+    package let reloader: RulesReloader?
 
     package init(
         store: TrustStore, vault: PasswordVault, reauth: ReauthService? = nil, challenges: AgentChallenges? = nil,
-        identities: ClientIdentities? = nil, localCA: LocalCA? = nil, publicSuffixes: PublicSuffixList = .defaultRuleOnly,
+        identities: ClientIdentities? = nil, localCA: LocalCA? = nil, reloader: RulesReloader? = nil,
+        publicSuffixes: PublicSuffixList = .defaultRuleOnly,
         status: @escaping @Sendable () -> StatusReport,
         inspect: @escaping @Sendable (CanonicalOrigin) async throws -> Inspection
     ) {
@@ -142,6 +145,7 @@ package struct ControlAPI: Sendable {
         self.challenges = challenges
         self.identities = identities
         self.localCA = localCA
+        self.reloader = reloader
         self.status = status
         self.inspect = inspect
     }
@@ -243,6 +247,20 @@ package struct ControlAPI: Sendable {
             )
             response.headers.replaceOrAdd(name: "Cache-Control", value: "no-store")
             return response
+
+        case (.POST, ["v1", "reload"]):
+            guard let reloader = self.reloader else {
+                throw BrokerError.internalError("This daemon was started without a config reloader.")
+            }
+            do {
+                let report = try reloader.reload()
+                return try Self.json(.ok, ReloadJSON(routes: report.routes, responses: report.responses, restartNeeded: report.restartNeeded))
+            } catch {
+                throw BrokerError(
+                    code: .invalidConfig, status: .unprocessableEntity, title: "The config file has an error",
+                    detail: "\(error). Nothing was changed: the rules in use stay. Fix the line and reload again."
+                )
+            }
 
         case (.GET, ["v1", "ca"]):
             let localCA = try self.localCAAvailable()
@@ -897,6 +915,18 @@ struct AnchorJSON: Encodable {
     enum CodingKeys: String, CodingKey {
         case id, hosts, pem, certificate
         case addedAt = "added_at"
+    }
+}
+
+/// `POST /v1/reload`: what the rules now hold.
+struct ReloadJSON: Encodable {
+    var routes: Int
+    var responses: Int
+    var restartNeeded: Bool
+
+    enum CodingKeys: String, CodingKey {
+        case routes, responses
+        case restartNeeded = "restart_needed"
     }
 }
 

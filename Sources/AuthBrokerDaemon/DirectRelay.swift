@@ -246,7 +246,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             route.proxy == nil, route.clientIdentity == nil,
             !interceptor.authenticator.knowsSpaces(at: origin),
             // A [[respond]] rule may answer it: the full path decides.
-            interceptor.settings.responses.isEmpty || !CannedResponse.anyCovers(interceptor.settings.responses, host: origin.host),
+            !interceptor.rules.responsesCover(host: origin.host),
             self.relay.registry.startRequestUnlessDraining(self.registration)
         else { return nil }
         interceptor.counters.requestsInFlight.add(1)

@@ -5,16 +5,15 @@ import Foundation
 /// For each CONNECT: intercept or tunnel (`InterceptPolicy`), with what the user holds for the
 /// host read from the trust store and the password vault; and the local CA an interception uses.
 package struct InterceptionScope: Sendable {
-    package let policy: InterceptPolicy
+    /// `[proxy] intercept` and `tunnel`, and `[[respond]]` (a host a rule covers is intercepted,
+    /// so the rule can answer), as a reload last left them.
+    package let rules: LiveRules
     package let store: TrustStore
     package let vault: PasswordVault
     package let authority: LocalCA
-    /// `[[respond]]` rules: a host one covers is intercepted, so the rule can answer.
-    package let responses: [CannedResponse]
 
-    package init(policy: InterceptPolicy, store: TrustStore, vault: PasswordVault, authority: LocalCA, responses: [CannedResponse] = []) {
-        self.responses = responses
-        self.policy = policy
+    package init(rules: LiveRules, store: TrustStore, vault: PasswordVault, authority: LocalCA) {
+        self.rules = rules
         self.store = store
         self.vault = vault
         self.authority = authority
@@ -22,7 +21,8 @@ package struct InterceptionScope: Sendable {
 
     func decide(_ origin: CanonicalOrigin, now: Date = Date()) async -> InterceptPolicy.Decision {
         let host = origin.host
-        if let decided = self.policy.ruleDecision(host: host) { return decided }
+        let rules = self.rules.current
+        if let decided = rules.interception.ruleDecision(host: host) { return decided }
         var holdings: InterceptHoldings = []
         if self.store.anchors().contains(where: { $0.applies(to: host) }) { holdings.insert(.anchor) }
         if self.store.pins().contains(where: { $0.host.matches(host) }) { holdings.insert(.pin) }
@@ -33,9 +33,9 @@ package struct InterceptionScope: Sendable {
             holdings.insert(.exception)
         }
         if self.store.automaticClientIdentity(for: host, now: now).identity != nil { holdings.insert(.identity) }
-        if CannedResponse.anyCovers(self.responses, host: host) { holdings.insert(.rule) }
+        if CannedResponse.anyCovers(rules.responses, host: host) { holdings.insert(.rule) }
         // Asked last and only when nothing else decided: it may wait on the keyring.
         if holdings.isEmpty, await self.vault.hasPassword(for: origin) { holdings.insert(.password) }
-        return self.policy.decide(host: host, holdings: holdings)
+        return rules.interception.decide(host: host, holdings: holdings)
     }
 }

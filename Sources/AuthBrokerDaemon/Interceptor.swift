@@ -64,6 +64,8 @@ package struct ClientSide: Sendable {
 package struct Interceptor: Sendable {
     package let pool: UpstreamPool<UpstreamConnection>
     package let settings: BrokerSettings
+    /// `[[route]]`, `[[respond]]` and interception, as a reload last left them.
+    package let rules: LiveRules
     package let counters: BrokerCounters
     /// The user's client identities (which one a request presents).
     package let store: TrustStore
@@ -433,7 +435,7 @@ package struct Interceptor: Sendable {
         do {
             let identity = try self.store.clientIdentity(for: origin.host, requested: requested)
             return UpstreamRoute(
-                origin, clientIdentity: identity?.name, proxy: self.settings.upstream.proxy(for: origin), keyLogged: keyLogged
+                origin, clientIdentity: identity?.name, proxy: self.rules.proxy(for: origin), keyLogged: keyLogged
             )
         } catch {
             throw BrokerError.badRequest(code: BrokerErrorCode(error.kind), detail: error.message)
@@ -444,7 +446,7 @@ package struct Interceptor: Sendable {
     /// holds: a plain HTTP route for good (it depends on the settings alone), an HTTPS one while
     /// its automatic client identity does. (The direct relay keeps it per client connection.)
     func automaticRoute(to origin: CanonicalOrigin) -> AutomaticRoute {
-        let proxy = self.settings.upstream.proxy(for: origin)
+        let proxy = self.rules.proxy(for: origin)
         guard origin.scheme == .https else { return AutomaticRoute(route: UpstreamRoute(origin, proxy: proxy), identityChoice: nil) }
         let choice = self.store.automaticClientIdentity(for: origin.host)
         return AutomaticRoute(route: UpstreamRoute(origin, clientIdentity: choice.identity?.name, proxy: proxy), identityChoice: choice)

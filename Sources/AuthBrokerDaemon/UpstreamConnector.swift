@@ -57,16 +57,19 @@ package final class UpstreamConnector: Sendable {
     }
     private let logger: Logger
 
+    /// `[[route]]` and the rest that a reload replaces.
+    let rules: LiveRules
     package var trustGeneration: UInt64 { self.trust.storeGeneration }
 
     /// How long a closing TLS connection waits for the server's close_notify.
     static let tlsShutdownTimeout: TimeAmount = .milliseconds(100)
 
     package init(
-        group: any EventLoopGroup, settings: BrokerSettings, trust: TrustEvaluator,
+        group: any EventLoopGroup, settings: BrokerSettings, rules: LiveRules? = nil, trust: TrustEvaluator,
         identities: (any ClientIdentitySource)? = nil, proxyAuthenticator: HTTPAuthenticator? = nil,
         keyLog: NIOSSLKeyLogCallback? = nil, keyLogAll: Bool = true, logger: Logger
     ) throws {
+        self.rules = rules ?? LiveRules(settings)
         self.proxyAuthenticator = proxyAuthenticator
         self.group = group
         self.settings = settings
@@ -155,7 +158,7 @@ package final class UpstreamConnector: Sendable {
     package func inspect(origin: CanonicalOrigin) async throws -> Inspection {
         let observation = NIOLockedValueBox<TrustObservation?>(nil)
         do {
-            let route = UpstreamRoute(origin, proxy: self.settings.upstream.proxy(for: origin))
+            let route = UpstreamRoute(origin, proxy: self.rules.proxy(for: origin))
             let connection = try await self.open(route: route, id: -1, on: nil, onClose: {}, observation: observation)
             connection.close()
         } catch {
@@ -271,7 +274,7 @@ package final class UpstreamConnector: Sendable {
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture { try initializer(channel) }
             }
-        if let route = self.settings.upstream.unixRoute(for: hop.host) {
+        if let route = self.rules.unixRoute(for: hop.host) {
             do {
                 return try await bootstrap.connect(unixDomainSocketPath: route.socketPath).get()
             } catch {
@@ -296,7 +299,7 @@ package final class UpstreamConnector: Sendable {
     /// configured for the host (its 407 answered as for any tunnel), else straight there.
     /// - Throws: `BrokerError`, as `connect`.
     package func openBlindTunnel(to origin: CanonicalOrigin, on eventLoop: any EventLoop) async throws -> any Channel {
-        if let proxy = self.settings.upstream.proxy(for: origin) {
+        if let proxy = self.rules.proxy(for: origin) {
             return try await self.openTunnel(through: proxy, to: origin, on: eventLoop)
         }
         // Reads start once the tunnel is joined (`ClientTunnel`): what a server sends first waits.

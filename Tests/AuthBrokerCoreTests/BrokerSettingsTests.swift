@@ -441,11 +441,11 @@ struct BrokerSettingsTests {
         let text = "[[route]]\nhost = \"docker.local\"\nunix = \"/run/docker.sock\"\n[[route]]\nhost = \"*.svc.local\"\nunix = \"/run/svc.sock\"\n[upstream]\nproxy = \"http://proxy.test:3128\"\n"
         let settings = try BrokerSettings.parse(text, file: Self.file)
         #expect(settings.upstream.routes.map(\.socketPath) == ["/run/docker.sock", "/run/svc.sock"])
-        #expect(settings.upstream.unixRoute(for: "api.svc.local")?.socketPath == "/run/svc.sock")
-        #expect(settings.upstream.unixRoute(for: "example.com") == nil)
-        // A routed host never goes through the proxy.
-        #expect(settings.upstream.proxy(for: try CanonicalOrigin(scheme: .http, host: "docker.local", port: 80)) == nil)
-        #expect(settings.upstream.proxy(for: try CanonicalOrigin(scheme: .http, host: "example.com", port: 80)) != nil)
+        let rules = BrokerRules(settings)
+        #expect(rules.unixRoute(for: "api.svc.local")?.socketPath == "/run/svc.sock")
+        #expect(rules.unixRoute(for: "example.com") == nil)
+        #expect(!BrokerRules.differBesideRules(.defaults, settings.replacingUpstreamProxy(nil)))
+        #expect(BrokerRules.differBesideRules(.defaults, settings))
         for (text, line, message) in [
             ("[[routes]]\nhost = \"a\"\n", 1, "unknown array of tables [[routes]]"),
             ("[[daemon]]\n", 1, "[daemon] is a single table"),
@@ -586,5 +586,14 @@ struct BrokerSettingsTests {
             let error = #expect(throws: ConfigError.self) { try BrokerSettings.load(path: file.path) }
             #expect(error?.code == .tooLarge)
         }
+    }
+}
+
+extension BrokerSettings {
+    /// The same settings with another `[upstream] proxy`.
+    fileprivate func replacingUpstreamProxy(_ proxy: CanonicalOrigin?) -> BrokerSettings {
+        var settings = self
+        settings.upstream.proxy = proxy
+        return settings
     }
 }

@@ -86,17 +86,13 @@ package struct BrokerSettings: Sendable, Equatable {
         package init() {}
 
         /// `[[route]]`: hosts reached over a Unix socket instead of TCP (never through `proxy`).
+        /// The daemon reads them from `BrokerRules`, which a reload replaces.
         package var routes: [UnixRoute] = []
-
-        /// The Unix socket `host` is routed to, if a `[[route]]` names it (the first that does).
-        package func unixRoute(for host: String) -> UnixRoute? {
-            self.routes.first { $0.host.matches(host) }
-        }
 
         /// The proxy a connection to `origin` goes through: `proxy`, unless a `no_proxy` pattern
         /// names the origin's host.
         package func proxy(for origin: CanonicalOrigin) -> CanonicalOrigin? {
-            guard let proxy, !noProxy.contains(where: { $0.matches(origin.host) }), self.unixRoute(for: origin.host) == nil else { return nil }
+            guard let proxy, !noProxy.contains(where: { $0.matches(origin.host) }) else { return nil }
             return proxy
         }
 

@@ -1,0 +1,79 @@
+import AuthBrokerCore
+import Logging
+import NIOConcurrencyHelpers
+
+/// The running `BrokerRules`, replaced whole by a reload and read where they apply: the
+/// connector (routes), the relay and the connection server (canned responses), interception.
+package final class LiveRules: Sendable {
+    private let box: NIOLockedValueBox<BrokerRules>
+    /// `[upstream] proxy` and `no_proxy`, which a reload does not change.
+    private let upstream: BrokerSettings.Upstream
+
+    package init(_ settings: BrokerSettings) {
+        self.box = NIOLockedValueBox(BrokerRules(settings))
+        self.upstream = settings.upstream
+    }
+
+    package var current: BrokerRules { self.box.withLockedValue { $0 } }
+
+    func replace(_ rules: BrokerRules) {
+        self.box.withLockedValue { $0 = rules }
+    }
+
+    package func unixRoute(for host: String) -> UnixRoute? {
+        self.box.withLockedValue { $0.unixRoute(for: host) }
+    }
+
+    /// The upstream proxy a connection to `origin` goes through: none for a routed host.
+    package func proxy(for origin: CanonicalOrigin) -> CanonicalOrigin? {
+        guard let proxy = self.upstream.proxy(for: origin), self.unixRoute(for: origin.host) == nil else { return nil }
+        return proxy
+    }
+
+    /// Whether a `[[respond]]` rule could answer a request to `host`.
+    package func responsesCover(host: String) -> Bool {
+        self.box.withLockedValue { $0.responses.isEmpty ? false : CannedResponse.anyCovers($0.responses, host: host) }
+    }
+}
+
+/// Reads config.toml again and puts its rules in place (`SIGHUP`, `POST /v1/reload`): checked
+/// whole first, so a file with an error changes nothing and the error names its line.
+package struct RulesReloader: Sendable {
+    package let configFile: String
+    package let rules: LiveRules
+    /// What the daemon started with: changes outside the rules need a restart, and are said so.
+    package let started: BrokerSettings
+    package let logger: Logger
+
+    /// What a reload did.
+    package struct Report: Sendable, Equatable {
+        package var routes: Int
+        package var responses: Int
+        /// Settings other than the rules changed too; they apply at the next start.
+        package var restartNeeded: Bool
+    }
+
+    package func reload() throws(ConfigError) -> Report {
+        let loaded: BrokerSettings
+        do {
+            loaded = try BrokerSettings.load(path: self.configFile) ?? .defaults
+        } catch {
+            self.logger.error("the config file was not reloaded; the rules in use stay", metadata: ["error": "\(error)"])
+            throw error
+        }
+        let new = BrokerRules(loaded)
+        self.rules.replace(new)
+        let report = Report(
+            routes: new.routes.count, responses: new.responses.count,
+            restartNeeded: BrokerRules.differBesideRules(self.started, loaded)
+        )
+        self.logger.notice(
+            "reloaded the rules of the config file",
+            metadata: ["file": "\(self.configFile)", "routes": "\(report.routes)", "responses": "\(report.responses)"]
+        )
+        if report.restartNeeded {
+            self.logger.warning("settings other than the rules changed in the config file; they take effect when the daemon restarts")
+        }
+        return report
+    }
+}
