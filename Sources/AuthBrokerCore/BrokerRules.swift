@@ -1,9 +1,10 @@
 /// The parts of config.toml that a reload (`SIGHUP`, `POST /v1/reload`) replaces while the daemon
-/// runs: `[[route]]`, `[[respond]]`, and `[proxy] intercept` and `tunnel`. Everything else
+/// runs: `[[route]]`, `[[respond]]`, `[[rewrite]]`, and `[proxy] intercept` and `tunnel`. Everything else
 /// takes effect at the next start.
 package struct BrokerRules: Sendable, Equatable {
     package var routes: [UnixRoute] = []
     package var responses: [CannedResponse] = []
+    package var rewrites: [RewriteRule] = []
     package var interception = InterceptPolicy()
 
     package init() {}
@@ -11,6 +12,7 @@ package struct BrokerRules: Sendable, Equatable {
     package init(_ settings: BrokerSettings) {
         self.routes = settings.upstream.routes
         self.responses = settings.responses
+        self.rewrites = settings.rewrites
         self.interception = settings.proxy.interception
     }
 
@@ -27,6 +29,8 @@ package struct BrokerRules: Sendable, Equatable {
         new.upstream.routes = []
         old.responses = []
         new.responses = []
+        old.rewrites = []
+        new.rewrites = []
         old.proxy.interception = InterceptPolicy()
         new.proxy.interception = InterceptPolicy()
         return old != new

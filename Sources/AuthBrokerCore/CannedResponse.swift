@@ -1,14 +1,33 @@
-/// `[[respond]]`: requests that match are answered from the config, without the network (for
-/// tests, and for stubbing a service that is down).
-///
-/// A request matches when its method (if the rule names one), scheme (if named), host (a host
-/// pattern) and path (a plain prefix of the path and query: `/v1/` for a directory) match.
-/// The first matching rule answers.
-package struct CannedResponse: Sendable, Equatable {
+/// Which requests a rule (`[[respond]]`, `[[rewrite]]`) applies to: the method (if named, exactly),
+/// the scheme (if named), the host (a host pattern) and a plain prefix of the path and query
+/// (`/v1/` for a directory).
+package struct RequestMatch: Sendable, Equatable {
     package var method: String?
     package var scheme: UpstreamScheme?
     package var host: HostPattern
     package var pathPrefix: String
+
+    package init(method: String? = nil, scheme: UpstreamScheme? = nil, host: HostPattern, pathPrefix: String = "/") {
+        self.method = method
+        self.scheme = scheme
+        self.host = host
+        self.pathPrefix = pathPrefix
+    }
+
+    package func matches(method: String, origin: CanonicalOrigin, pathAndQuery: String) -> Bool {
+        if let own = self.method, own != method { return false }
+        if let scheme = self.scheme, scheme != origin.scheme { return false }
+        return self.host.matches(origin.host) && pathAndQuery.hasPrefix(self.pathPrefix)
+    }
+
+    /// Whether it names only a host (and maybe a scheme): what a connection-level rule needs.
+    package var isHostOnly: Bool { self.method == nil && self.pathPrefix == "/" }
+}
+
+/// `[[respond]]`: requests that match are answered from the config, without the network (for
+/// tests, and for stubbing a service that is down). The first matching rule answers.
+package struct CannedResponse: Sendable, Equatable {
+    package var match: RequestMatch
     package var status: Int
     /// Fields sent with the body; never framing fields (the broker frames the body itself).
     package var headers: [Field]
@@ -32,14 +51,8 @@ package struct CannedResponse: Sendable, Equatable {
         }
     }
 
-    package init(
-        method: String? = nil, scheme: UpstreamScheme? = nil, host: HostPattern, pathPrefix: String = "/", status: Int = 200,
-        headers: [Field] = [], body: Body = .inline([]), line: Int
-    ) {
-        self.method = method
-        self.scheme = scheme
-        self.host = host
-        self.pathPrefix = pathPrefix
+    package init(match: RequestMatch, status: Int = 200, headers: [Field] = [], body: Body = .inline([]), line: Int) {
+        self.match = match
         self.status = status
         self.headers = headers
         self.body = body
@@ -50,14 +63,7 @@ package struct CannedResponse: Sendable, Equatable {
     package static let maxBodyBytes = 1 << 20
 
     package func matches(method: String, origin: CanonicalOrigin, pathAndQuery: String) -> Bool {
-        if let own = self.method, own != method { return false }
-        if let scheme = self.scheme, scheme != origin.scheme { return false }
-        return self.host.matches(origin.host) && pathAndQuery.hasPrefix(self.pathPrefix)
-    }
-
-    /// Whether some rule could answer a request to `host`: such requests take the full path.
-    package static func anyCovers(_ rules: [CannedResponse], host: String) -> Bool {
-        rules.contains { $0.host.matches(host) }
+        self.match.matches(method: method, origin: origin, pathAndQuery: pathAndQuery)
     }
 
     /// `Name: value`, or why not: a token name, a value without CR, LF or NUL, and not a field
@@ -69,7 +75,7 @@ package struct CannedResponse: Sendable, Equatable {
         guard !name.isEmpty, name.utf8.allSatisfy(HTTPSyntax.isTChar) else { return .failure(.badName) }
         guard !value.utf8.contains(where: { $0 == 0x0D || $0 == 0x0A || $0 == 0 }) else { return .failure(.badValue) }
         let lowered = name.lowercased()
-        guard !["content-length", "transfer-encoding", "connection"].contains(lowered), !lowered.hasPrefix("authbroker-") else {
+        guard !RewriteRule.reserved.contains(lowered), !lowered.hasPrefix("authbroker-") else {
             return .failure(.reserved(name))
         }
         return .success(Field(name: name, value: value))

@@ -400,12 +400,13 @@ package struct ClientConnectionServer: Sendable {
             case .success(.absolute(let origin, let pathAndQuery)):
                 // Only the origin is logged: paths and queries can carry tokens.
                 target = origin.description
+                let rules = self.interceptor.rules.current
                 if self.registry.isDraining {
                     outcome = await self.interceptor.respondWithError(
                         .shuttingDown(), requestID: requestID, logger: logger, requests: &requests,
                         writer: writer, clientWantsKeepAlive: false
                     )
-                } else if let rule = self.interceptor.rules.current.responses.first(where: {
+                } else if let rule = rules.responses.first(where: {
                     $0.matches(method: head.method.rawValue, origin: origin, pathAndQuery: pathAndQuery)
                 }) {
                     outcome = await self.respond(
@@ -415,10 +416,21 @@ package struct ClientConnectionServer: Sendable {
                 } else {
                     let exchange = adopted
                     adopted = nil
-                    let client = ClientSide(
+                    var client = ClientSide(
                         requestID: requestID, peer: peer, logger: logger, writer: writer, close: closeClient,
                         abort: abortClient, draining: draining, gone: clientGone
                     )
+                    // A [[rewrite]]: another URL, other request fields; response fields at the pump.
+                    var (head, origin, pathAndQuery) = (head, origin, pathAndQuery)
+                    if let rule = rules.rewrites.first(where: {
+                        $0.match.matches(method: head.method.rawValue, origin: origin, pathAndQuery: pathAndQuery)
+                    }) {
+                        (origin, pathAndQuery) = rule.rewritten(origin: origin, pathAndQuery: pathAndQuery)
+                        head.uri = origin.description + pathAndQuery
+                        rule.editRequest(&head.headers)
+                        client.rewrite = rule
+                        logger.debug("a [[rewrite]] rule applies", metadata: ["line": "\(rule.line)", "to": "\(origin)"])
+                    }
                     outcome = await self.interceptor.proxy(
                         head: head, origin: origin, pathAndQuery: pathAndQuery, adopted: exchange, client: client,
                         requests: &requests

@@ -254,7 +254,10 @@ package struct ControlAPI: Sendable {
             }
             do {
                 let report = try reloader.reload()
-                return try Self.json(.ok, ReloadJSON(routes: report.routes, responses: report.responses, restartNeeded: report.restartNeeded))
+                return try Self.json(
+                    .ok,
+                    ReloadJSON(routes: report.routes, responses: report.responses, rewrites: report.rewrites, restartNeeded: report.restartNeeded)
+                )
             } catch {
                 throw BrokerError(
                     code: .invalidConfig, status: .unprocessableEntity, title: "The config file has an error",
@@ -922,10 +925,11 @@ struct AnchorJSON: Encodable {
 struct ReloadJSON: Encodable {
     var routes: Int
     var responses: Int
+    var rewrites: Int
     var restartNeeded: Bool
 
     enum CodingKeys: String, CodingKey {
-        case routes, responses
+        case routes, responses, rewrites
         case restartNeeded = "restart_needed"
     }
 }

@@ -245,8 +245,8 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
         guard
             route.proxy == nil, route.clientIdentity == nil,
             !interceptor.authenticator.knowsSpaces(at: origin),
-            // A [[respond]] rule may answer it: the full path decides.
-            !interceptor.rules.responsesCover(host: origin.host),
+            // A [[respond]] or [[rewrite]] rule may apply: the full path decides.
+            !interceptor.rules.cover(host: origin.host),
             self.relay.registry.startRequestUnlessDraining(self.registration)
         else { return nil }
         interceptor.counters.requestsInFlight.add(1)

@@ -5,8 +5,8 @@ import Foundation
 /// For each CONNECT: intercept or tunnel (`InterceptPolicy`), with what the user holds for the
 /// host read from the trust store and the password vault; and the local CA an interception uses.
 package struct InterceptionScope: Sendable {
-    /// `[proxy] intercept` and `tunnel`, and `[[respond]]` (a host a rule covers is intercepted,
-    /// so the rule can answer), as a reload last left them.
+    /// `[proxy] intercept` and `tunnel`, and `[[respond]]` and `[[rewrite]]` (a host a rule covers
+    /// is intercepted, so the rule can apply), as a reload last left them.
     package let rules: LiveRules
     package let store: TrustStore
     package let vault: PasswordVault
@@ -33,7 +33,7 @@ package struct InterceptionScope: Sendable {
             holdings.insert(.exception)
         }
         if self.store.automaticClientIdentity(for: host, now: now).identity != nil { holdings.insert(.identity) }
-        if CannedResponse.anyCovers(rules.responses, host: host) { holdings.insert(.rule) }
+        if rules.cover(host: host) { holdings.insert(.rule) }
         // Asked last and only when nothing else decided: it may wait on the keyring.
         if holdings.isEmpty, await self.vault.hasPassword(for: origin) { holdings.insert(.password) }
         return rules.interception.decide(host: host, holdings: holdings)

@@ -39,6 +39,8 @@ package struct ClientSide: Sendable {
     package var draining: @Sendable () -> Bool
     /// Returns when the client's connection has closed.
     package var gone: @Sendable () async -> Void
+    /// The `[[rewrite]]` whose response header edits apply to what the client gets.
+    package var rewrite: RewriteRule? = nil
 
     package init(
         requestID: String, peer: ConnectionPeer?, logger: Logger, writer: ClientResponseWriter,
@@ -343,7 +345,7 @@ package struct Interceptor: Sendable {
                 exchange.responseParts, route: route, connection: lease.connection, requestID: client.requestID,
                 logger: client.logger, writer: writer, gate: gate, brokerAddedExpect: brokerAddedExpect,
                 clientWantsKeepAlive: clientWantsKeepAlive, state: state, auth: context, closeClient: client.close,
-                draining: client.draining,
+                draining: client.draining, rewrite: client.rewrite,
                 retryAllowed: attempt.mayRetryClosedConnection
             )
         }
@@ -601,7 +603,7 @@ package struct Interceptor: Sendable {
         requestID: String, logger: Logger,
         writer: ClientResponseWriter, gate: ContinueGate, brokerAddedExpect: Bool, clientWantsKeepAlive: Bool,
         state: ExchangeState, auth: AuthContext, closeClient: @Sendable () -> Void, draining: @Sendable () -> Bool,
-        retryAllowed: Bool
+        rewrite: RewriteRule?, retryAllowed: Bool
     ) async -> ResponsePumpResult {
         var status = 0
         var bytes = 0
@@ -664,6 +666,7 @@ package struct Interceptor: Sendable {
                         for value in head.headers["Proxy-Authenticate"] { headers.add(name: "Proxy-Authenticate", value: value) }
                     }
                     Self.keepOnlyStandardChallenges(status: head.status, in: &headers, logger: logger)
+                    rewrite?.editResponse(&headers)
                     // Whether the request body will end is not known yet (the request pump may
                     // simply not have reached its end): that is decided when the response ends.
                     // A withheld body stays unread, so the client connection ends after this.

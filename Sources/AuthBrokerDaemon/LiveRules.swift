@@ -30,9 +30,14 @@ package final class LiveRules: Sendable {
         return proxy
     }
 
-    /// Whether a `[[respond]]` rule could answer a request to `host`.
-    package func responsesCover(host: String) -> Bool {
-        self.box.withLockedValue { $0.responses.isEmpty ? false : CannedResponse.anyCovers($0.responses, host: host) }
+    /// Whether a `[[respond]]` or `[[rewrite]]` rule could apply to a request to `host`.
+    package func cover(host: String) -> Bool {
+        self.box.withLockedValue { $0.responses.isEmpty && $0.rewrites.isEmpty ? false : $0.cover(host: host) }
+    }
+
+    /// Where connections to `host` go instead (`connect_to`).
+    package func connectTarget(for host: String) -> (host: String, port: Int)? {
+        self.box.withLockedValue { $0.rewrites.isEmpty ? nil : $0.connectTarget(for: host) }
     }
 }
 
@@ -49,6 +54,7 @@ package struct RulesReloader: Sendable {
     package struct Report: Sendable, Equatable {
         package var routes: Int
         package var responses: Int
+        package var rewrites: Int
         /// Settings other than the rules changed too; they apply at the next start.
         package var restartNeeded: Bool
     }
@@ -64,12 +70,15 @@ package struct RulesReloader: Sendable {
         let new = BrokerRules(loaded)
         self.rules.replace(new)
         let report = Report(
-            routes: new.routes.count, responses: new.responses.count,
+            routes: new.routes.count, responses: new.responses.count, rewrites: new.rewrites.count,
             restartNeeded: BrokerRules.differBesideRules(self.started, loaded)
         )
         self.logger.notice(
             "reloaded the rules of the config file",
-            metadata: ["file": "\(self.configFile)", "routes": "\(report.routes)", "responses": "\(report.responses)"]
+            metadata: [
+                "file": "\(self.configFile)", "routes": "\(report.routes)", "responses": "\(report.responses)",
+                "rewrites": "\(report.rewrites)",
+            ]
         )
         if report.restartNeeded {
             self.logger.warning("settings other than the rules changed in the config file; they take effect when the daemon restarts")

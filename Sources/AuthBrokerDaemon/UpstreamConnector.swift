@@ -281,12 +281,14 @@ package final class UpstreamConnector: Sendable {
                 throw BrokerError.unixRouteUnreachable(error, route: route, origin: origin)
             }
         }
+        // A [[rewrite]] connect_to: another address, the same name for TLS and trust.
+        let (host, port) = self.rules.connectTarget(for: hop.host) ?? (hop.host, hop.port)
         do {
             let bootstrap = bootstrap.channelOption(.socketOption(.tcp_nodelay), value: 1)
-            if let override = self.settings.upstream.resolveOverride(host: hop.host, port: hop.port) {
-                return try await bootstrap.connect(to: try SocketAddress(ipAddress: override.address, port: hop.port)).get()
+            if let override = self.settings.upstream.resolveOverride(host: host, port: port) {
+                return try await bootstrap.connect(to: try SocketAddress(ipAddress: override.address, port: port)).get()
             }
-            return try await bootstrap.connect(host: hop.host, port: hop.port).get()
+            return try await bootstrap.connect(host: host, port: port).get()
         } catch {
             let mapped = BrokerError.fromConnectError(error, origin: hop, settings: self.settings)
             if hop != origin { throw BrokerError.proxyUnreachable(mapped, proxy: hop, origin: origin) }

@@ -6,7 +6,7 @@ struct CannedResponseTests {
     static let file = "/test/config.toml"
 
     @Test func matching() throws {
-        let rule = CannedResponse(method: "GET", scheme: .https, host: try HostPattern(parsing: "*.corp.test"), pathPrefix: "/v1/", line: 3)
+        let rule = CannedResponse(match: RequestMatch(method: "GET", scheme: .https, host: try HostPattern(parsing: "*.corp.test"), pathPrefix: "/v1/"), line: 3)
         let origin = try CanonicalOrigin(scheme: .https, host: "api.corp.test", port: 443)
         #expect(rule.matches(method: "GET", origin: origin, pathAndQuery: "/v1/items?x=1"))
         #expect(!rule.matches(method: "get", origin: origin, pathAndQuery: "/v1/items"))
@@ -14,8 +14,10 @@ struct CannedResponseTests {
         #expect(!rule.matches(method: "GET", origin: origin, pathAndQuery: "/v2/items"))
         #expect(!rule.matches(method: "GET", origin: try CanonicalOrigin(scheme: .http, host: "api.corp.test", port: 80), pathAndQuery: "/v1/"))
         #expect(!rule.matches(method: "GET", origin: try CanonicalOrigin(scheme: .https, host: "corp.test", port: 443), pathAndQuery: "/v1/"))
-        #expect(CannedResponse.anyCovers([rule], host: "x.corp.test"))
-        #expect(!CannedResponse.anyCovers([rule], host: "example.com"))
+        var rules = BrokerRules()
+        rules.responses = [rule]
+        #expect(rules.cover(host: "x.corp.test"))
+        #expect(!rules.cover(host: "example.com"))
     }
 
     @Test(arguments: [
@@ -42,8 +44,8 @@ struct CannedResponseTests {
         let text = "[[respond]]\nhost = \"stub.test\"\n[[respond]]\nmethod = \"POST\"\nscheme = \"https\"\nhost = \"*.x.test\"\npath = \"/a\"\nstatus = 418\nheaders = [\"X-A: 1\"]\nfile = \"/srv/teapot.txt\"\n"
         let rules = try BrokerSettings.parse(text, file: Self.file).responses
         #expect(rules.count == 2)
-        #expect(rules[0] == CannedResponse(host: try HostPattern(parsing: "stub.test"), line: 1))
-        #expect(rules[1].method == "POST" && rules[1].scheme == .https && rules[1].pathPrefix == "/a" && rules[1].status == 418)
+        #expect(rules[0] == CannedResponse(match: RequestMatch(host: try HostPattern(parsing: "stub.test")), line: 1))
+        #expect(rules[1].match.method == "POST" && rules[1].match.scheme == .https && rules[1].match.pathPrefix == "/a" && rules[1].status == 418)
         #expect(rules[1].headers == [CannedResponse.Field(name: "X-A", value: "1")] && rules[1].body == .file("/srv/teapot.txt"))
     }
 

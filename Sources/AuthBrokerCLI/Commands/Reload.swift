@@ -5,10 +5,11 @@ import Foundation
 package struct ReloadRecord: Codable, Sendable, Equatable {
     package var routes: Int
     package var responses: Int
+    package var rewrites: Int
     package var restartNeeded: Bool
 
     enum CodingKeys: String, CodingKey {
-        case routes, responses
+        case routes, responses, rewrites
         case restartNeeded = "restart_needed"
     }
 }
@@ -18,7 +19,7 @@ struct Reload: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Read the config file again and put its rules in place.",
         discussion: """
-            The rules are [[route]], [[respond]] and [proxy] intercept and tunnel; other settings \
+            The rules are [[route]], [[respond]], [[rewrite]] and [proxy] intercept and tunnel; other settings \
             take effect when the daemon restarts (this says so when they changed). A file with an \
             error changes nothing: the error names its line, and the rules in use stay. The same \
             as `systemctl --user reload authbrokerd` or sending the daemon SIGHUP.
@@ -40,7 +41,7 @@ struct Reload: AsyncParsableCommand {
                 Console.out(raw)
                 return
             }
-            var text = "Reloaded: \(record.routes) [[route]], \(record.responses) [[respond]]."
+            var text = "Reloaded: \(record.routes) [[route]], \(record.responses) [[respond]], \(record.rewrites) [[rewrite]]."
             if record.restartNeeded {
                 text += "\nOther settings changed too; they take effect when the daemon restarts (`systemctl --user restart authbrokerd`)."
             }

@@ -192,6 +192,8 @@ package struct BrokerSettings: Sendable, Equatable {
     package var secrets = Secrets()
     /// `[[respond]]` rules, in file order.
     package var responses: [CannedResponse] = []
+    /// `[[rewrite]]` rules, in file order.
+    package var rewrites: [RewriteRule] = []
 
     /// `[secrets]`: where passwords and identity keys are kept.
     package struct Secrets: Sendable, Equatable {
@@ -233,6 +235,10 @@ package struct BrokerSettings: Sendable, Equatable {
     package static let knownArrayTables: KeyValuePairs<String, [String]> = [
         "route": ["host", "unix"],
         "respond": ["method", "scheme", "host", "path", "status", "headers", "body", "file"],
+        "rewrite": [
+            "method", "scheme", "host", "path", "to", "connect_to", "set_request_headers", "remove_request_headers",
+            "set_response_headers", "remove_response_headers",
+        ],
     ]
 
     /// The longest Unix socket path Linux accepts: `sun_path` is 108 bytes with the NUL.
@@ -404,6 +410,9 @@ package struct BrokerSettings: Sendable, Equatable {
         for entry in document.arrayTables["respond"] ?? [] {
             settings.responses.append(try Self.cannedResponse(entry, file: file))
         }
+        for entry in document.arrayTables["rewrite"] ?? [] {
+            settings.rewrites.append(try Self.rewriteRule(entry, file: file))
+        }
 
         let security = TableReader(file: file, table: "security", document: document)
         if let value = try security.integer("reauth_grant_seconds", in: 1...86_400, unit: seconds, note: " (1 to 86400)") {
@@ -427,40 +436,99 @@ package struct BrokerSettings: Sendable, Equatable {
         return settings
     }
 
-    /// One `[[respond]]` entry.
-    private static func cannedResponse(_ entry: TOMLDocument.ArrayTableEntry, file: String) throws(ConfigError) -> CannedResponse {
-        let rule = TableReader(file: file, table: "respond", values: entry.values, lines: entry.keyLines)
+    /// The request match of a `[[respond]]` or `[[rewrite]]` entry.
+    private static func requestMatch(_ rule: TableReader, headerLine: Int, file: String) throws(ConfigError) -> RequestMatch {
         guard let host = try rule.hostPattern("host") else {
-            throw ConfigError(.invalidValue, file: file, line: entry.headerLine, message: "this [[respond]] has no host; write host = \"api.example.test\" under it")
+            throw ConfigError(
+                .invalidValue, file: file, line: headerLine, message: "this [[\(rule.table)]] has no host; write host = \"api.example.test\" under it"
+            )
         }
-        var response = CannedResponse(host: host, line: entry.headerLine)
+        var match = RequestMatch(host: host)
         if let method = try rule.string("method", expected: "a method as a quoted string, like \"GET\"") {
             guard !method.isEmpty, method.utf8.allSatisfy(HTTPSyntax.isTChar) else {
                 throw rule.error("method", .invalidValue, "\"\(TOMLValue.escapedForMessage(method))\" is not a method; write one like \"GET\" (case matters)")
             }
-            response.method = method
+            match.method = method
         }
         if let scheme = try rule.string("scheme", expected: "\"http\" or \"https\"") {
             guard let parsed = UpstreamScheme(rawValue: scheme) else {
                 throw rule.error("scheme", .invalidValue, "write \"http\" or \"https\", or leave it out for both")
             }
-            response.scheme = parsed
+            match.scheme = parsed
         }
         if let path = try rule.string("path", expected: "a path prefix as a quoted string, like \"/v1/\"") {
-            guard path.hasPrefix("/"), !path.unicodeScalars.contains(where: { $0.value <= 0x20 || $0.value == 0x7F }) else {
-                throw rule.error("path", .invalidValue, "a path prefix starts with / and has no spaces or control characters, like \"/v1/status\"")
-            }
-            response.pathPrefix = path
+            match.pathPrefix = try Self.pathPrefix(path, rule: rule, key: "path")
         }
+        return match
+    }
+
+    private static func pathPrefix(_ path: String, rule: TableReader, key: String) throws(ConfigError) -> String {
+        guard path.hasPrefix("/"), !path.unicodeScalars.contains(where: { $0.value <= 0x20 || $0.value == 0x7F }) else {
+            throw rule.error(key, .invalidValue, "a path prefix starts with / and has no spaces or control characters, like \"/v1/status\"")
+        }
+        return path
+    }
+
+    /// "Name: value" entries.
+    private static func fields(_ rule: TableReader, _ key: String) throws(ConfigError) -> [CannedResponse.Field] {
+        var fields: [CannedResponse.Field] = []
+        for (offset, text) in try rule.stringArray(key, expected: "an array of \"Name: value\" strings").enumerated() {
+            switch CannedResponse.parseField(text) {
+            case .success(let field): fields.append(field)
+            case .failure(let error): throw rule.error(key, .invalidValue, "entry \(offset + 1): \(error.message)")
+            }
+        }
+        return fields
+    }
+
+    /// One `[[rewrite]]` entry.
+    private static func rewriteRule(_ entry: TOMLDocument.ArrayTableEntry, file: String) throws(ConfigError) -> RewriteRule {
+        let reader = TableReader(file: file, table: "rewrite", values: entry.values, lines: entry.keyLines)
+        var rule = RewriteRule(match: try Self.requestMatch(reader, headerLine: entry.headerLine, file: file), line: entry.headerLine)
+        let to = try reader.string("to", expected: "a URL as a quoted string, like \"https://staging.example.test/v2/\"")
+        let connectTo = try reader.string("connect_to", expected: "a host:port as a quoted string, like \"10.0.0.7:8443\"")
+        switch (to, connectTo) {
+        case (_?, _?):
+            throw reader.error("connect_to", .invalidValue, "a [[rewrite]] takes to or connect_to, not both; keep one")
+        case (let url?, nil):
+            guard case .success(.absolute(let origin, let path)) = RequestTarget.parse(method: "GET", uri: url) else {
+                throw reader.error("to", .invalidValue, "\"\(TOMLValue.escapedForMessage(url))\" is not an http:// or https:// URL; write one like \"https://staging.example.test/v2/\"")
+            }
+            rule.target = .url(origin, path: path)
+        case (nil, let authority?):
+            guard case .success(.authority(let host, let port)) = RequestTarget.parse(method: "CONNECT", uri: authority) else {
+                throw reader.error("connect_to", .invalidValue, "\"\(TOMLValue.escapedForMessage(authority))\" is not host:port; write one like \"10.0.0.7:8443\" or \"[::1]:8443\"")
+            }
+            guard rule.match.isHostOnly else {
+                throw reader.error("connect_to", .invalidValue, "connect_to changes where a host's connections go, so its [[rewrite]] may name no method or path; use to for one path")
+            }
+            rule.target = .connectTo(host: host, port: port)
+        case (nil, nil):
+            break
+        }
+        rule.setRequestHeaders = try Self.fields(reader, "set_request_headers")
+        rule.setResponseHeaders = try Self.fields(reader, "set_response_headers")
+        for key in ["remove_request_headers", "remove_response_headers"] {
+            var names: [String] = []
+            for (offset, text) in try reader.stringArray(key, expected: "an array of header names, like [\"Cookie\"]").enumerated() {
+                switch RewriteRule.removableName(text) {
+                case .success(let name): names.append(name)
+                case .failure(let error): throw reader.error(key, .invalidValue, "entry \(offset + 1): \(error.message)")
+                }
+            }
+            if key == "remove_request_headers" { rule.removeRequestHeaders = names } else { rule.removeResponseHeaders = names }
+        }
+        return rule
+    }
+
+    /// One `[[respond]]` entry.
+    private static func cannedResponse(_ entry: TOMLDocument.ArrayTableEntry, file: String) throws(ConfigError) -> CannedResponse {
+        let rule = TableReader(file: file, table: "respond", values: entry.values, lines: entry.keyLines)
+        var response = CannedResponse(match: try Self.requestMatch(rule, headerLine: entry.headerLine, file: file), line: entry.headerLine)
         if let status = try rule.integer("status", in: 200...599, unit: ValueUnit(expected: "an HTTP status code", plural: ""), note: " (a final status)") {
             response.status = status
         }
-        for (offset, text) in try rule.stringArray("headers", expected: "an array of \"Name: value\" strings").enumerated() {
-            switch CannedResponse.parseField(text) {
-            case .success(let field): response.headers.append(field)
-            case .failure(let error): throw rule.error("headers", .invalidValue, "entry \(offset + 1): \(error.message)")
-            }
-        }
+        response.headers = try Self.fields(rule, "headers")
         let inline = try rule.string("body", expected: "the body as a quoted string")
         let bodyFile = try rule.path("file")
         switch (inline, bodyFile) {
