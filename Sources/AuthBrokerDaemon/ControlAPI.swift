@@ -941,6 +941,8 @@ struct LocalCAJSON: Encodable {
     var certificateFile: String
     var bundleFile: String
     var leavesMinted: Int
+    /// The time all of them took, in microseconds.
+    var mintingMicroseconds: Int
 
     init(_ authority: LocalCertificateAuthority, of localCA: LocalCA) async {
         self.certificate = authority.info
@@ -948,6 +950,8 @@ struct LocalCAJSON: Encodable {
         self.certificateFile = localCA.files.certificate
         self.bundleFile = localCA.files.bundle
         self.leavesMinted = await localCA.leavesMinted
+        let time = await localCA.mintingTime.components
+        self.mintingMicroseconds = Int(time.seconds) * 1_000_000 + Int(time.attoseconds / 1_000_000_000_000)
     }
 
     enum CodingKeys: String, CodingKey {
@@ -955,6 +959,7 @@ struct LocalCAJSON: Encodable {
         case certificateFile = "certificate_file"
         case bundleFile = "bundle_file"
         case leavesMinted = "leaves_minted"
+        case mintingMicroseconds = "minting_microseconds"
     }
 }
 

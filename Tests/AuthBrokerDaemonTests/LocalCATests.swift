@@ -105,5 +105,6 @@ struct LocalCATests {
         #expect(try await localCA.authority().der == after.der)
         _ = try await localCA.serverContext(for: "git.corp.example")
         #expect(await localCA.leavesMinted == 2)
+        #expect(await localCA.mintingTime > .zero)
     }
 }

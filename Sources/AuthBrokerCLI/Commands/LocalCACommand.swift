@@ -13,12 +13,14 @@ package struct LocalCARecord: Codable, Sendable, Equatable {
     package var certificateFile: String
     package var bundleFile: String
     package var leavesMinted: Int
+    package var mintingMicroseconds: Int?
 
     enum CodingKeys: String, CodingKey {
         case certificate, pem
         case certificateFile = "certificate_file"
         case bundleFile = "bundle_file"
         case leavesMinted = "leaves_minted"
+        case mintingMicroseconds = "minting_microseconds"
     }
 }
 
@@ -140,7 +142,11 @@ extension HumanFormat {
         lines += self.certificate(record.certificate, index: 0, now: now)
         lines.append("Certificate file: \(sanitized(record.certificateFile))")
         lines.append("CA bundle (system anchors and this CA): \(sanitized(record.bundleFile))")
-        lines.append("Leaves minted since the daemon started: \(record.leavesMinted)")
+        var minted = "Leaves minted since the daemon started: \(record.leavesMinted)"
+        if let total = record.mintingMicroseconds, record.leavesMinted > 0 {
+            minted += " (\(total / record.leavesMinted) µs each on average)"
+        }
+        lines.append(minted)
         return lines.joined(separator: "\n")
     }
 }
