@@ -271,7 +271,7 @@ extension ClientConnectionServer {
         do {
             tls = try await self.interception.authority.serverContext(for: origin.host)
         } catch {
-            logger.warning("a CONNECT to intercept could not be", metadata: ["origin": "\(origin.authorityForm)", "error": "\(error.code)"])
+            logger.warning("a CONNECT could not be intercepted", metadata: ["origin": "\(origin.authorityForm)", "error": "\(error.code)"])
             return await self.interceptor.respondWithError(
                 error, requestID: requestID, logger: logger, requests: &requests, writer: writer,
                 clientWantsKeepAlive: false, requestEnded: true
