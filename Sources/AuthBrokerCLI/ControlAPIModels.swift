@@ -400,3 +400,34 @@ package struct ExportedIdentity: Codable, Sendable {
         case dataBase64 = "data_base64"
     }
 }
+
+/// `GET /v1/ca`, `POST /v1/ca/rotate`.
+package struct LocalCARecord: Codable, Sendable, Equatable {
+    package var certificate: CertificateInfo
+    package var pem: String
+    package var certificateFile: String
+    package var bundleFile: String
+    package var leavesMinted: Int
+    package var mintingMicroseconds: Int?
+
+    enum CodingKeys: String, CodingKey {
+        case certificate, pem
+        case certificateFile = "certificate_file"
+        case bundleFile = "bundle_file"
+        case leavesMinted = "leaves_minted"
+        case mintingMicroseconds = "minting_microseconds"
+    }
+}
+
+/// `POST /v1/reload`.
+package struct ReloadRecord: Codable, Sendable, Equatable {
+    package var routes: Int
+    package var responses: Int
+    package var rewrites: Int
+    package var restartNeeded: Bool
+
+    enum CodingKeys: String, CodingKey {
+        case routes, responses, rewrites
+        case restartNeeded = "restart_needed"
+    }
+}

@@ -117,6 +117,13 @@ package struct AcceptedClientConnection: Sendable {
     /// the user's browser shows could send them (to `127.0.0.1`, or to a name rebound to it).
     package var servesControlAPI: Bool
 
+    /// The client side's response encoder: its own framing off (`ResponseFramer` frames).
+    static var responseEncoderConfiguration: HTTPResponseEncoder.Configuration {
+        var encoder = HTTPResponseEncoder.Configuration()
+        encoder.automaticallySetFramingHeaders = false
+        return encoder
+    }
+
     /// Sets up an accepted channel's pipeline and registers it; on the channel's event loop.
     /// - Throws: `ClientConnectionRefused` while the daemon drains (the channel is then closed).
     package static func configure(
@@ -132,8 +139,7 @@ package struct AcceptedClientConnection: Sendable {
         // reads per request (two epoll_ctl calls each) buys nothing.
         // Framing both ways is decided in one place each: `RequestFramingCheck` for what comes
         // in, `ResponseFramer` (in front of the encoder, whose own framing is off) for what goes out.
-        var encoder = HTTPResponseEncoder.Configuration()
-        encoder.automaticallySetFramingHeaders = false
+        let encoder = Self.responseEncoderConfiguration
         // An upgrade configuration with no upgraders: the one public way to a decoder that keeps
         // the bytes after a CONNECT (for the tunnel, `ClientTunnel`) while still telling the
         // encoder each request's method; its handler leaves after the first request.

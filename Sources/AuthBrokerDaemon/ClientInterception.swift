@@ -65,10 +65,8 @@ enum ClientInterception {
 
         let normalizer = HeadNormalizer(.requests, maxHeadBytes: maxHeadBytes)
         let framing = RequestFramingCheck(normalizer: normalizer)
-        var encoder = HTTPResponseEncoder.Configuration()
-        encoder.automaticallySetFramingHeaders = false
         let handlers: [any ChannelHandler] = [
-            NIOSSLServerHandler(context: tls), normalizer, HTTPResponseEncoder(configuration: encoder),
+            NIOSSLServerHandler(context: tls), normalizer, HTTPResponseEncoder(configuration: AcceptedClientConnection.responseEncoderConfiguration),
             ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .dropBytes)), InterceptedTarget(origin: origin),
             framing, ResponseFramer(methods: framing),
         ]

@@ -28,7 +28,7 @@ package struct InterceptionScope: Sendable {
         if self.store.pins().contains(where: { $0.host.matches(host) }) { holdings.insert(.pin) }
         let exceptions = self.store.exceptions()
         if (exceptions.saved + exceptions.session).contains(where: {
-            !$0.isExpired(at: now) && $0.host.matches(host) && ($0.port == nil || $0.port == origin.port)
+            !$0.isExpired(at: now) && $0.names(host: host, port: origin.port)
         }) {
             holdings.insert(.exception)
         }

@@ -1,16 +1,22 @@
 import AuthBrokerCore
 import Logging
 import NIOConcurrencyHelpers
+import Synchronization
 
 /// The running `BrokerRules`, replaced whole by a reload and read where they apply: the
 /// connector (routes), the relay and the connection server (canned responses), interception.
 package final class LiveRules: Sendable {
     private let box: NIOLockedValueBox<BrokerRules>
+    /// Whether any `[[respond]]` or `[[rewrite]]` exists: the direct relay asks for every
+    /// request, and without such rules (the usual case) the answer needs no lock.
+    private let hasRequestRules: Synchronization.Atomic<Bool>
     /// `[upstream] proxy` and `no_proxy`, which a reload does not change.
     private let upstream: BrokerSettings.Upstream
 
     package init(_ settings: BrokerSettings) {
-        self.box = NIOLockedValueBox(BrokerRules(settings))
+        let rules = BrokerRules(settings)
+        self.box = NIOLockedValueBox(rules)
+        self.hasRequestRules = Synchronization.Atomic(!rules.responses.isEmpty || !rules.rewrites.isEmpty)
         self.upstream = settings.upstream
     }
 
@@ -18,6 +24,7 @@ package final class LiveRules: Sendable {
 
     func replace(_ rules: BrokerRules) {
         self.box.withLockedValue { $0 = rules }
+        self.hasRequestRules.store(!rules.responses.isEmpty || !rules.rewrites.isEmpty, ordering: .relaxed)
     }
 
     package func unixRoute(for host: String) -> UnixRoute? {
@@ -32,12 +39,14 @@ package final class LiveRules: Sendable {
 
     /// Whether a `[[respond]]` or `[[rewrite]]` rule could apply to a request to `host`.
     package func cover(host: String) -> Bool {
-        self.box.withLockedValue { $0.responses.isEmpty && $0.rewrites.isEmpty ? false : $0.cover(host: host) }
+        guard self.hasRequestRules.load(ordering: .relaxed) else { return false }
+        return self.box.withLockedValue { $0.cover(host: host) }
     }
 
     /// Where connections to `host` go instead (`connect_to`).
     package func connectTarget(for host: String) -> (host: String, port: Int)? {
-        self.box.withLockedValue { $0.rewrites.isEmpty ? nil : $0.connectTarget(for: host) }
+        guard self.hasRequestRules.load(ordering: .relaxed) else { return nil }
+        return self.box.withLockedValue { $0.connectTarget(for: host) }
     }
 }
 

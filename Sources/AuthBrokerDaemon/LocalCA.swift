@@ -5,7 +5,6 @@ import Logging
 import NIOHTTP1
 import NIOPosix
 import NIOSSL
-import SwiftASN1
 import X509
 
 #if canImport(Glibc)
@@ -111,7 +110,7 @@ package actor LocalCA {
         do {
             let leaf = try ca.mintLeaf(for: host, key: self.leafKey, now: now)
             var configuration = TLSConfiguration.makeServerConfiguration(
-                certificateChain: [.certificate(try NIOSSLCertificate(bytes: CertificateBytes.der(leaf), format: .der))],
+                certificateChain: [.certificate(try NIOSSLCertificate(bytes: CertificateDigests.derBytes(leaf), format: .der))],
                 privateKey: .privateKey(try NIOSSLPrivateKey(bytes: Array(self.leafKey.pemRepresentation.utf8), format: .pem))
             )
             configuration.applicationProtocols = ["http/1.1"]
@@ -214,14 +213,5 @@ package actor LocalCA {
         } catch {
             throw LocalCAError("the CA bundle cannot be written to \(files.bundle): \(error.description)")
         }
-    }
-}
-
-/// A certificate's DER bytes.
-enum CertificateBytes {
-    static func der(_ certificate: X509.Certificate) throws -> [UInt8] {
-        var serializer = DER.Serializer()
-        try serializer.serialize(certificate)
-        return serializer.serializedBytes
     }
 }

@@ -34,7 +34,13 @@ package struct CertificateException: Codable, Sendable, Hashable {
     /// Whether this exception covers the leaf `leafSHA256` presented by `host` on `port`
     /// (nil: the port is unknown, and only port-less exceptions apply).
     package func covers(host: String, port: Int?, leafSHA256: String) -> Bool {
-        guard self.sha256 == leafSHA256, self.host.matches(host) else { return false }
+        self.sha256 == leafSHA256 && self.names(host: host, port: port)
+    }
+
+    /// Whether it is for `host` on `port` (nil: unknown, so only port-less exceptions are),
+    /// whatever the certificate.
+    package func names(host: String, port: Int?) -> Bool {
+        guard self.host.matches(host) else { return false }
         guard let own = self.port else { return true }
         return own == port
     }

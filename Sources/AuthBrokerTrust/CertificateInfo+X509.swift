@@ -52,10 +52,10 @@ extension CertificateInfo {
 }
 
 /// Fingerprints and encodings shared by the store, the evaluator and `CertificateInfo`.
-enum CertificateDigests {
+package enum CertificateDigests {
     /// The DER encoding of a certificate; empty only if re-encoding fails, which a parsed
     /// certificate does not.
-    static func derBytes(_ certificate: Certificate) -> [UInt8] {
+    package static func derBytes(_ certificate: Certificate) -> [UInt8] {
         var serializer = DER.Serializer()
         do {
             try serializer.serialize(certificate)

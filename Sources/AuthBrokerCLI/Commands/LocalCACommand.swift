@@ -6,24 +6,6 @@ import Foundation
 import Glibc
 #endif
 
-/// `GET /v1/ca`, `POST /v1/ca/rotate`.
-package struct LocalCARecord: Codable, Sendable, Equatable {
-    package var certificate: CertificateInfo
-    package var pem: String
-    package var certificateFile: String
-    package var bundleFile: String
-    package var leavesMinted: Int
-    package var mintingMicroseconds: Int?
-
-    enum CodingKeys: String, CodingKey {
-        case certificate, pem
-        case certificateFile = "certificate_file"
-        case bundleFile = "bundle_file"
-        case leavesMinted = "leaves_minted"
-        case mintingMicroseconds = "minting_microseconds"
-    }
-}
-
 /// `authbrokerctl ca ...`: the local CA the proxy port intercepts with.
 struct LocalCACommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(

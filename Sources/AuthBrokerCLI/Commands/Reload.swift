@@ -1,19 +1,6 @@
 import ArgumentParser
 import Foundation
 
-/// `POST /v1/reload`.
-package struct ReloadRecord: Codable, Sendable, Equatable {
-    package var routes: Int
-    package var responses: Int
-    package var rewrites: Int
-    package var restartNeeded: Bool
-
-    enum CodingKeys: String, CodingKey {
-        case routes, responses, rewrites
-        case restartNeeded = "restart_needed"
-    }
-}
-
 /// `authbrokerctl reload`.
 struct Reload: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
