@@ -114,6 +114,10 @@ package enum BrokerErrorCode: String, CaseIterable, Sendable, Codable, CustomStr
     case bodyTooLarge = "body_too_large"
     /// A `DELETE` lacks a query parameter it needs.
     case missingParameter = "missing_parameter"
+    /// A query parameter has a value the endpoint does not take (`GET /v1/flows?last=x`).
+    case invalidParameter = "invalid_parameter"
+    /// `GET /v1/flows`: the flow log is off (`[flows] keep = 0`).
+    case flowLogOff = "flow_log_off"
     /// A URL in a control request is not a usable http(s) URL (or not https where certificates are asked for).
     case invalidURL = "invalid_url"
     /// A host pattern in a control request does not parse.

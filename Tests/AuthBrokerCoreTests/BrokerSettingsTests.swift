@@ -157,6 +157,12 @@ struct BrokerSettingsTests {
             [debug]
             tls_key_log = "/home/you/keys.log"
             tls_key_log_scope = "marked"
+
+            [flows]
+            keep = 0
+            bodies = true
+            max_body_bytes = 1
+            mask_headers = ["X-Api-Key", "x-token"]
             """
         var expected = BrokerSettings()
         expected.daemon.socketPath = "/run/user/1000/ab.sock"
@@ -186,6 +192,10 @@ struct BrokerSettingsTests {
         expected.limits.tunnelIdleTimeoutMilliseconds = 30_000
         expected.debug.tlsKeyLogPath = "/home/you/keys.log"
         expected.debug.tlsKeyLogScope = .marked
+        expected.flows.keep = 0
+        expected.flows.bodies = true
+        expected.flows.maxBodyBytes = 1
+        expected.flows.maskHeaders = ["X-Api-Key", "x-token"]
         let settings = try BrokerSettings.parse(text, file: Self.file)
         #expect(settings == expected)
         #expect(settings.daemon.shutdownGrace == .milliseconds(2500))
@@ -318,6 +328,12 @@ struct BrokerSettingsTests {
         BadCase("[trust]\nsystem_anchors = \"/etc/\\u0000x\"", .invalidValue, line: 2, key: "trust.system_anchors", "control character"),
         BadCase("[upstream]\nresolve = [\"nope\"]", .invalidValue, line: 2, key: "upstream.resolve", "entry 1: \"nope\": expected three parts"),
         BadCase("[upstream]\nresolve = [\"a:1:1.1.1.1\", \"A.:1:[::1]\"]", .invalidValue, line: 2, key: "upstream.resolve", "entries 1 and 2 both pin a:1; keep one"),
+        BadCase("[flows]\nkeep = -1", .outOfRange, line: 2, key: "flows.keep", "use 0 to 100000 (0 turns the flow log off)"),
+        BadCase("[flows]\nbodies = \"yes\"", .wrongType, line: 2, key: "flows.bodies", "expected true or false"),
+        BadCase("[flows]\nmax_body_bytes = 0", .outOfRange, line: 2, key: "flows.max_body_bytes", "use 1 to 16777216 bytes"),
+        BadCase("[flows]\nmask_headers = \"X-Api-Key\"", .wrongType, line: 2, key: "flows.mask_headers", "an array of header field names"),
+        BadCase("[flows]\nmask_headers = [\"ok\", \"Bad Name\"]", .invalidValue, line: 2, key: "flows.mask_headers", "entry 2: \"Bad Name\" is not a header field name"),
+        BadCase("[flows]\nmask_headers = [\"\"]", .invalidValue, line: 2, key: "flows.mask_headers", "entry 1"),
         // Found by fuzz-config: the refused value is shown escaped, so the message stays one line.
         BadCase(
             "[security]\nreauth_grant_seconds = 3\n\n[secrets]\nstore = \"\\U0001F600fil\t\t\teA\"\n", .invalidValue, line: 5,

@@ -182,9 +182,28 @@ package struct BrokerSettings: Sendable, Equatable {
         package init() {}
     }
 
+    /// `[flows]`: the flow log `authbrokerctl flows` shows.
+    package struct Flows: Sendable, Equatable {
+        /// `keep`: how many recent flows the daemon keeps in memory; 0 turns the flow log off.
+        package var keep = 500
+        /// `bodies`: keep request and response bodies too (their first `max_body_bytes`).
+        package var bodies = false
+        /// `max_body_bytes`: how much of each body is kept when `bodies` is on.
+        package var maxBodyBytes = 64 * 1024
+        /// `mask_headers`: header fields masked besides Authorization, Proxy-Authorization,
+        /// Cookie and Set-Cookie (which always are).
+        package var maskHeaders: [String] = []
+
+        /// The most all kept flows may hold (headers, URLs, bodies); the oldest go first.
+        package static let maxHeldBytes = 64 << 20
+
+        package init() {}
+    }
+
     package var daemon = Daemon()
     package var proxy = Proxy()
     package var debug = Debug()
+    package var flows = Flows()
     package var trust = Trust()
     package var upstream = Upstream()
     package var limits = Limits()
@@ -229,6 +248,7 @@ package struct BrokerSettings: Sendable, Equatable {
         "security": ["reauth_grant_seconds", "pam_service", "pam_config_dir"],
         "secrets": ["store"],
         "debug": ["tls_key_log", "tls_key_log_scope"],
+        "flows": ["keep", "bodies", "max_body_bytes", "mask_headers"],
     ]
 
     /// The arrays of tables the file may contain (`[[route]]`), and their keys.
@@ -383,6 +403,24 @@ package struct BrokerSettings: Sendable, Equatable {
                 )
             }
             settings.debug.tlsKeyLogScope = scope
+        }
+
+        let flows = TableReader(file: file, table: "flows", document: document)
+        if let value = try flows.integer("keep", in: 0...100_000, unit: count, note: " (0 turns the flow log off)") {
+            settings.flows.keep = value
+        }
+        if let value = try flows.boolean("bodies") { settings.flows.bodies = value }
+        if let value = try flows.integer(
+            "max_body_bytes", in: 1...(16 << 20), unit: ValueUnit(expected: "an integer number of bytes", plural: "bytes")
+        ) {
+            settings.flows.maxBodyBytes = value
+        }
+        settings.flows.maskHeaders = try flows.stringArray("mask_headers", expected: "an array of header field names, like [\"X-Api-Key\"]")
+        for (offset, name) in settings.flows.maskHeaders.enumerated() where name.isEmpty || !name.utf8.allSatisfy(HTTPSyntax.isTChar) {
+            throw flows.error(
+                "mask_headers", .invalidValue,
+                "entry \(offset + 1): \"\(TOMLValue.escapedForMessage(String(name.prefix(60))))\" is not a header field name; write names like \"X-Api-Key\""
+            )
         }
 
         let proxy = TableReader(file: file, table: "proxy", document: document)
@@ -803,6 +841,14 @@ private struct TableReader {
             )
         }
         return number
+    }
+
+    func boolean(_ key: String) throws(ConfigError) -> Bool? {
+        guard let value = values[key] else { return nil }
+        guard case .boolean(let flag) = value else {
+            throw error(key, .wrongType, "expected true or false, got \(value.messageDescription)")
+        }
+        return flag
     }
 
     func string(_ key: String, expected: String) throws(ConfigError) -> String? {
