@@ -191,9 +191,10 @@ package enum BrokerDaemon {
         )
         let interception = InterceptionScope(rules: rules, store: store, vault: vault, authority: localCA)
         let reloader = RulesReloader(configFile: configFile, rules: rules, started: settings, logger: logger)
+        let flows = FlowLog(settings: settings.flows)
         let control = ControlAPI(
             store: store, vault: vault, reauth: reauth, challenges: challenges, identities: identities, localCA: localCA,
-            reloader: reloader, publicSuffixes: publicSuffixes,
+            reloader: reloader, flows: flows, publicSuffixes: publicSuffixes,
             status: {
                 StatusReport(
                     version: AuthBrokerVersion.current, pid: Int(getpid()), startedAt: startedAt,
@@ -215,7 +216,7 @@ package enum BrokerDaemon {
             interceptor: Interceptor(
                 pool: pool, settings: settings, rules: rules, counters: counters, store: store,
                 trustGeneration: { connector.trustGeneration }, authenticator: authenticator, audit: audit,
-                challenges: challenges
+                challenges: challenges, flows: flows
             ),
             control: control, registry: registry, counters: counters, settings: settings, logger: logger,
             openTunnel: { origin, eventLoop in try await connector.openBlindTunnel(to: origin, on: eventLoop) },

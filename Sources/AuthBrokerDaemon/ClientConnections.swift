@@ -19,6 +19,14 @@ package final class RegisteredClientConnection: Sendable {
     /// Serving an open-ended response (the agent stream), which draining ends instead of
     /// waiting out the grace period for it.
     fileprivate let servesEventStream = Atomic<Bool>(false)
+    /// The connection's CONNECT was intercepted: its requests came inside the client's TLS.
+    private let intercepted = Atomic<Bool>(false)
+
+    package var isIntercepted: Bool { self.intercepted.load(ordering: .relaxed) }
+
+    func markIntercepted() {
+        self.intercepted.store(true, ordering: .relaxed)
+    }
 
     fileprivate init(id: Int, channel: any Channel) {
         self.id = id
@@ -163,7 +171,7 @@ package struct AcceptedClientConnection: Sendable {
         // every read (a relayed 1 GiB download: about 1090 MiB/s with it, 1360 with this).
         try channel.syncOptions?.setOption(.writeBufferWaterMark, value: .init(low: 128 * 1024, high: 512 * 1024))
         let adopted = AdoptedExchangeSlot()
-        let handler = DirectRelayHandler(relay: relay, registration: registration, adopted: adopted)
+        let handler = DirectRelayHandler(relay: relay, registration: registration, adopted: adopted, peer: peer)
         try channel.pipeline.syncOperations.addHandler(handler)
         let connection = try NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>(
             wrappingChannelSynchronously: channel
@@ -330,18 +338,53 @@ package struct ClientConnectionServer: Sendable {
         defer { borrowed.iterator = requests }
         let requestID = RequestIDs.make()
         let started = ContinuousClock.now
+        let startedDate = Date()
         var logger = self.logger
         logger[metadataKey: "request_id"] = "\(requestID)"
         self.counters.requestsTotal.add(1)
         self.counters.requestsInFlight.add(1)
         defer { self.counters.requestsInFlight.subtract(1) }
+        // The flow log's view of this request; control requests are the broker's own, not a flow.
+        let flows = self.interceptor.flows
+        // (Origin-form targets are the control API's; intercepted ones were made absolute.)
+        let isControl = head.uri.hasPrefix("/")
+        let capture = flows?.isEnabled == true && !isControl ? FlowCapture(bodyLimit: flows?.bodyLimit) : nil
+        var target = "-"
+        var flowURL = head.uri
+        let outcome = await FlowCapture.$current.withValue(capture) {
+            await self.dispatch(
+                head, adopted: adopted, peer: peer, registration: registration, servesControlAPI: servesControlAPI,
+                requestID: requestID, logger: logger, requests: &requests, writer: writer, clientGone: clientGone,
+                closeClient: closeClient, abortClient: abortClient, draining: draining, target: &target, flowURL: &flowURL
+            )
+        }
+        Self.logAccess(logger, requestID: requestID, method: head.method, target: target, outcome: outcome, since: started)
+        if let flows, let capture {
+            flows.record(
+                FlowRecord(
+                    requestID: requestID, head: head, url: flowURL, started: startedDate, startedAt: started, outcome: outcome,
+                    capture: capture, app: peer?.requester, intercepted: registration.isIntercepted
+                )
+            )
+        }
+        return outcome
+    }
+
+    /// One request's answer, by its target: a tunnel, the control API, a `[[respond]]` rule or
+    /// the interceptor, or the broker's error.
+    private func dispatch(
+        _ head: HTTPRequestHead, adopted: AdoptedExchange?, peer: ConnectionPeer?, registration: RegisteredClientConnection,
+        servesControlAPI: Bool, requestID: String, logger: Logger, requests: inout ClientRequestIterator,
+        writer: ClientResponseWriter, clientGone: @escaping @Sendable () async -> Void,
+        closeClient: @escaping @Sendable () -> Void, abortClient: @escaping @Sendable () -> Void,
+        draining: @escaping @Sendable () -> Bool, target: inout String, flowURL: inout String
+    ) async -> RequestOutcome {
         // After a CONNECT the decoder reads no more heads (the bytes are the tunnel's), so a
         // refused one ends the connection; its response has no body and no length, which the
         // close delimits (RFC 9112 §6.3).
         let isConnect: Bool = if case .CONNECT = head.method { true } else { false }
         let keepAlive = head.isKeepAlive && head.version == .http1_1 && !isConnect
 
-        var target = "-"
         let outcome: RequestOutcome
         // The direct relay hands over only requests the proxy branch below takes; anywhere else
         // its connection is not needed.
@@ -363,6 +406,7 @@ package struct ClientConnectionServer: Sendable {
                 // The tunnel's far end; a CONNECT goes to TLS servers (the scheme routes nothing else).
                 let origin = try? CanonicalOrigin(scheme: .https, host: host, port: port)
                 target = origin?.authorityForm ?? "\(host):\(port)"
+                flowURL = target
                 if self.registry.isDraining {
                     outcome = await self.interceptor.respondWithError(
                         .shuttingDown(), requestID: requestID, logger: logger, requests: &requests,
@@ -371,7 +415,7 @@ package struct ClientConnectionServer: Sendable {
                 } else if let origin {
                     outcome = await self.tunnel(
                         to: origin, head: head, peer: peer, requestID: requestID, logger: logger,
-                        requests: &requests, writer: writer, channel: registration.channel
+                        requests: &requests, writer: writer, channel: registration.channel, registration: registration
                     )
                 } else {
                     outcome = await self.interceptor.respondWithError(
@@ -406,6 +450,7 @@ package struct ClientConnectionServer: Sendable {
             case .success(.absolute(let origin, let pathAndQuery)):
                 // Only the origin is logged: paths and queries can carry tokens.
                 target = origin.description
+                flowURL = origin.description + pathAndQuery
                 let rules = self.interceptor.rules.current
                 if self.registry.isDraining {
                     outcome = await self.interceptor.respondWithError(
@@ -435,6 +480,10 @@ package struct ClientConnectionServer: Sendable {
                         head.uri = origin.description + pathAndQuery
                         rule.editRequest(&head.headers)
                         client.rewrite = rule
+                        FlowCapture.current?.apply {
+                            $0.rule = "rewrite config.toml:\(rule.line)"
+                            $0.rewrittenTo = origin.description + pathAndQuery
+                        }
                         logger.debug("a [[rewrite]] rule applies", metadata: ["line": "\(rule.line)", "to": "\(origin)"])
                     }
                     outcome = await self.interceptor.proxy(
@@ -444,7 +493,6 @@ package struct ClientConnectionServer: Sendable {
                 }
             }
         }
-        Self.logAccess(logger, requestID: requestID, method: head.method, target: target, outcome: outcome, since: started)
         return outcome
     }
 
@@ -496,8 +544,17 @@ package struct ClientConnectionServer: Sendable {
         let keep = keepAlive && drained == .ended && !self.registry.isDraining
         if !keep { headers.add(name: "Connection", value: "close") }
         let status = HTTPResponseStatus(statusCode: rule.status)
-        var parts: [HTTPServerResponsePart] = [.head(HTTPResponseHead(version: .http1_1, status: status, headers: headers))]
-        if head.method != .HEAD, !body.isEmpty { parts.append(.body(.byteBuffer(ByteBuffer(bytes: body)))) }
+        let responseHead = HTTPResponseHead(version: .http1_1, status: status, headers: headers)
+        var parts: [HTTPServerResponsePart] = [.head(responseHead)]
+        if let capture = FlowCapture.current {
+            capture.responded(responseHead)
+            capture.apply { $0.rule = "respond config.toml:\(rule.line)" }
+        }
+        if head.method != .HEAD, !body.isEmpty {
+            let buffer = ByteBuffer(bytes: body)
+            FlowCapture.current?.responseBody(buffer)
+            parts.append(.body(.byteBuffer(buffer)))
+        }
         parts.append(.end(nil))
         try? await writer.write(contentsOf: parts)
         logger.debug("answered from a [[respond]] rule", metadata: ["line": "\(rule.line)"])
@@ -567,6 +624,18 @@ package struct ClientConnectionServer: Sendable {
             }
             return await self.serveAgent(challenges, requestID: requestID, logger: logger, requests: &requests, writer: writer)
         }
+        if head.method == .GET, path == "/v1/flows", let flows = self.control.flows, flows.isEnabled,
+            (try? ControlAPI.flag(ControlAPI.queryParameters(query)["follow"], name: "follow")) == true,
+            let last = try? ControlAPI.flowCount(query)
+        {
+            guard self.registry.eventStreamStarted(registration) else {
+                return await self.interceptor.respondWithError(
+                    .shuttingDown(), requestID: requestID, logger: logger, requests: &requests, writer: writer,
+                    clientWantsKeepAlive: false, requestEnded: true
+                )
+            }
+            return await self.serveFlowStream(flows, last: last, requestID: requestID, requests: &requests, writer: writer)
+        }
         // Off the event loop this connection's task prefers: control requests read and write
         // files and may wait on the keyring.
         let control = self.control
@@ -632,6 +701,43 @@ package struct ClientConnectionServer: Sendable {
         await challenges.detachAgent(agent)
         try? await writer.write(.end(nil))
         logger.info("agent detached", metadata: ["agent": "\(agent)"])
+        return RequestOutcome(status: 200, bytes: 0, brokerError: nil, disposition: .close)
+    }
+
+    /// `GET /v1/flows?follow=true`: the last flows kept, then each flow as it ends, one JSON line
+    /// each, until the client disconnects.
+    private func serveFlowStream(
+        _ flows: FlowLog, last: Int?, requestID: String, requests: inout ClientRequestIterator, writer: ClientResponseWriter
+    ) async -> RequestOutcome {
+        // Following first, so no flow ends unseen between the history and the live part.
+        let (follower, live) = flows.follow()
+        let history = flows.recent(last)
+        let seen = history.last?.sequence ?? 0
+        var headers = HTTPHeaders()
+        headers.add(name: "Content-Type", value: "application/x-ndjson")
+        headers.add(name: "Cache-Control", value: "no-store")
+        headers.add(name: BrokerHeaders.requestID, value: requestID)
+        headers.add(name: "Connection", value: "close")
+        try? await writer.write(.head(HTTPResponseHead(version: .http1_1, status: .ok, headers: headers)))
+        if !history.isEmpty {
+            try? await writer.write(contentsOf: history.map { .body(.byteBuffer(Self.line(FlowSummary($0)))) })
+        }
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask {
+                for await flow in live where flow.sequence > seen {
+                    do {
+                        try await writer.write(.body(.byteBuffer(Self.line(FlowSummary(flow)))))
+                    } catch {
+                        return
+                    }
+                }
+            }
+            // The client sends nothing more; the stream ends when it closes its connection.
+            while (try? await requests.next()) != nil {}
+            group.cancelAll()
+        }
+        flows.unfollow(follower)
+        try? await writer.write(.end(nil))
         return RequestOutcome(status: 200, bytes: 0, brokerError: nil, disposition: .close)
     }
 

@@ -220,7 +220,8 @@ extension ClientConnectionServer {
     /// add, else a blind tunnel; or the broker's error and a close.
     func tunnel(
         to origin: CanonicalOrigin, head: HTTPRequestHead, peer: ConnectionPeer?, requestID: String, logger: Logger,
-        requests: inout ClientRequestIterator, writer: ClientResponseWriter, channel: any Channel
+        requests: inout ClientRequestIterator, writer: ClientResponseWriter, channel: any Channel,
+        registration: RegisteredClientConnection
     ) async -> RequestOutcome {
         // The CONNECT's end (it has no body); the decoder keeps what follows for the tunnel.
         guard case .end? = try? await requests.next() else {
@@ -229,7 +230,8 @@ extension ClientConnectionServer {
         let decision = await self.interception.decide(origin)
         if case .intercept(let reason) = decision {
             return await self.intercept(
-                origin, reason: reason, requestID: requestID, logger: logger, requests: &requests, writer: writer, channel: channel
+                origin, reason: reason, requestID: requestID, logger: logger, requests: &requests, writer: writer, channel: channel,
+                registration: registration
             )
         }
         let context = UpstreamConnectContext.Value(
@@ -265,7 +267,8 @@ extension ClientConnectionServer {
     /// the CONNECT was, made absolute for `origin`.
     private func intercept(
         _ origin: CanonicalOrigin, reason: InterceptPolicy.Reason, requestID: String, logger: Logger,
-        requests: inout ClientRequestIterator, writer: ClientResponseWriter, channel: any Channel
+        requests: inout ClientRequestIterator, writer: ClientResponseWriter, channel: any Channel,
+        registration: RegisteredClientConnection
     ) async -> RequestOutcome {
         let tls: NIOSSLContext
         do {
@@ -286,6 +289,8 @@ extension ClientConnectionServer {
             return RequestOutcome(status: 0, bytes: 0, brokerError: "internal_error", disposition: .close)
         }
         self.counters.connectsIntercepted.add(1)
+        registration.markIntercepted()
+        FlowCapture.current?.apply { $0.intercepted = true }
         logger.debug("intercepting a CONNECT", metadata: ["origin": "\(origin.authorityForm)", "why": "\(reason.logDescription)"])
         return RequestOutcome(status: 200, bytes: 0, brokerError: nil, disposition: .keepAlive)
     }

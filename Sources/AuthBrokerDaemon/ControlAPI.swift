@@ -130,10 +130,12 @@ package struct ControlAPI: Sendable {
     package let localCA: LocalCA?
     /// `POST /v1/reload`; nil in tests of the router alone.
     package let reloader: RulesReloader?
+    /// The recent flows; nil in tests of the router alone.
+    package let flows: FlowLog?
 
     package init(
         store: TrustStore, vault: PasswordVault, reauth: ReauthService? = nil, challenges: AgentChallenges? = nil,
-        identities: ClientIdentities? = nil, localCA: LocalCA? = nil, reloader: RulesReloader? = nil,
+        identities: ClientIdentities? = nil, localCA: LocalCA? = nil, reloader: RulesReloader? = nil, flows: FlowLog? = nil,
         publicSuffixes: PublicSuffixList = .defaultRuleOnly,
         status: @escaping @Sendable () -> StatusReport,
         inspect: @escaping @Sendable (CanonicalOrigin) async throws -> Inspection
@@ -146,6 +148,7 @@ package struct ControlAPI: Sendable {
         self.identities = identities
         self.localCA = localCA
         self.reloader = reloader
+        self.flows = flows
         self.status = status
         self.inspect = inspect
     }
@@ -271,6 +274,28 @@ package struct ControlAPI: Sendable {
         case (.POST, ["v1", "ca", "rotate"]):
             let localCA = try self.localCAAvailable()
             return try Self.json(.ok, await LocalCAJSON(try await localCA.rotate(), of: localCA))
+
+        case (.GET, ["v1", "flows"]):
+            let flows = try self.flowLogOn()
+            let last = try Self.flowCount(query)
+            // A valid `follow=true` is served as a stream before it gets here (flow log on).
+            _ = try Self.flag(Self.queryParameters(query)["follow"], name: "follow")
+            return try Self.json(.ok, ["flows": flows.recent(last).map(FlowSummary.init)])
+        case (.GET, ["v1", "flows", "har"]):
+            let flows = try self.flowLogOn()
+            let parameters = Self.queryParameters(query)
+            let last = try Self.flowCount(query)
+            let reveal = try Self.flag(parameters["reveal"], name: "reveal")
+            if reveal { try self.requireGrant(peer, for: "export flows with their secret header values") }
+            let archive = HTTPArchive(
+                flows: flows.recent(last), masking: reveal ? nil : flows.masking, creatorVersion: AuthBrokerVersion.current
+            )
+            var headers = HTTPHeaders()
+            let data = try archive.encoded()
+            headers.add(name: "Content-Type", value: "application/json")
+            headers.add(name: "Content-Length", value: String(data.count))
+            headers.add(name: "Cache-Control", value: "no-store")
+            return ControlResponse(status: .ok, headers: headers, body: ByteBuffer(bytes: data))
 
         case (.GET, ["v1", "challenges"]):
             let pending = await (try self.agentsAvailable()).pendingChallenges()
@@ -442,7 +467,7 @@ package struct ControlAPI: Sendable {
         case ["v1", "exceptions"]: ["GET", "POST", "DELETE"]
         case ["v1", "passwords"]: ["GET", "POST", "DELETE"]
         case ["v1", "passwords", "reveal"], ["v1", "reauth"]: ["POST"]
-        case ["v1", "challenges"], ["v1", "agent"]: ["GET"]
+        case ["v1", "challenges"], ["v1", "agent"], ["v1", "flows"], ["v1", "flows", "har"]: ["GET"]
         case ["v1", "identities"]: ["GET", "POST"]
         case let s where s.count == 3 && s[0] == "v1" && s[1] == "identities": ["DELETE"]
         case let s where s.count == 4 && s[0] == "v1" && s[1] == "identities" && s[3] == "export": ["POST"]
@@ -468,6 +493,37 @@ package struct ControlAPI: Sendable {
                 default: .badRequest
                 }
             throw BrokerError(code: BrokerErrorCode(error.kind), status: status, title: "Trust store request failed", detail: error.description)
+        }
+    }
+
+    func flowLogOn() throws -> FlowLog {
+        guard let flows = self.flows, flows.isEnabled else {
+            throw BrokerError(
+                code: .flowLogOff, status: .conflict, title: "The flow log is off",
+                detail: "This daemon keeps no flows ([flows] keep = 0 in config.toml). Set keep to a number of flows, like 500, and restart the daemon."
+            )
+        }
+        return flows
+    }
+
+    /// `last=N`: how many of the most recent flows; nil (absent) means all that are kept.
+    static func flowCount(_ query: String?) throws -> Int? {
+        guard let text = Self.queryParameters(query)["last"] else { return nil }
+        guard let count = Int(text), count >= 0 else {
+            throw BrokerError.badRequest(
+                code: .invalidParameter, detail: "last=\(text.prefix(40)) is not a count of flows; give a whole number like last=50."
+            )
+        }
+        return count
+    }
+
+    /// A boolean query parameter: `true`/`1` or `false`/`0`; absent is false.
+    static func flag(_ text: String?, name: String) throws -> Bool {
+        switch text {
+        case nil, "false", "0": return false
+        case "true", "1", "": return true
+        case let other?:
+            throw BrokerError.badRequest(code: .invalidParameter, detail: "\(name)=\(other.prefix(40)) is not true or false.")
         }
     }
 

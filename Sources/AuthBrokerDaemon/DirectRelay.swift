@@ -1,5 +1,6 @@
 import AuthBrokerCore
 import AuthBrokerTrust
+import Foundation
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore
@@ -105,6 +106,8 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
     private let relay: DirectRelay
     private let registration: RegisteredClientConnection
     private let adopted: AdoptedExchangeSlot
+    /// The process on the other end, for the flow log.
+    private let peer: ConnectionPeer?
     private var context: ChannelHandlerContext?
     /// Request heads given to the full path that it has not reported done.
     private var fullPathPending = 0
@@ -120,10 +123,11 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
     /// HTTPS route's client identity afresh was about 1% of the daemon's work per request.
     private var lastRoute: AutomaticRoute?
 
-    init(relay: DirectRelay, registration: RegisteredClientConnection, adopted: AdoptedExchangeSlot) {
+    init(relay: DirectRelay, registration: RegisteredClientConnection, adopted: AdoptedExchangeSlot, peer: ConnectionPeer?) {
         self.relay = relay
         self.registration = registration
         self.adopted = adopted
+        self.peer = peer
     }
 
     /// A request has gone upstream and its response has not ended.
@@ -250,10 +254,14 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             self.relay.registry.startRequestUnlessDraining(self.registration)
         else { return nil }
         interceptor.counters.requestsInFlight.add(1)
-        return RelayedRequest(
+        let relayed = RelayedRequest(
             handler: self, head: head, route: route, originDescription: known.originDescription,
             upstreamHead: Interceptor.upstreamHead(for: head, hostHeader: known.hostHeader, pathAndQuery: pathAndQuery)
         )
+        if let flows = interceptor.flows, flows.isEnabled {
+            relayed.flow = RelayedFlow(url: known.originDescription + pathAndQuery, bodyLimit: flows.bodyLimit)
+        }
+        return relayed
     }
 
     /// The request has ended: it goes upstream on an idle pooled connection of this event loop,
@@ -324,10 +332,12 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
                 relayed.clientKeepAlive = false
                 headers.replaceOrAdd(name: "Connection", value: "close")
             }
+            relayed.flow?.responded(headers)
             context.write(self.wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: head.status, headers: headers))), promise: nil)
             relayed.phase = .relaying
         case (.relaying, .body(let buffer)):
             relayed.bytes += buffer.readableBytes
+            relayed.flow?.responseBody(buffer)
             interceptor.counters.bytesFromUpstream.add(buffer.readableBytes)
             context.write(self.wrapOutboundOut(.body(.byteBuffer(buffer))), promise: nil)
         case (.relaying, .end):
@@ -374,6 +384,8 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
                 relayed.clientKeepAlive = false
                 head.headers.replaceOrAdd(name: "Connection", value: "close")
             }
+            relayed.flow?.responded(head.headers)
+            relayed.flow?.responseBody(body)
             context.write(self.wrapOutboundOut(.head(head)), promise: nil)
             context.write(self.wrapOutboundOut(.body(.byteBuffer(body))), promise: nil)
             context.writeAndFlush(self.wrapOutboundOut(.end(nil)), promise: nil)
@@ -400,14 +412,21 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
         let interceptor = self.relay.interceptor
         interceptor.counters.requestsTotal.add(1)
         interceptor.counters.requestsRelayedDirectly.add(1)
+        let outcome = RequestOutcome(
+            status: relayed.status, bytes: relayed.bytes, brokerError: brokerError,
+            disposition: relayed.clientKeepAlive ? .keepAlive : .close
+        )
         ClientConnectionServer.logAccess(
             self.relay.logger, requestID: relayed.requestID, method: relayed.head.method, target: relayed.originDescription,
-            outcome: RequestOutcome(
-                status: relayed.status, bytes: relayed.bytes, brokerError: brokerError,
-                disposition: relayed.clientKeepAlive ? .keepAlive : .close
-            ),
-            since: relayed.started
+            outcome: outcome, since: relayed.started
         )
+        if let flow = relayed.flow, let flows = interceptor.flows {
+            flows.record(
+                flow.record(
+                    of: relayed, outcome: outcome, app: self.peer?.requester, intercepted: self.registration.isIntercepted
+                )
+            )
+        }
         guard context.channel.isActive else { return }
         if !relayed.clientKeepAlive {
             let channel = context.channel
@@ -478,6 +497,8 @@ final class RelayedRequest: UpstreamRelaySink {
     var clientKeepAlive = true
     /// Reading from the origin is paused until the client is writable again.
     var paused = false
+    /// What the flow log keeps of it; nil when the flow log is off.
+    var flow: RelayedFlow?
 
     init(
         handler: DirectRelayHandler, head: HTTPRequestHead, route: UpstreamRoute, originDescription: String,
@@ -500,5 +521,52 @@ final class RelayedRequest: UpstreamRelaySink {
 
     func upstreamFailed(_ error: UpstreamExchangeError) {
         self.handler?.relayFailed(error, for: self)
+    }
+}
+
+/// What the flow log keeps of a relayed request while it is in flight (on the event loop).
+struct RelayedFlow {
+    let url: String
+    let started = Date()
+    let bodyLimit: Int?
+    var responseHeaders = HTTPHeaders()
+    var responseHeadAt: ContinuousClock.Instant?
+    var responseBody: CapturedBody?
+
+    init(url: String, bodyLimit: Int?) {
+        self.url = url
+        self.bodyLimit = bodyLimit
+    }
+
+    mutating func responded(_ headers: HTTPHeaders) {
+        self.responseHeaders = headers
+        self.responseHeadAt = .now
+        self.responseBody = self.bodyLimit.map { _ in CapturedBody() }
+    }
+
+    mutating func responseBody(_ buffer: ByteBuffer) {
+        guard let limit = self.bodyLimit else { return }
+        self.responseBody?.append(buffer.readableBytesView, limit: limit)
+    }
+
+    func record(of relayed: RelayedRequest, outcome: RequestOutcome, app: Requester?, intercepted: Bool) -> FlowRecord {
+        let head = relayed.head
+        var flow = FlowRecord(
+            requestID: relayed.requestID, started: self.started, method: head.method.rawValue, url: self.url,
+            httpVersion: "HTTP/\(head.version.major).\(head.version.minor)", requestHeaders: head.headers
+        )
+        flow.status = outcome.status
+        flow.responseHeaders = self.responseHeaders
+        flow.responseBodyBytes = outcome.bytes
+        flow.responseBody = self.responseBody
+        // A relayed request has no body (`DirectRelayPolicy`); an empty capture says so.
+        flow.requestBody = self.bodyLimit.map { _ in CapturedBody() }
+        flow.brokerError = outcome.brokerError
+        flow.applied.relayedDirectly = true
+        if intercepted { flow.applied.intercepted = true }
+        flow.app = app.map { FlowApp(pid: $0.pid, uid: $0.uid, executable: $0.executable) }
+        flow.totalMicroseconds = (ContinuousClock.now - relayed.started).microseconds
+        flow.waitMicroseconds = self.responseHeadAt.map { ($0 - relayed.started).microseconds }
+        return flow
     }
 }

@@ -152,6 +152,7 @@ package final class HTTPAuthenticator: Sendable {
             state.user = answer.credential.user
             state.acceptancesWhenSent = self.acceptanceCount(space)
             self.audit?.record(.credentialUsed(space: space, user: answer.credential.user, requester: requester()))
+            FlowCapture.current?.credentialUsed(space, user: answer.credential.user)
         } catch {
             self.logger.debug("no preemptive authorization", metadata: ["space": "\(space)", "error": "\((error as? HTTPAuthError)?.code ?? "\(error)")"])
         }
@@ -284,6 +285,7 @@ package final class HTTPAuthenticator: Sendable {
             state.user = answer.credential.user
             state.acceptancesWhenSent = self.acceptanceCount(space)
             self.audit?.record(.credentialUsed(space: space, user: answer.credential.user, requester: requester))
+            FlowCapture.current?.credentialUsed(space, user: answer.credential.user)
             return true
         }
     }

@@ -79,6 +79,8 @@ package struct Interceptor: Sendable {
     package let audit: AuditLog?
     /// Asks agents about servers whose certificates do not verify (interactive requests only).
     package var challenges: AgentChallenges? = nil
+    /// The flow log (`authbrokerctl flows`); nil in tests that do without.
+    package var flows: FlowLog? = nil
 
     /// Attempts per request at most: a stale pooled connection, a challenge, a stale nonce, and
     /// through a proxy its challenge and stale nonce too.
@@ -118,6 +120,7 @@ package struct Interceptor: Sendable {
         )
         if let identity = route.clientIdentity {
             self.audit?.record(.identityPresented(name: identity, origin: origin, requester: peer?.requester))
+            FlowCapture.current?.apply { $0.identity = identity }
         }
         // RFC 9110 §10.1.1: an HTTP/1.0 client's Expect is ignored.
         let expectsContinue =
@@ -285,6 +288,7 @@ package struct Interceptor: Sendable {
                 let brokerError = self.mapExchangeError(failure, route: route, connection: connection)
                 var (errorHead, body) = brokerError.response(requestID: requestID)
                 if !keepAlive { errorHead.headers.replaceOrAdd(name: "Connection", value: "close") }
+                FlowCapture.current?.responded(errorHead, body: body)
                 try? await writer.write(contentsOf: [.head(errorHead), .body(.byteBuffer(body)), .end(nil)])
                 self.counters.brokerErrors.add(1)
                 return RequestOutcome(
@@ -506,11 +510,13 @@ package struct Interceptor: Sendable {
         requests: inout ClientRequestIterator, exchange: UpstreamExchange, state: ExchangeState, replay: ReplayBuffer
     ) async -> RequestBodyDrain {
         var upstreamOK = true
+        let capture = FlowCapture.current
         do {
             while let part = try await requests.next() {
                 switch part {
                 case .body(let buffer):
                     replay.append(buffer)
+                    capture?.requestBody(buffer)
                     guard upstreamOK else { continue }
                     do {
                         try await exchange.writeBody(buffer)
@@ -613,7 +619,7 @@ package struct Interceptor: Sendable {
         var bodyWithheld = false
         var iterator = ResponsePartReader(parts)
         // What one read from the origin brought goes to the client with one flush.
-        var output = BatchedResponseWriter(writer)
+        var output = BatchedResponseWriter(writer, capture: FlowCapture.current)
         // However the pump ends, a body still held must not be sent into a finished exchange.
         defer { gate.exchangeFailed() }
         do {
@@ -793,6 +799,7 @@ package struct Interceptor: Sendable {
         let keepAlive = requestDone && clientWantsKeepAlive && !draining()
         var (head, body) = brokerError.response(requestID: requestID)
         if !keepAlive { head.headers.replaceOrAdd(name: "Connection", value: "close") }
+        FlowCapture.current?.responded(head, body: body)
         try? await writer.write(contentsOf: [.head(head), .body(.byteBuffer(body)), .end(nil)])
         if !requestDone { closeClient() }
         return .errorSent(brokerError, bytes: body.readableBytes, keepAlive: keepAlive)
@@ -858,6 +865,7 @@ package struct Interceptor: Sendable {
         let keepAlive = clientWantsKeepAlive && drained == .ended
         var (head, body) = error.response(requestID: requestID)
         if !keepAlive { head.headers.replaceOrAdd(name: "Connection", value: "close") }
+        FlowCapture.current?.responded(head, body: body)
         try? await writer.write(contentsOf: [.head(head), .body(.byteBuffer(body)), .end(nil)])
         return RequestOutcome(
             status: Int(error.status.code), bytes: body.readableBytes, brokerError: error.code.rawValue,
@@ -1030,12 +1038,22 @@ struct ResponsePartReader {
 struct BatchedResponseWriter {
     private let writer: ClientResponseWriter
     private var pending: [HTTPServerResponsePart] = []
+    /// The flow log's view of the request, told of the head and the body as they go.
+    private let capture: FlowCapture?
 
-    init(_ writer: ClientResponseWriter) {
+    init(_ writer: ClientResponseWriter, capture: FlowCapture?) {
         self.writer = writer
+        self.capture = capture
     }
 
     mutating func write(_ part: HTTPServerResponsePart) {
+        if let capture = self.capture {
+            switch part {
+            case .head(let head): capture.responded(head)
+            case .body(.byteBuffer(let buffer)): capture.responseBody(buffer)
+            default: break
+            }
+        }
         self.pending.append(part)
     }
 

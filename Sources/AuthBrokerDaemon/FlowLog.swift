@@ -1,0 +1,170 @@
+import AuthBrokerCore
+import AuthBrokerHTTPAuth
+import Foundation
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOHTTP1
+
+/// The recent flows (`[flows]`), for `authbrokerctl flows`: a bounded ring in memory, and the
+/// live views that follow it. Nothing is written to disk; an export is the user's own act.
+package final class FlowLog: Sendable {
+    private struct State {
+        var ring: FlowRing
+        var followers: [UInt64: AsyncStream<FlowRecord>.Continuation] = [:]
+        var nextFollower: UInt64 = 0
+    }
+
+    package let settings: BrokerSettings.Flows
+    package let masking: FlowMasking
+    private let state: NIOLockedValueBox<State>
+
+    /// Flows a live view has not taken yet beyond this are dropped for it (the oldest first),
+    /// so a stalled `authbrokerctl flows` costs the daemon a bounded amount.
+    static let followerBuffer = 1024
+
+    package init(settings: BrokerSettings.Flows) {
+        self.settings = settings
+        self.masking = FlowMasking(extraNames: settings.maskHeaders)
+        self.state = NIOLockedValueBox(State(ring: FlowRing(capacity: settings.keep, maxHeldBytes: BrokerSettings.Flows.maxHeldBytes)))
+    }
+
+    package var isEnabled: Bool { self.settings.keep > 0 }
+
+    /// How much of each body a capture keeps; nil when bodies are not kept.
+    var bodyLimit: Int? { self.settings.bodies ? self.settings.maxBodyBytes : nil }
+
+    package func record(_ flow: FlowRecord) {
+        guard self.isEnabled else { return }
+        let followers = self.state.withLockedValue { state in
+            let numbered = state.ring.append(flow)
+            return state.followers.isEmpty ? [] : state.followers.values.map { ($0, numbered) }
+        }
+        for (follower, numbered) in followers { follower.yield(numbered) }
+    }
+
+    /// The kept flows, oldest first (the last `limit` when given).
+    package func recent(_ limit: Int? = nil) -> [FlowRecord] {
+        self.state.withLockedValue { $0.ring.recent(limit) }
+    }
+
+    /// Flows as they end, from now on, until `unfollow`.
+    package func follow() -> (id: UInt64, flows: AsyncStream<FlowRecord>) {
+        let (stream, continuation) = AsyncStream<FlowRecord>.makeStream(bufferingPolicy: .bufferingNewest(Self.followerBuffer))
+        let id = self.state.withLockedValue { state in
+            state.nextFollower += 1
+            state.followers[state.nextFollower] = continuation
+            return state.nextFollower
+        }
+        return (id, stream)
+    }
+
+    package func unfollow(_ id: UInt64) {
+        let continuation = self.state.withLockedValue { $0.followers.removeValue(forKey: id) }
+        continuation?.finish()
+    }
+
+}
+
+/// What the full path learns about one request while it serves it: the response head the client
+/// got, its body, and what the broker applied. The data plane reports to `current`, set for the
+/// request's task tree, so no signature along the way carries it.
+package final class FlowCapture: Sendable {
+    @TaskLocal package static var current: FlowCapture?
+
+    struct Captured {
+        var responseHead: HTTPResponseHead?
+        var responseHeadAt: ContinuousClock.Instant?
+        var requestBodyBytes = 0
+        var requestBody: CapturedBody?
+        var responseBody: CapturedBody?
+        var applied = FlowApplied()
+    }
+
+    /// How much of each body is kept; nil: none.
+    let bodyLimit: Int?
+    private let captured: NIOLockedValueBox<Captured>
+
+    init(bodyLimit: Int?) {
+        self.bodyLimit = bodyLimit
+        self.captured = NIOLockedValueBox(Captured(requestBody: bodyLimit.map { _ in CapturedBody() }))
+    }
+
+    var snapshot: Captured { self.captured.withLockedValue { $0 } }
+
+    /// A final response head went to the client (interim ones are not the flow's).
+    func responded(_ head: HTTPResponseHead) {
+        guard head.status.code >= 200 else { return }
+        let now = ContinuousClock.now
+        self.captured.withLockedValue { captured in
+            captured.responseHead = head
+            captured.responseHeadAt = now
+            captured.responseBody = self.bodyLimit.map { _ in CapturedBody() }
+        }
+    }
+
+    /// The broker's own answer (an error), head and whole body.
+    func responded(_ head: HTTPResponseHead, body: ByteBuffer) {
+        self.responded(head)
+        self.responseBody(body)
+    }
+
+    func responseBody(_ buffer: ByteBuffer) {
+        guard let limit = self.bodyLimit else { return }
+        self.captured.withLockedValue { captured in
+            captured.responseBody?.append(buffer.readableBytesView, limit: limit)
+        }
+    }
+
+    func requestBody(_ buffer: ByteBuffer) {
+        self.captured.withLockedValue { captured in
+            captured.requestBodyBytes += buffer.readableBytes
+            if let limit = self.bodyLimit { captured.requestBody?.append(buffer.readableBytesView, limit: limit) }
+        }
+    }
+
+    func credentialUsed(_ space: ProtectionSpace, user: String) {
+        let credential = FlowApplied.Credential(
+            user: user, realm: space.realm.isEmpty ? nil : space.realm, scheme: space.authScheme, proxy: space.isProxy
+        )
+        self.captured.withLockedValue { captured in
+            if !captured.applied.credentials.contains(credential) { captured.applied.credentials.append(credential) }
+        }
+    }
+
+    func apply(_ change: (inout FlowApplied) -> Void) {
+        self.captured.withLockedValue { change(&$0.applied) }
+    }
+}
+
+extension FlowRecord {
+    /// The record of a request the full path served, from what its capture saw.
+    init(
+        requestID: String, head: HTTPRequestHead, url: String, started: Date, startedAt: ContinuousClock.Instant,
+        outcome: RequestOutcome, capture: FlowCapture, app: Requester?, intercepted: Bool
+    ) {
+        self.init(
+            requestID: requestID, started: started, method: head.method.rawValue, url: url,
+            httpVersion: "HTTP/\(head.version.major).\(head.version.minor)", requestHeaders: head.headers
+        )
+        let captured = capture.snapshot
+        self.status = outcome.status
+        self.responseHeaders = captured.responseHead?.headers ?? HTTPHeaders()
+        self.responseBodyBytes = outcome.bytes
+        self.requestBodyBytes = captured.requestBodyBytes
+        self.requestBody = captured.requestBody
+        self.responseBody = captured.responseBody
+        self.brokerError = outcome.brokerError
+        self.applied = captured.applied
+        if intercepted { self.applied.intercepted = true }
+        self.app = app.map { FlowApp(pid: $0.pid, uid: $0.uid, executable: $0.executable) }
+        let now = ContinuousClock.now
+        self.totalMicroseconds = (now - startedAt).microseconds
+        self.waitMicroseconds = captured.responseHeadAt.map { ($0 - startedAt).microseconds }
+    }
+}
+
+extension Duration {
+    var microseconds: Int64 {
+        self.components.seconds * 1_000_000 + self.components.attoseconds / 1_000_000_000_000
+    }
+}
