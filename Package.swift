@@ -263,6 +263,8 @@ let package = Package(
         .testTarget(
             name: "AuthBrokerIntegrationTests",
             dependencies: ["AuthBrokerCore", "TestSupport"],
+            // Read by path at run time (the HAR schema for scripts/validate-har).
+            exclude: ["Fixtures"],
             swiftSettings: strictSettings
         ),
     ]
