@@ -96,7 +96,7 @@ package struct HTTPArchive: Encodable, Sendable {
 
         init(_ flow: FlowRecord, masking: FlowMasking?) {
             self.method = flow.method
-            self.url = flow.url
+            self.url = HTTPArchive.absoluteURL(of: flow)
             self.httpVersion = flow.httpVersion
             self.headers = HTTPArchive.headers(flow.requestHeaders, masking: masking)
             self.cookies = flow.requestHeaders["cookie"].flatMap { header in
@@ -204,6 +204,14 @@ package struct HTTPArchive: Encodable, Sendable {
         headers.map { name, value in
             NameValue(name: name, value: masking?.masked(name: name, value: value) ?? value)
         }
+    }
+
+    /// HAR's URL: absolute, without a fragment. A CONNECT's `host:port` goes to a TLS server
+    /// (the only kind the broker connects to for one), so it is `https://host:port`.
+    static func absoluteURL(of flow: FlowRecord) -> String {
+        var url = flow.url.prefix { $0 != "#" }
+        if flow.method == "CONNECT", !url.contains("://") { url = "https://" + url }
+        return String(url)
     }
 
     /// The query's `name=value` pairs, percent-decoded where they decode (`+` stays: it is a space

@@ -23,7 +23,9 @@ struct FlowLogTests {
 
     @Test func ringKeepsTheLatestInOrder() {
         var ring = FlowRing(capacity: 3, maxHeldBytes: 1 << 20)
-        for index in 1...7 { ring.append(Self.flow("https://x.test/\(index)")) }
+        for index in 1...3 { #expect(ring.append(Self.flow("https://x.test/\(index)")) == nil) }
+        // Full: each new one pushes the oldest out, and hands it back.
+        for index in 4...7 { #expect(ring.append(Self.flow("https://x.test/\(index)"))?.url == "https://x.test/\(index - 3)") }
         #expect(ring.recent().map(\.url) == ["https://x.test/5", "https://x.test/6", "https://x.test/7"])
         #expect(ring.recent().map(\.sequence) == [5, 6, 7])
         #expect(ring.recent(2).map(\.sequence) == [6, 7])
@@ -34,7 +36,8 @@ struct FlowLogTests {
 
     @Test func ringOfNothingKeepsNothingButStillNumbers() {
         var ring = FlowRing(capacity: 0, maxHeldBytes: 1 << 20)
-        #expect(ring.append(Self.flow()).sequence == 1)
+        #expect(ring.append(Self.flow()) == nil)
+        #expect(ring.lastSequence == 1)
         #expect(ring.recent().isEmpty)
     }
 
@@ -54,6 +57,13 @@ struct FlowLogTests {
         huge.responseBody = CapturedBody(bytes: Array(repeating: 0x41, count: 20_000))
         ring.append(huge)
         #expect(ring.recent().map(\.url) == ["https://x.test/huge"])
+    }
+
+    @Test func headersCountOnlyWhereTheyCouldPassTheBudget() {
+        #expect(FlowRing(capacity: 500, maxHeldBytes: 64 << 20, maxHeadBytes: 128 << 10).countsHeaders == false)
+        #expect(FlowRing(capacity: 5000, maxHeldBytes: 64 << 20, maxHeadBytes: 128 << 10).countsHeaders == true)
+        #expect(FlowRing(capacity: 500, maxHeldBytes: 64 << 20).countsHeaders == true)
+        #expect(FlowRing(capacity: .max, maxHeldBytes: 64 << 20, maxHeadBytes: 1 << 20).countsHeaders == true)
     }
 
     @Test func capturedBodyStopsAtItsLimit() {
@@ -128,7 +138,7 @@ struct FlowLogTests {
         let timings = try #require(entry["timings"] as? [String: Double])
         #expect(timings == ["send": 0, "wait": 10, "receive": 2.5])
         let request = try #require(entry["request"] as? [String: Any])
-        #expect(request["url"] as? String == "https://x.test/search?q=a%20b&empty=&flag#frag")
+        #expect(request["url"] as? String == "https://x.test/search?q=a%20b&empty=&flag")
         let query = try #require(request["queryString"] as? [[String: String]])
         #expect(query == [["name": "q", "value": "a b"], ["name": "empty", "value": ""], ["name": "flag", "value": ""]])
         #expect(request["cookies"] as? [[String: String]] == [["name": "sid", "value": "[masked]"], ["name": "t", "value": "[masked]"]])
@@ -152,6 +162,13 @@ struct FlowLogTests {
         // Unmasked, for a user who re-authenticated and asked.
         let revealed = String(decoding: try HTTPArchive(flows: [flow], masking: nil, creatorVersion: "9.9").encoded(), as: UTF8.self)
         for secret in ["SECRET1", "SECRET2", "SECRET3"] { #expect(revealed.contains(secret)) }
+    }
+
+    @Test func harURLOfAConnectIsAbsolute() throws {
+        var flow = Self.flow("git.corp.test:443")
+        flow.method = "CONNECT"
+        let data = try HTTPArchive(flows: [flow], masking: FlowMasking(), creatorVersion: "1").encoded()
+        #expect(String(decoding: data, as: UTF8.self).contains("\"url\" : \"https://git.corp.test:443\""))
     }
 
     @Test func harOfAFlowWithNoResponse() throws {
