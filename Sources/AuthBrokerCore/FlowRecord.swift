@@ -43,9 +43,27 @@ package struct FlowRecord: Sendable {
         self.requestHeaders = requestHeaders
     }
 
+    /// Bytes held beyond the fixed parts, as the ring counted them when it took the flow.
+    fileprivate var countedBytes = 0
+
+    /// HTTP/1.1 as `HTTP/1.1` (without string interpolation for the usual two: it is per request).
+    package static func versionText(_ version: HTTPVersion) -> String {
+        switch (version.major, version.minor) {
+        case (1, 1): "HTTP/1.1"
+        case (1, 0): "HTTP/1.0"
+        default: "HTTP/\(version.major).\(version.minor)"
+        }
+    }
+
     /// Bytes held beyond the fixed parts (the ring's budget counts them).
     package var heldBytes: Int {
+        self.heldBytes(countingHeaders: true)
+    }
+
+    /// The held bytes, header fields left out when the caller knows they cannot matter.
+    package func heldBytes(countingHeaders: Bool) -> Int {
         var total = self.url.utf8.count + (self.requestBody?.bytes.count ?? 0) + (self.responseBody?.bytes.count ?? 0)
+        guard countingHeaders else { return total }
         for (name, value) in self.requestHeaders { total += name.utf8.count + value.utf8.count }
         for (name, value) in self.responseHeaders { total += name.utf8.count + value.utf8.count }
         return total
@@ -244,45 +262,56 @@ package enum CookieSyntax {
 }
 
 /// The flows the daemon keeps: the latest `capacity` of them, fewer when their held bytes pass
-/// `maxHeldBytes` (the oldest go first). Not synchronised: the daemon's `FlowLog` holds it
+/// `maxHeldBytes` (the oldest go first; see `countsHeaders`). Not synchronised: the daemon's `FlowLog` holds it
 /// under a lock.
 package struct FlowRing: Sendable {
     package let capacity: Int
     package let maxHeldBytes: Int
+    /// Whether header fields count toward `maxHeldBytes`: not when a full ring of heads as large
+    /// as the limits allow is no larger than it anyway (the budget then bounds URLs and bodies,
+    /// and the heads are bounded by the limits); counting them cost about 2% of a relayed request.
+    package let countsHeaders: Bool
     private var flows: [FlowRecord] = []
     /// Where the oldest flow is, once the ring is full.
     private var head = 0
     private var heldBytes = 0
     private(set) package var lastSequence: UInt64 = 0
 
-    package init(capacity: Int, maxHeldBytes: Int) {
+    /// - Parameter maxHeadBytes: the largest request head plus response head a flow can hold;
+    ///   nil: unknown (they are counted).
+    package init(capacity: Int, maxHeldBytes: Int, maxHeadBytes: Int? = nil) {
         self.capacity = max(0, capacity)
         self.maxHeldBytes = maxHeldBytes
+        let (worst, overflow) = self.capacity.multipliedReportingOverflow(by: maxHeadBytes ?? .max)
+        self.countsHeaders = maxHeadBytes == nil || overflow || worst > maxHeldBytes
         self.flows.reserveCapacity(min(self.capacity, 1024))
     }
 
     package var count: Int { self.flows.count }
 
-    /// Adds `flow`, numbered next; returns it as numbered.
+    /// Adds `flow`, numbered `lastSequence + 1`. Returns the flow it pushed out, for the caller
+    /// to let go of outside its lock (releasing a flow's headers is most of what dropping costs).
     @discardableResult
-    package mutating func append(_ flow: FlowRecord) -> FlowRecord {
-        var flow = flow
+    package mutating func append(_ flow: consuming FlowRecord) -> FlowRecord? {
         self.lastSequence += 1
-        flow.sequence = self.lastSequence
-        guard self.capacity > 0 else { return flow }
-        let size = flow.heldBytes
+        guard self.capacity > 0 else { return nil }
+        var incoming = flow
+        incoming.sequence = self.lastSequence
+        incoming.countedBytes = incoming.heldBytes(countingHeaders: self.countsHeaders)
+        self.heldBytes += incoming.countedBytes
+        var evicted: FlowRecord?
         if self.flows.count < self.capacity {
-            self.flows.append(flow)
+            self.flows.append(incoming)
         } else {
-            self.heldBytes -= self.flows[self.head].heldBytes
-            self.flows[self.head] = flow
+            swap(&incoming, &self.flows[self.head])
+            self.heldBytes -= incoming.countedBytes
             self.head = (self.head + 1) % self.capacity
+            evicted = incoming
         }
-        self.heldBytes += size
         while self.heldBytes > self.maxHeldBytes, self.flows.count > 1 {
             self.dropOldest()
         }
-        return flow
+        return evicted
     }
 
     /// The flows kept, oldest first; the last `limit` of them when given.
@@ -295,7 +324,7 @@ package struct FlowRing: Sendable {
     private mutating func dropOldest() {
         var ordered = self.recent()
         let dropped = ordered.removeFirst()
-        self.heldBytes -= dropped.heldBytes
+        self.heldBytes -= dropped.countedBytes
         self.flows = ordered
         self.head = 0
     }

@@ -191,7 +191,7 @@ package enum BrokerDaemon {
         )
         let interception = InterceptionScope(rules: rules, store: store, vault: vault, authority: localCA)
         let reloader = RulesReloader(configFile: configFile, rules: rules, started: settings, logger: logger)
-        let flows = FlowLog(settings: settings.flows)
+        let flows = FlowLog(settings: settings.flows, limits: settings.limits)
         let control = ControlAPI(
             store: store, vault: vault, reauth: reauth, challenges: challenges, identities: identities, localCA: localCA,
             reloader: reloader, flows: flows, publicSuffixes: publicSuffixes,

@@ -348,7 +348,7 @@ package struct ClientConnectionServer: Sendable {
         let flows = self.interceptor.flows
         // (Origin-form targets are the control API's; intercepted ones were made absolute.)
         let isControl = head.uri.hasPrefix("/")
-        let capture = flows?.isEnabled == true && !isControl ? FlowCapture(bodyLimit: flows?.bodyLimit) : nil
+        let capture = flows?.isRecording == true && !isControl ? FlowCapture(bodyLimit: flows?.bodyLimit) : nil
         var target = "-"
         var flowURL = head.uri
         let outcome = await FlowCapture.$current.withValue(capture) {
@@ -711,6 +711,7 @@ package struct ClientConnectionServer: Sendable {
     ) async -> RequestOutcome {
         // Following first, so no flow ends unseen between the history and the live part.
         let (follower, live) = flows.follow()
+        flows.startRecording()
         let history = flows.recent(last)
         let seen = history.last?.sequence ?? 0
         var headers = HTTPHeaders()

@@ -280,13 +280,15 @@ package struct ControlAPI: Sendable {
             let last = try Self.flowCount(query)
             // A valid `follow=true` is served as a stream before it gets here (flow log on).
             _ = try Self.flag(Self.queryParameters(query)["follow"], name: "follow")
-            return try Self.json(.ok, ["flows": flows.recent(last).map(FlowSummary.init)])
+            let wasRecording = flows.startRecording()
+            return try Self.json(.ok, FlowListJSON(flows: flows.recent(last).map(FlowSummary.init), recordingStarted: !wasRecording))
         case (.GET, ["v1", "flows", "har"]):
             let flows = try self.flowLogOn()
             let parameters = Self.queryParameters(query)
             let last = try Self.flowCount(query)
             let reveal = try Self.flag(parameters["reveal"], name: "reveal")
             if reveal { try self.requireGrant(peer, for: "export flows with their secret header values") }
+            flows.startRecording()
             let archive = HTTPArchive(
                 flows: flows.recent(last), masking: reveal ? nil : flows.masking, creatorVersion: AuthBrokerVersion.current
             )
@@ -974,6 +976,19 @@ struct AnchorJSON: Encodable {
     enum CodingKeys: String, CodingKey {
         case id, hosts, pem, certificate
         case addedAt = "added_at"
+    }
+}
+
+/// `GET /v1/flows`.
+struct FlowListJSON: Encodable {
+    var flows: [FlowSummary]
+    /// This request started the recording (`[flows] record = "on_demand"`): earlier requests
+    /// were not kept.
+    var recordingStarted: Bool
+
+    enum CodingKeys: String, CodingKey {
+        case flows
+        case recordingStarted = "recording_started"
     }
 }
 

@@ -258,7 +258,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             handler: self, head: head, route: route, originDescription: known.originDescription,
             upstreamHead: Interceptor.upstreamHead(for: head, hostHeader: known.hostHeader, pathAndQuery: pathAndQuery)
         )
-        if let flows = interceptor.flows, flows.isEnabled {
+        if let flows = interceptor.flows, flows.isRecording {
             relayed.flow = RelayedFlow(url: known.originDescription + pathAndQuery, bodyLimit: flows.bodyLimit)
         }
         return relayed
@@ -553,7 +553,7 @@ struct RelayedFlow {
         let head = relayed.head
         var flow = FlowRecord(
             requestID: relayed.requestID, started: self.started, method: head.method.rawValue, url: self.url,
-            httpVersion: "HTTP/\(head.version.major).\(head.version.minor)", requestHeaders: head.headers
+            httpVersion: FlowRecord.versionText(head.version), requestHeaders: head.headers
         )
         flow.status = outcome.status
         flow.responseHeaders = self.responseHeaders

@@ -4,6 +4,7 @@ import Foundation
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
+import Synchronization
 
 /// The recent flows (`[flows]`), for `authbrokerctl flows`: a bounded ring in memory, and the
 /// live views that follow it. Nothing is written to disk; an export is the user's own act.
@@ -17,29 +18,59 @@ package final class FlowLog: Sendable {
     package let settings: BrokerSettings.Flows
     package let masking: FlowMasking
     private let state: NIOLockedValueBox<State>
+    /// Requests are recorded (`[flows] record`): from the start, or since someone asked.
+    private let recording: Synchronization.Atomic<Bool>
 
     /// Flows a live view has not taken yet beyond this are dropped for it (the oldest first),
     /// so a stalled `authbrokerctl flows` costs the daemon a bounded amount.
     static let followerBuffer = 1024
 
-    package init(settings: BrokerSettings.Flows) {
+    package init(settings: BrokerSettings.Flows, limits: BrokerSettings.Limits = .init()) {
         self.settings = settings
         self.masking = FlowMasking(extraNames: settings.maskHeaders)
-        self.state = NIOLockedValueBox(State(ring: FlowRing(capacity: settings.keep, maxHeldBytes: BrokerSettings.Flows.maxHeldBytes)))
+        let ring = FlowRing(
+            capacity: settings.keep, maxHeldBytes: BrokerSettings.Flows.maxHeldBytes,
+            maxHeadBytes: limits.maxRequestHeadBytes + limits.maxResponseHeadBytes
+        )
+        self.state = NIOLockedValueBox(State(ring: ring))
+        self.recording = Synchronization.Atomic(settings.keep > 0 && settings.record == .always)
     }
 
+    /// Whether the flow log exists at all (`[flows] keep` > 0).
     package var isEnabled: Bool { self.settings.keep > 0 }
+
+    /// Whether requests are recorded now: read once per request, so it is one relaxed load.
+    package var isRecording: Bool { self.recording.load(ordering: .relaxed) }
+
+    /// Someone asked for the flows: record from now on (`on_demand`). Returns whether it was
+    /// already on.
+    @discardableResult
+    package func startRecording() -> Bool {
+        guard self.isEnabled else { return false }
+        return self.recording.exchange(true, ordering: .relaxed)
+    }
 
     /// How much of each body a capture keeps; nil when bodies are not kept.
     var bodyLimit: Int? { self.settings.bodies ? self.settings.maxBodyBytes : nil }
 
-    package func record(_ flow: FlowRecord) {
+    package func record(_ flow: consuming FlowRecord) {
         guard self.isEnabled else { return }
-        let followers = self.state.withLockedValue { state in
-            let numbered = state.ring.append(flow)
-            return state.followers.isEmpty ? [] : state.followers.values.map { ($0, numbered) }
+        // Moved, not copied, into the ring (a copy retains every field).
+        var pending = Optional(flow)
+        let (followers, numbered, evicted) = self.state.withLockedValue { state in
+            guard let flow = pending.take() else { return ([AsyncStream<FlowRecord>.Continuation](), FlowRecord?.none, FlowRecord?.none) }
+            var numbered: FlowRecord?
+            var followers: [AsyncStream<FlowRecord>.Continuation] = []
+            if !state.followers.isEmpty {
+                numbered = flow
+                numbered?.sequence = state.ring.lastSequence + 1
+                followers = Array(state.followers.values)
+            }
+            return (followers, numbered, state.ring.append(flow))
         }
-        for (follower, numbered) in followers { follower.yield(numbered) }
+        _ = consume evicted  // released here, outside the lock
+        guard let numbered else { return }
+        for follower in followers { follower.yield(numbered) }
     }
 
     /// The kept flows, oldest first (the last `limit` when given).
@@ -144,7 +175,7 @@ extension FlowRecord {
     ) {
         self.init(
             requestID: requestID, started: started, method: head.method.rawValue, url: url,
-            httpVersion: "HTTP/\(head.version.major).\(head.version.minor)", requestHeaders: head.headers
+            httpVersion: FlowRecord.versionText(head.version), requestHeaders: head.headers
         )
         let captured = capture.snapshot
         self.status = outcome.status

@@ -160,6 +160,7 @@ struct BrokerSettingsTests {
 
             [flows]
             keep = 0
+            record = "always"
             bodies = true
             max_body_bytes = 1
             mask_headers = ["X-Api-Key", "x-token"]
@@ -193,6 +194,7 @@ struct BrokerSettingsTests {
         expected.debug.tlsKeyLogPath = "/home/you/keys.log"
         expected.debug.tlsKeyLogScope = .marked
         expected.flows.keep = 0
+        expected.flows.record = .always
         expected.flows.bodies = true
         expected.flows.maxBodyBytes = 1
         expected.flows.maskHeaders = ["X-Api-Key", "x-token"]
@@ -330,6 +332,7 @@ struct BrokerSettingsTests {
         BadCase("[upstream]\nresolve = [\"a:1:1.1.1.1\", \"A.:1:[::1]\"]", .invalidValue, line: 2, key: "upstream.resolve", "entries 1 and 2 both pin a:1; keep one"),
         BadCase("[flows]\nkeep = -1", .outOfRange, line: 2, key: "flows.keep", "use 0 to 100000 (0 turns the flow log off)"),
         BadCase("[flows]\nbodies = \"yes\"", .wrongType, line: 2, key: "flows.bodies", "expected true or false"),
+        BadCase("[flows]\nrecord = \"sometimes\"", .invalidValue, line: 2, key: "flows.record", "use \"on_demand\""),
         BadCase("[flows]\nmax_body_bytes = 0", .outOfRange, line: 2, key: "flows.max_body_bytes", "use 1 to 16777216 bytes"),
         BadCase("[flows]\nmask_headers = \"X-Api-Key\"", .wrongType, line: 2, key: "flows.mask_headers", "an array of header field names"),
         BadCase("[flows]\nmask_headers = [\"ok\", \"Bad Name\"]", .invalidValue, line: 2, key: "flows.mask_headers", "entry 2: \"Bad Name\" is not a header field name"),

@@ -25,7 +25,7 @@ struct FlowsTests {
         )
     }
 
-    static func config(_ origin: TestAuthOrigin, flows: String = "bodies = true\nmask_headers = [\"X-Api-Key\"]") -> String {
+    static func config(_ origin: TestAuthOrigin, flows: String = "record = \"always\"\nbodies = true\nmask_headers = [\"X-Api-Key\"]") -> String {
         """
         [upstream]
         resolve = ["auth.internal.test:\(origin.port):127.0.0.1"]
@@ -65,18 +65,23 @@ struct FlowsTests {
             #expect(curl.status == 0, "\(curl.stderr)")
             let login = try ProxyPortTests.runThroughBroker(daemon, ["/usr/bin/curl", "-sS", "http://stub.test/login"])
             #expect(login.stdout == "welcome", "\(login.stderr)")
+            // https:// to a host a rule covers is intercepted: the CONNECT and the request inside.
+            let secure = try ProxyPortTests.runThroughBroker(daemon, ["/usr/bin/curl", "-sS", "https://stub.test/login"])
+            #expect(secure.stdout == "welcome", "\(secure.stderr)")
             let failed = try UnixSocketConnection(path: daemon.socketPath).request("GET", "http://no-such-host.invalid/x")
             #expect(failed.header("Authbroker-Error") == "dns_error")
 
             let listed = try CLIAndClientsTests.ctl(daemon, ["flows", "--no-follow"])
             #expect(listed.status == 0, "\(listed.stderr)")
             let lines = listed.stdout.split(separator: "\n").map(String.init)
-            #expect(lines.count == 4, "\(listed.stdout)")
+            #expect(lines.count == 6, "\(listed.stdout)")
             let uploadLine = lines.first { $0.contains("POST \(base)/basic/upload 200") }
             #expect(uploadLine?.contains("credential alice (basic, realm \"") == true, "\(listed.stdout)")
             #expect(lines.contains { $0.contains("curl[") && $0.contains("GET \(base)/stats?verbose=1 200") }, "\(listed.stdout)")
             #expect(lines.contains { $0.contains("GET http://stub.test/login 200 7 B") && $0.contains("respond config.toml:") }, "\(listed.stdout)")
             #expect(lines.contains { $0.contains("GET http://no-such-host.invalid/x 502") && $0.contains("error dns_error") }, "\(listed.stdout)")
+            #expect(lines.contains { $0.contains("CONNECT stub.test:443 200") && $0.hasSuffix("intercepted") }, "\(listed.stdout)")
+            #expect(lines.contains { $0.contains("GET https://stub.test/login 200 7 B") && $0.contains("respond config.toml:") && $0.hasSuffix("intercepted") }, "\(listed.stdout)")
             for secret in Self.secrets { #expect(!listed.stdout.contains(secret)) }
 
             let last = try CLIAndClientsTests.ctl(daemon, ["flows", "--no-follow", "--last", "1", "--json"])
@@ -100,7 +105,7 @@ struct FlowsTests {
 
             let json = try #require(try JSONSerialization.jsonObject(with: Data(har.utf8)) as? [String: Any])
             let entries = try #require((json["log"] as? [String: Any])?["entries"] as? [[String: Any]])
-            #expect(entries.count == 4)
+            #expect(entries.count == 6)
             let uploadEntry = try #require(entries.first { ($0["request"] as? [String: Any])?["url"] as? String == base + "/basic/upload" })
             let extra = try #require(uploadEntry["_authbroker"] as? [String: Any])
             let credentials = (extra["applied"] as? [String: Any])?["credentials"] as? [[String: Any]]
@@ -122,7 +127,7 @@ struct FlowsTests {
     func follow() async throws {
         let origin = try await TestOrigin.start(name: "live")
         defer { Task { await origin.stop() } }
-        try await withDaemon(config: "[upstream]\nresolve = [\"live.test:\(origin.port):127.0.0.1\"]\n") { daemon in
+        try await withDaemon(config: "[upstream]\nresolve = [\"live.test:\(origin.port):127.0.0.1\"]\n[flows]\nrecord = \"always\"\n") { daemon in
             let before = try UnixSocketConnection(path: daemon.socketPath).request("GET", "http://live.test:\(origin.port)/hello?before")
             #expect(before.status == 200)
             let watcher = Process()
@@ -149,6 +154,25 @@ struct FlowsTests {
             #expect(relayed >= 1, "\(status.text)")
             // The watcher is a control client, not a flow.
             #expect(!reader.text.contains("/v1/"))
+        }
+    }
+
+    @Test("by default nothing is recorded until someone asks, and flows says so")
+    func recordingOnDemand() async throws {
+        let origin = try await TestOrigin.start(name: "lazy")
+        defer { Task { await origin.stop() } }
+        try await withDaemon(config: "[upstream]\nresolve = [\"lazy.test:\(origin.port):127.0.0.1\"]\n") { daemon in
+            let url = "http://lazy.test:\(origin.port)/hello"
+            #expect(try UnixSocketConnection(path: daemon.socketPath).request("GET", url + "?unseen").status == 200)
+            let first = try CLIAndClientsTests.ctl(daemon, ["flows", "--no-follow"])
+            #expect(first.status == 0, "\(first.stderr)")
+            #expect(first.stdout.isEmpty)
+            #expect(first.stderr.contains("records requests from now on"), "\(first.stderr)")
+            #expect(try UnixSocketConnection(path: daemon.socketPath).request("GET", url + "?seen").status == 200)
+            let second = try CLIAndClientsTests.ctl(daemon, ["flows", "--no-follow"])
+            #expect(second.stdout.contains("GET \(url)?seen 200"), "\(second.stdout)")
+            #expect(!second.stdout.contains("unseen"))
+            #expect(second.stderr.isEmpty, "\(second.stderr)")
         }
     }
 
@@ -187,6 +211,9 @@ struct FlowsTests {
         let config = """
             [security]
             pam_config_dir = "\(pamDirectory)"
+
+            [flows]
+            record = "always"
 
             [[respond]]
             host = "stub.test"

@@ -14,7 +14,9 @@ struct Flows: AsyncParsableCommand {
         discussion: """
             The daemon keeps the last [flows] keep requests (500 by default) in memory: \
             method, URL, status, size, time, which program sent it, and which stored \
-            credential, client identity or rule the broker applied. Authorization, \
+            credential, client identity or rule the broker applied. It starts recording \
+            the first time you run a flows command (or at its start, with [flows] record \
+            = "always"). Authorization, \
             Proxy-Authorization, Cookie and Set-Cookie values are masked in everything \
             it shows, unless you prove you are you (your login password, through PAM) \
             and ask for them.
@@ -67,6 +69,11 @@ struct Flows: AsyncParsableCommand {
                         "GET", "/v1/flows?last=\(last)", context: "cannot read the flows", as: FlowList.self
                     )
                     for flow in list.flows { try self.show(flow) }
+                    if list.recordingStarted == true {
+                        Console.error(
+                            "The daemon records requests from now on ([flows] record = \"on_demand\"); earlier ones were not kept. Set record = \"always\" to keep them from its start."
+                        )
+                    }
                     return
                 }
                 try await api.mappingErrors(context: "cannot follow the flows") {
@@ -199,6 +206,13 @@ struct Flows: AsyncParsableCommand {
 /// `GET /v1/flows`.
 struct FlowList: Decodable {
     var flows: [FlowSummary]
+    /// This request started the recording (absent from daemons that always record).
+    var recordingStarted: Bool?
+
+    enum CodingKeys: String, CodingKey {
+        case flows
+        case recordingStarted = "recording_started"
+    }
 }
 
 extension HumanFormat {

@@ -186,6 +186,15 @@ package struct BrokerSettings: Sendable, Equatable {
     package struct Flows: Sendable, Equatable {
         /// `keep`: how many recent flows the daemon keeps in memory; 0 turns the flow log off.
         package var keep = 500
+        /// `record`: from the daemon's start (`always`), or from the first time someone asks for
+        /// the flows (`on_demand`): until then no request pays for being recorded, and no app's
+        /// header values sit in the daemon's memory.
+        package var record: Recording = .onDemand
+
+        package enum Recording: String, Sendable, Equatable {
+            case always
+            case onDemand = "on_demand"
+        }
         /// `bodies`: keep request and response bodies too (their first `max_body_bytes`).
         package var bodies = false
         /// `max_body_bytes`: how much of each body is kept when `bodies` is on.
@@ -248,7 +257,7 @@ package struct BrokerSettings: Sendable, Equatable {
         "security": ["reauth_grant_seconds", "pam_service", "pam_config_dir"],
         "secrets": ["store"],
         "debug": ["tls_key_log", "tls_key_log_scope"],
-        "flows": ["keep", "bodies", "max_body_bytes", "mask_headers"],
+        "flows": ["keep", "record", "bodies", "max_body_bytes", "mask_headers"],
     ]
 
     /// The arrays of tables the file may contain (`[[route]]`), and their keys.
@@ -408,6 +417,15 @@ package struct BrokerSettings: Sendable, Equatable {
         let flows = TableReader(file: file, table: "flows", document: document)
         if let value = try flows.integer("keep", in: 0...100_000, unit: count, note: " (0 turns the flow log off)") {
             settings.flows.keep = value
+        }
+        if let value = try flows.string("record", expected: "\"on_demand\" or \"always\"") {
+            guard let recording = Flows.Recording(rawValue: value) else {
+                throw flows.error(
+                    "record", .invalidValue,
+                    "use \"on_demand\" (from the first `authbrokerctl flows`) or \"always\" (from the daemon's start), not \"\(TOMLValue.escapedForMessage(value))\""
+                )
+            }
+            settings.flows.record = recording
         }
         if let value = try flows.boolean("bodies") { settings.flows.bodies = value }
         if let value = try flows.integer(
