@@ -1,0 +1,324 @@
+import Foundation
+import NIOHTTP1
+
+/// The one place that decides what the broker's HTTP cache stores and reuses (RFC 9111, as a
+/// private cache: one user's). Pure: the daemon's cache asks it, with the clock passed in.
+///
+/// One rule is stricter than a private cache needs: a response to a request that carried
+/// credentials (the app's own `Authorization`, or one the broker added) is stored only when the
+/// response says a shared cache may store it (§3.5). Every app of the user shares this cache,
+/// and an app that authenticates is not telling the others that they may read what it got.
+package enum CachePolicy {
+    /// Which responses the cache takes, besides what HTTP says.
+    package struct Settings: Sendable, Equatable {
+        package var enabled = true
+        /// Origins cached; empty: all.
+        package var hosts: [HostPattern] = []
+        /// The largest body stored, when its length is known up front (`Content-Length`).
+        package var maxObjectBytes = 1 << 30
+
+        package init() {}
+    }
+
+    /// Why a response is not stored.
+    package enum Refusal: String, Sendable, Equatable {
+        case cacheDisabled = "cache_disabled"
+        case hostNotCached = "host_not_cached"
+        /// Only GET responses are stored (a stored GET answers HEAD too).
+        case methodNotCached = "method_not_cached"
+        /// 1xx, 206 (ranges are not kept) and 304 (it updates a stored response instead).
+        case statusNotStored = "status_not_stored"
+        case requestNoStore = "request_no_store"
+        case responseNoStore = "response_no_store"
+        /// `Vary: *`: no later request could ever match it.
+        case varyAll = "vary_all"
+        /// The request carried credentials and the response did not say a shared cache may
+        /// store it (`public`, `s-maxage` or `must-revalidate`, §3.5).
+        case authorized = "authorized"
+        /// No explicit freshness, and neither its status nor `public` allows a heuristic one.
+        case notCacheable = "not_cacheable"
+        /// `Content-Length` beyond `Settings.maxObjectBytes`.
+        case tooLarge = "too_large"
+        /// `must-understand` on a status this cache does not know the caching rules of.
+        case notUnderstood = "not_understood"
+    }
+
+    package enum StorageDecision: Sendable, Equatable {
+        /// Store it, without these (lowercased) header fields (§3.1: hop-by-hop fields and those
+        /// a qualified `private` names).
+        case store(omitting: [String])
+        case dontStore(Refusal)
+    }
+
+    /// Status codes whose responses may be given heuristic freshness (RFC 9110 §15.1).
+    static let heuristicallyCacheable: Set<Int> = [200, 203, 204, 206, 300, 301, 308, 404, 405, 410, 414, 501]
+    /// Status codes whose caching rules this cache knows (for `must-understand`).
+    static let understood: Set<Int> = heuristicallyCacheable.union([302, 303, 307])
+    /// Never stored (§3.1); `Connection` and the fields it names are added per response.
+    static let hopByHop: Set<String> = [
+        "connection", "proxy-connection", "keep-alive", "te", "transfer-encoding", "upgrade",
+        "proxy-authenticate", "proxy-authentication-info", "proxy-authorization",
+    ]
+
+    // MARK: Storing (§3)
+
+    /// Whether the response to `request` may be stored, and without which fields.
+    /// - Parameter requestCarriedCredentials: the request went out with `Authorization` (the
+    ///   app's or the broker's).
+    package static func storage(
+        method: String, host: String, requestHeaders: HTTPHeaders, requestCarriedCredentials: Bool,
+        status: Int, responseHeaders: HTTPHeaders, settings: Settings
+    ) -> StorageDecision {
+        guard settings.enabled else { return .dontStore(.cacheDisabled) }
+        if !settings.hosts.isEmpty, !settings.hosts.contains(where: { $0.matches(host) }) { return .dontStore(.hostNotCached) }
+        guard method == "GET" else { return .dontStore(.methodNotCached) }
+        guard status >= 200, status != 206, status != 304 else { return .dontStore(.statusNotStored) }
+        let requestDirectives = CacheControl(fieldValues: requestHeaders["cache-control"])
+        if requestDirectives.noStore { return .dontStore(.requestNoStore) }
+        let directives = CacheControl(fieldValues: responseHeaders["cache-control"])
+        // must-understand: stored only when the status's rules are known; then no-store is
+        // ignored (§5.2.2.3), which is why it is checked first.
+        if directives.mustUnderstand {
+            guard Self.understood.contains(status) else { return .dontStore(.notUnderstood) }
+        } else if directives.noStore {
+            return .dontStore(.responseNoStore)
+        }
+        if Self.varyFields(responseHeaders) == nil { return .dontStore(.varyAll) }
+        if requestCarriedCredentials, !(directives.isPublic || directives.sharedMaxAge != nil || directives.mustRevalidate) {
+            return .dontStore(.authorized)
+        }
+        let explicit =
+            directives.maxAge != nil || directives.sharedMaxAge != nil || responseHeaders.contains(name: "expires")
+            || directives.isPrivate
+        guard explicit || directives.isPublic || Self.heuristicallyCacheable.contains(status) else {
+            return .dontStore(.notCacheable)
+        }
+        if let length = responseHeaders.first(name: "content-length").flatMap({ Int($0) }), length > settings.maxObjectBytes {
+            return .dontStore(.tooLarge)
+        }
+        var omitted = Set(directives.privateFields)
+        for value in responseHeaders["connection"] {
+            for name in value.split(separator: ",") { omitted.insert(name.trimmingCharacters(in: .whitespaces).lowercased()) }
+        }
+        omitted.formUnion(Self.hopByHop)
+        return .store(omitting: omitted.filter { !$0.isEmpty && responseHeaders.contains(name: $0) }.sorted())
+    }
+
+    /// The header fields kept of a response the policy said to store.
+    package static func storedHeaders(_ headers: HTTPHeaders, omitting: [String]) -> HTTPHeaders {
+        guard !omitting.isEmpty else { return headers }
+        let omitted = Set(omitting)
+        return HTTPHeaders(headers.filter { !omitted.contains($0.name.lowercased()) })
+    }
+
+    // MARK: Vary (§4.1)
+
+    /// The lowercased field names a response varies on, sorted; nil for `Vary: *`.
+    package static func varyFields(_ responseHeaders: HTTPHeaders) -> [String]? {
+        var names = Set<String>()
+        for value in responseHeaders["vary"] {
+            for piece in value.split(separator: ",") {
+                let name = piece.trimmingCharacters(in: .whitespaces).lowercased()
+                if name == "*" { return nil }
+                if !name.isEmpty { names.insert(name) }
+            }
+        }
+        return names.sorted()
+    }
+
+    /// What of `request` selects among a URL's stored variants: each varied field's values,
+    /// normalised (lines joined with ", ", whitespace around commas dropped). Two requests match a
+    /// stored response when their keys are equal.
+    package static func variantKey(varyingOn fields: [String], request: HTTPHeaders) -> String {
+        fields.map { name in
+            let values = request[name].flatMap { $0.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) } }
+            return name + ":" + values.joined(separator: ",")
+        }.joined(separator: "\n")
+    }
+
+    // MARK: Freshness (§4.2)
+
+    /// When a stored response was asked for and received, by the cache's clock.
+    package struct Timing: Sendable, Equatable {
+        package var requestTime: Date
+        package var responseTime: Date
+
+        package init(requestTime: Date, responseTime: Date) {
+            self.requestTime = requestTime
+            self.responseTime = responseTime
+        }
+    }
+
+    /// The longest heuristic freshness given (10% of the time since `Last-Modified`, §4.2.2).
+    static let maxHeuristicSeconds = 24 * 3600
+
+    /// §4.2.1: seconds a response stays fresh, and whether that was guessed (§4.2.2).
+    package static func freshnessLifetime(status: Int, headers: HTTPHeaders, timing: Timing) -> (seconds: Int, heuristic: Bool) {
+        let directives = CacheControl(fieldValues: headers["cache-control"])
+        // A response whose freshness cannot be read is taken as stale (§4.2.1).
+        if !directives.conflicting.isEmpty || directives.unknown.contains("malformed") { return (0, false) }
+        switch directives.maxAge {
+        case .value(let seconds)?: return (seconds, false)
+        case .invalid?: return (0, false)
+        case nil: break
+        }
+        let date = Self.dateValue(headers, timing: timing)
+        let expiresLines = headers["expires"]
+        if !expiresLines.isEmpty {
+            // An invalid Expires ("0") means already expired (§5.3); so do two of them.
+            guard expiresLines.count == 1, let expires = HTTPDate.parse(expiresLines[0]) else { return (0, false) }
+            return (max(0, Int(expires.timeIntervalSince(date).rounded(.down))), false)
+        }
+        guard Self.heuristicallyCacheable.contains(status) || directives.isPublic,
+            let modifiedText = headers.first(name: "last-modified"), let modified = HTTPDate.parse(modifiedText)
+        else { return (0, true) }
+        let sinceModified = max(0, date.timeIntervalSince(modified))
+        return (min(Self.maxHeuristicSeconds, Int((sinceModified / 10).rounded(.down))), true)
+    }
+
+    /// §4.2.3: the response's current age in seconds.
+    package static func currentAge(headers: HTTPHeaders, timing: Timing, now: Date) -> Int {
+        let date = Self.dateValue(headers, timing: timing)
+        let apparentAge = max(0, timing.responseTime.timeIntervalSince(date))
+        let ageValue = headers.first(name: "age").flatMap { Int($0.trimmingCharacters(in: .whitespaces)) }.map { max(0, $0) } ?? 0
+        let responseDelay = max(0, timing.responseTime.timeIntervalSince(timing.requestTime))
+        let correctedInitialAge = max(apparentAge, Double(ageValue) + responseDelay)
+        let residentTime = max(0, now.timeIntervalSince(timing.responseTime))
+        return Int((correctedInitialAge + residentTime).rounded(.down))
+    }
+
+    /// The response's `Date`, or when it arrived if it has none that parses.
+    private static func dateValue(_ headers: HTTPHeaders, timing: Timing) -> Date {
+        headers.first(name: "date").flatMap { HTTPDate.parse($0) } ?? timing.responseTime
+    }
+
+    // MARK: Reuse (§4)
+
+    /// What to do with a request for which a stored response matches (method, URL and variant).
+    package enum Reuse: Sendable, Equatable {
+        /// Serve it, with `Age: age`.
+        case fresh(age: Int)
+        /// Serve it stale, as the request allowed (`max-stale`), with `Age: age`.
+        case staleAllowed(age: Int)
+        /// Ask the origin with these conditional fields first (§4.3.1); none when the stored
+        /// response has no validator (then the request goes as it is).
+        case validate([ConditionalField])
+    }
+
+    package struct ConditionalField: Sendable, Equatable {
+        package var name: String
+        package var value: String
+
+        package init(name: String, value: String) {
+            self.name = name
+            self.value = value
+        }
+    }
+
+    /// §4: whether the stored response answers `request` as it is.
+    package static func reuse(
+        requestHeaders: HTTPHeaders, status: Int, storedHeaders: HTTPHeaders, timing: Timing, now: Date
+    ) -> Reuse {
+        let stored = CacheControl(fieldValues: storedHeaders["cache-control"])
+        let requestLines = requestHeaders["cache-control"]
+        let request = CacheControl(fieldValues: requestLines)
+        // Pragma: no-cache counts only without Cache-Control (§5.4).
+        let requestNoCache = request.noCache || (requestLines.isEmpty && requestHeaders["pragma"].contains { $0.lowercased().contains("no-cache") })
+        let validate = Reuse.validate(Self.conditionalFields(for: storedHeaders))
+        if requestNoCache || stored.noCache { return validate }
+        let lifetime = Self.freshnessLifetime(status: status, headers: storedHeaders, timing: timing).seconds
+        let age = Self.currentAge(headers: storedHeaders, timing: timing, now: now)
+        var fresh = age < lifetime
+        if case .value(let maxAge)? = request.maxAge, age > maxAge { fresh = false }
+        if case .invalid? = request.maxAge { fresh = false }
+        if let minFresh = request.minFresh {
+            switch minFresh {
+            case .value(let seconds): if lifetime - age < seconds { fresh = false }
+            case .invalid: fresh = false
+            }
+        }
+        if fresh { return .fresh(age: age) }
+        // Stale: served only if the request allows that much staleness and the response never
+        // forbade it (§4.2.4).
+        guard !stored.mustRevalidate, let maxStale = request.maxStale else { return validate }
+        switch maxStale {
+        case .any: return .staleAllowed(age: age)
+        case .seconds(let allowed): return age - lifetime <= allowed ? .staleAllowed(age: age) : validate
+        }
+    }
+
+    /// §4.2.4 and RFC 5861: whether a stale stored response may be served when the origin cannot
+    /// be reached (the offline mode, or a failed fetch or validation).
+    package static func servableWhileDisconnected(storedHeaders: HTTPHeaders) -> Bool {
+        let stored = CacheControl(fieldValues: storedHeaders["cache-control"])
+        return !stored.mustRevalidate && !stored.noCache
+    }
+
+    /// §4.3.1: the validators of a stored response, as fields of a conditional request.
+    package static func conditionalFields(for storedHeaders: HTTPHeaders) -> [ConditionalField] {
+        var fields: [ConditionalField] = []
+        let tags = storedHeaders["etag"].map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+        if !tags.isEmpty { fields.append(ConditionalField(name: "If-None-Match", value: tags.joined(separator: ", "))) }
+        if let modified = storedHeaders.first(name: "last-modified"), HTTPDate.parse(modified) != nil {
+            fields.append(ConditionalField(name: "If-Modified-Since", value: modified.trimmingCharacters(in: .whitespaces)))
+        }
+        return fields
+    }
+
+    // MARK: Validation answers (§4.3.3, §4.3.4, §3.2)
+
+    /// §4.3.4: whether a 304 is about this stored response: a strong `ETag` in it equals the
+    /// stored one, or else its `Last-Modified` equals the stored one, or it carries neither.
+    package static func notModifiedSelects(storedHeaders: HTTPHeaders, notModified: HTTPHeaders) -> Bool {
+        if let tag = notModified.first(name: "etag")?.trimmingCharacters(in: .whitespaces), !tag.hasPrefix("W/") {
+            return storedHeaders.first(name: "etag")?.trimmingCharacters(in: .whitespaces) == tag
+        }
+        if let modified = notModified.first(name: "last-modified") {
+            return storedHeaders.first(name: "last-modified").flatMap { HTTPDate.parse($0) } == HTTPDate.parse(modified)
+        }
+        return true
+    }
+
+    /// §3.2: the stored response's fields updated from a 304 (or a HEAD response): each field it
+    /// carries replaces the stored ones of that name, except hop-by-hop fields and
+    /// `Content-Length`, which describes the stored body, not the 304's.
+    package static func updatedHeaders(stored: HTTPHeaders, from notModified: HTTPHeaders) -> HTTPHeaders {
+        var excluded = Self.hopByHop.union(["content-length"])
+        for value in notModified["connection"] {
+            for name in value.split(separator: ",") { excluded.insert(name.trimmingCharacters(in: .whitespaces).lowercased()) }
+        }
+        let replacing = Set(notModified.map { $0.name.lowercased() }).subtracting(excluded)
+        var updated = HTTPHeaders(stored.filter { !replacing.contains($0.name.lowercased()) })
+        for (name, value) in notModified where replacing.contains(name.lowercased()) {
+            updated.add(name: name, value: value)
+        }
+        return updated
+    }
+
+    // MARK: Invalidation (§4.4)
+
+    /// The URLs whose stored responses go after an unsafe request's non-error response: its
+    /// target, and the `Location` and `Content-Location` it names on the same origin.
+    /// - Parameters:
+    ///   - origin: the target's `scheme://host[:port]`, as `CanonicalOrigin.description` writes it.
+    ///   - pathAndQuery: the target's path and query.
+    package static func invalidatedURLs(
+        method: String, status: Int, origin: CanonicalOrigin, pathAndQuery: String, responseHeaders: HTTPHeaders
+    ) -> [String] {
+        guard !["GET", "HEAD", "OPTIONS", "TRACE"].contains(method), (200..<400).contains(status) else { return [] }
+        var urls = [origin.description + pathAndQuery]
+        for name in ["location", "content-location"] {
+            guard let reference = responseHeaders.first(name: name)?.trimmingCharacters(in: .whitespaces), !reference.isEmpty else { continue }
+            let url: String?
+            if reference.hasPrefix("/"), !reference.hasPrefix("//") {
+                url = origin.description + reference
+            } else if case .success(.absolute(let other, let path)) = RequestTarget.parse(method: "GET", uri: reference), other == origin {
+                url = origin.description + path
+            } else {
+                url = nil  // another origin, or a relative reference: left alone (§4.4 allows only the same origin)
+            }
+            if let url, !urls.contains(url) { urls.append(url) }
+        }
+        return urls
+    }
+}

@@ -1,0 +1,236 @@
+import AuthBrokerCore
+import Foundation
+import NIOHTTP1
+import Testing
+
+/// The cache-storage policy against RFC 9111's rules, a table each: what is stored, how fresh
+/// it is, how old, when it may be reused, what a 304 changes, what an unsafe method invalidates.
+struct CachePolicyTests {
+    static let received = Date(timeIntervalSince1970: 1_800_000_000)
+    static let timing = CachePolicy.Timing(requestTime: received.addingTimeInterval(-1), responseTime: received)
+
+    static func headers(_ fields: [(String, String)]) -> HTTPHeaders { HTTPHeaders(fields) }
+    static func date(_ offset: TimeInterval) -> String { HTTPDate.format(received.addingTimeInterval(offset)) }
+
+    // MARK: Storage (§3)
+
+    struct StorageCase: Sendable, CustomTestStringConvertible {
+        var method = "GET"
+        var request: [(String, String)] = []
+        var credentials = false
+        var status = 200
+        var response: [(String, String)]
+        var settings = CachePolicy.Settings()
+        var expected: CachePolicy.StorageDecision
+        var note: String
+        var testDescription: String { self.note }
+    }
+
+    static let storageCases: [StorageCase] = {
+        var disabled = CachePolicy.Settings()
+        disabled.enabled = false
+        var onlyCorp = CachePolicy.Settings()
+        onlyCorp.hosts = [try! HostPattern(parsing: "*.corp.test")]  // a literal pattern that parses
+        var small = CachePolicy.Settings()
+        small.maxObjectBytes = 100
+        return [
+            StorageCase(response: [("Cache-Control", "max-age=60")], expected: .store(omitting: []), note: "max-age"),
+            StorageCase(response: [], expected: .store(omitting: []), note: "200 without directives: heuristically cacheable"),
+            StorageCase(status: 302, response: [], expected: .dontStore(.notCacheable), note: "302 without directives"),
+            StorageCase(status: 302, response: [("Cache-Control", "max-age=60")], expected: .store(omitting: []), note: "302 with max-age"),
+            StorageCase(status: 302, response: [("Expires", Self.date(60))], expected: .store(omitting: []), note: "302 with Expires"),
+            StorageCase(status: 500, response: [("Cache-Control", "public")], expected: .store(omitting: []), note: "public allows a heuristic"),
+            StorageCase(status: 404, response: [], expected: .store(omitting: []), note: "404 is heuristically cacheable"),
+            StorageCase(method: "POST", response: [("Cache-Control", "max-age=60")], expected: .dontStore(.methodNotCached), note: "POST"),
+            StorageCase(method: "HEAD", response: [("Cache-Control", "max-age=60")], expected: .dontStore(.methodNotCached), note: "HEAD"),
+            StorageCase(status: 206, response: [("Cache-Control", "max-age=60")], expected: .dontStore(.statusNotStored), note: "206"),
+            StorageCase(status: 304, response: [("Cache-Control", "max-age=60")], expected: .dontStore(.statusNotStored), note: "304"),
+            StorageCase(status: 103, response: [], expected: .dontStore(.statusNotStored), note: "1xx"),
+            StorageCase(request: [("Cache-Control", "no-store")], response: [("Cache-Control", "max-age=60")], expected: .dontStore(.requestNoStore), note: "request no-store"),
+            StorageCase(response: [("Cache-Control", "max-age=60, no-store")], expected: .dontStore(.responseNoStore), note: "response no-store"),
+            StorageCase(response: [("Cache-Control", "NO-STORE")], expected: .dontStore(.responseNoStore), note: "directive names are case-insensitive"),
+            StorageCase(response: [("Cache-Control", "must-understand, no-store, max-age=60")], expected: .store(omitting: []), note: "must-understand on a known status outranks no-store"),
+            StorageCase(status: 299, response: [("Cache-Control", "must-understand, no-store, max-age=60")], expected: .dontStore(.notUnderstood), note: "must-understand on an unknown status"),
+            StorageCase(response: [("Cache-Control", "max-age=60"), ("Vary", "Accept, *")], expected: .dontStore(.varyAll), note: "Vary: *"),
+            StorageCase(response: [("Cache-Control", "max-age=60"), ("Vary", "Accept-Encoding")], expected: .store(omitting: []), note: "Vary on a field"),
+            StorageCase(credentials: true, response: [("Cache-Control", "max-age=60")], expected: .dontStore(.authorized), note: "credentials, max-age only"),
+            StorageCase(credentials: true, response: [("Cache-Control", "private, max-age=60")], expected: .dontStore(.authorized), note: "credentials, private (one app's)"),
+            StorageCase(credentials: true, response: [("Cache-Control", "public, max-age=60")], expected: .store(omitting: []), note: "credentials, public"),
+            StorageCase(credentials: true, response: [("Cache-Control", "s-maxage=60")], expected: .store(omitting: []), note: "credentials, s-maxage"),
+            StorageCase(credentials: true, response: [("Cache-Control", "must-revalidate, max-age=0")], expected: .store(omitting: []), note: "credentials, must-revalidate"),
+            StorageCase(response: [("Cache-Control", "max-age=60"), ("Content-Length", "101")], settings: small, expected: .dontStore(.tooLarge), note: "too large"),
+            StorageCase(response: [("Cache-Control", "max-age=60"), ("Content-Length", "100")], settings: small, expected: .store(omitting: []), note: "just fits"),
+            StorageCase(response: [("Cache-Control", "max-age=60")], settings: disabled, expected: .dontStore(.cacheDisabled), note: "disabled"),
+            StorageCase(response: [("Cache-Control", "max-age=60")], settings: onlyCorp, expected: .dontStore(.hostNotCached), note: "host not listed"),
+            StorageCase(
+                response: [("Cache-Control", "max-age=60"), ("Connection", "X-Trace, close"), ("X-Trace", "1"), ("Keep-Alive", "timeout=5")],
+                expected: .store(omitting: ["connection", "keep-alive", "x-trace"]), note: "hop-by-hop fields and those Connection names"
+            ),
+            StorageCase(
+                response: [("Cache-Control", "private=\"Set-Cookie\", max-age=60"), ("Set-Cookie", "sid=1")],
+                expected: .store(omitting: ["set-cookie"]), note: "a qualified private drops its fields"
+            ),
+        ]
+    }()
+
+    @Test(arguments: Self.storageCases)
+    func storage(_ test: StorageCase) {
+        let decision = CachePolicy.storage(
+            method: test.method, host: "www.example.test", requestHeaders: Self.headers(test.request),
+            requestCarriedCredentials: test.credentials, status: test.status, responseHeaders: Self.headers(test.response),
+            settings: test.settings
+        )
+        #expect(decision == test.expected)
+    }
+
+    @Test func storedHeadersLeaveOutWhatThePolicySays() {
+        let stored = CachePolicy.storedHeaders(
+            Self.headers([("Content-Type", "text/plain"), ("Connection", "close"), ("Set-Cookie", "a=1")]), omitting: ["connection", "set-cookie"]
+        )
+        #expect(stored.map(\.name) == ["Content-Type"])
+    }
+
+    // MARK: Freshness and age (§4.2)
+
+    @Test(arguments: [
+        ([("Cache-Control", "max-age=60")], 200, 60, false),
+        ([("Cache-Control", "max-age=60, s-maxage=5")], 200, 60, false),
+        ([("Cache-Control", "max-age=abc")], 200, 0, false),
+        ([("Cache-Control", "max-age=60"), ("Cache-Control", "max-age=120")], 200, 0, false),
+        ([("Cache-Control", "max-age=60, \"garbled")], 200, 0, false),
+        ([("Cache-Control", "max-age=60"), ("Expires", Self.date(3600)), ("Date", Self.date(0))], 200, 60, false),
+        ([("Expires", Self.date(100)), ("Date", Self.date(0))], 200, 100, false),
+        ([("Expires", Self.date(100)), ("Date", Self.date(-50))], 200, 150, false),
+        ([("Expires", Self.date(100))], 200, 100, false),
+        ([("Expires", "0"), ("Last-Modified", Self.date(-864_000))], 200, 0, false),
+        ([("Expires", Self.date(-10)), ("Date", Self.date(0))], 200, 0, false),
+        ([("Last-Modified", Self.date(-432_000)), ("Date", Self.date(0))], 200, 43_200, true),
+        ([("Last-Modified", Self.date(-86_400_000)), ("Date", Self.date(0))], 200, 86_400, true),
+        ([("Last-Modified", Self.date(-432_000))], 302, 0, true),
+        ([("Last-Modified", Self.date(-432_000)), ("Cache-Control", "public")], 302, 43_200, true),
+        ([], 200, 0, true),
+    ] as [([(String, String)], Int, Int, Bool)])
+    func freshnessLifetime(fields: [(String, String)], status: Int, seconds: Int, heuristic: Bool) {
+        let lifetime = CachePolicy.freshnessLifetime(status: status, headers: Self.headers(fields), timing: Self.timing)
+        #expect(lifetime.seconds == seconds)
+        #expect(lifetime.heuristic == heuristic)
+    }
+
+    @Test(arguments: [
+        // Date 10 s before arrival; the request took 1 s; 30 s in the cache.
+        ([("Date", Self.date(-10))], 30.0, 40),
+        // An Age larger than the apparent age wins, plus the response delay.
+        ([("Date", Self.date(-10)), ("Age", "100")], 30.0, 131),
+        // A Date from the future is no negative age.
+        ([("Date", Self.date(500))], 0.0, 1),
+        ([("Age", "garbage")], 5.0, 6),
+        ([("Age", "-40")], 5.0, 6),
+    ] as [([(String, String)], TimeInterval, Int)])
+    func currentAge(fields: [(String, String)], resident: TimeInterval, age: Int) {
+        let now = Self.received.addingTimeInterval(resident)
+        #expect(CachePolicy.currentAge(headers: Self.headers(fields), timing: Self.timing, now: now) == age)
+    }
+
+    // MARK: Reuse (§4)
+
+    static let validated: [CachePolicy.ConditionalField] = [
+        .init(name: "If-None-Match", value: "\"v1\""), .init(name: "If-Modified-Since", value: Self.date(-3600)),
+    ]
+
+    @Test(arguments: [
+        ([], [("Cache-Control", "max-age=60")], 10.0, CachePolicy.Reuse.fresh(age: 11)),
+        ([], [("Cache-Control", "max-age=60")], 100.0, .validate(Self.validated)),
+        ([("Cache-Control", "max-age=5")], [("Cache-Control", "max-age=60")], 10.0, .validate(Self.validated)),
+        ([("Cache-Control", "min-fresh=55")], [("Cache-Control", "max-age=60")], 10.0, .validate(Self.validated)),
+        ([("Cache-Control", "min-fresh=40")], [("Cache-Control", "max-age=60")], 10.0, .fresh(age: 11)),
+        ([("Cache-Control", "max-stale")], [("Cache-Control", "max-age=60")], 100.0, .staleAllowed(age: 101)),
+        ([("Cache-Control", "max-stale=30")], [("Cache-Control", "max-age=60")], 100.0, .validate(Self.validated)),
+        ([("Cache-Control", "max-stale=50")], [("Cache-Control", "max-age=60")], 100.0, .staleAllowed(age: 101)),
+        ([("Cache-Control", "max-stale")], [("Cache-Control", "max-age=60, must-revalidate")], 100.0, .validate(Self.validated)),
+        ([], [("Cache-Control", "max-age=60, no-cache")], 1.0, .validate(Self.validated)),
+        ([("Cache-Control", "no-cache")], [("Cache-Control", "max-age=60")], 1.0, .validate(Self.validated)),
+        ([("Pragma", "no-cache")], [("Cache-Control", "max-age=60")], 1.0, .validate(Self.validated)),
+        ([("Pragma", "no-cache"), ("Cache-Control", "max-age=600")], [("Cache-Control", "max-age=60")], 1.0, .fresh(age: 2)),
+    ] as [([(String, String)], [(String, String)], TimeInterval, CachePolicy.Reuse)])
+    func reuse(request: [(String, String)], stored: [(String, String)], resident: TimeInterval, expected: CachePolicy.Reuse) {
+        let storedHeaders = Self.headers(stored + [("ETag", "\"v1\""), ("Last-Modified", Self.date(-3600)), ("Date", Self.date(0))])
+        let reuse = CachePolicy.reuse(
+            requestHeaders: Self.headers(request), status: 200, storedHeaders: storedHeaders, timing: Self.timing,
+            now: Self.received.addingTimeInterval(resident)
+        )
+        #expect(reuse == expected)
+    }
+
+    @Test func withoutValidatorsAStaleResponseIsFetchedAgainPlainly() {
+        let reuse = CachePolicy.reuse(
+            requestHeaders: [:], status: 200, storedHeaders: Self.headers([("Cache-Control", "max-age=1")]), timing: Self.timing,
+            now: Self.received.addingTimeInterval(10)
+        )
+        #expect(reuse == .validate([]))
+    }
+
+    @Test func offlineServesStaleUnlessTheOriginForbade() {
+        #expect(CachePolicy.servableWhileDisconnected(storedHeaders: Self.headers([("Cache-Control", "max-age=60")])))
+        #expect(!CachePolicy.servableWhileDisconnected(storedHeaders: Self.headers([("Cache-Control", "max-age=60, must-revalidate")])))
+        #expect(!CachePolicy.servableWhileDisconnected(storedHeaders: Self.headers([("Cache-Control", "no-cache")])))
+    }
+
+    // MARK: Vary (§4.1)
+
+    @Test func variantsByTheFieldsTheResponseVariesOn() {
+        #expect(CachePolicy.varyFields(Self.headers([("Vary", "Accept-Encoding, accept-language"), ("Vary", "Accept-Encoding")])) == ["accept-encoding", "accept-language"])
+        #expect(CachePolicy.varyFields(Self.headers([])) == [])
+        #expect(CachePolicy.varyFields(Self.headers([("Vary", " , ")])) == [])
+        #expect(CachePolicy.varyFields(Self.headers([("Vary", "*")])) == nil)
+        let fields = ["accept-encoding"]
+        let gzip = CachePolicy.variantKey(varyingOn: fields, request: Self.headers([("Accept-Encoding", "gzip,  br")]))
+        #expect(gzip == CachePolicy.variantKey(varyingOn: fields, request: Self.headers([("accept-encoding", "gzip"), ("Accept-Encoding", "br")])))
+        #expect(gzip != CachePolicy.variantKey(varyingOn: fields, request: Self.headers([("Accept-Encoding", "br, gzip")])))
+        #expect(gzip != CachePolicy.variantKey(varyingOn: fields, request: Self.headers([])))
+        #expect(CachePolicy.variantKey(varyingOn: [], request: Self.headers([("Accept", "x")])) == "")
+    }
+
+    // MARK: Validation answers (§4.3)
+
+    @Test func aNotModifiedSelectsByStrongTagThenByDate() {
+        let stored = Self.headers([("ETag", "\"v1\""), ("Last-Modified", Self.date(-3600))])
+        #expect(CachePolicy.notModifiedSelects(storedHeaders: stored, notModified: Self.headers([("ETag", "\"v1\"")])))
+        #expect(!CachePolicy.notModifiedSelects(storedHeaders: stored, notModified: Self.headers([("ETag", "\"v2\"")])))
+        #expect(CachePolicy.notModifiedSelects(storedHeaders: stored, notModified: Self.headers([("ETag", "W/\"v1\""), ("Last-Modified", Self.date(-3600))])))
+        #expect(!CachePolicy.notModifiedSelects(storedHeaders: stored, notModified: Self.headers([("Last-Modified", Self.date(-10))])))
+        #expect(CachePolicy.notModifiedSelects(storedHeaders: stored, notModified: Self.headers([("Date", Self.date(0))])))
+    }
+
+    @Test func aNotModifiedUpdatesTheStoredFieldsButNotTheLength() {
+        let stored = Self.headers([
+            ("Content-Type", "text/plain"), ("Cache-Control", "max-age=60"), ("Content-Length", "5"), ("ETag", "\"x\""), ("X-Old", "1"),
+        ])
+        let notModified = Self.headers([
+            ("Cache-Control", "max-age=120"), ("Content-Length", "0"), ("Connection", "close, X-Hop"), ("X-Hop", "h"), ("Date", Self.date(0)),
+        ])
+        let updated = CachePolicy.updatedHeaders(stored: stored, from: notModified)
+        #expect(updated.map { "\($0.name): \($0.value)" } == [
+            "Content-Type: text/plain", "Content-Length: 5", "ETag: \"x\"", "X-Old: 1", "Cache-Control: max-age=120", "Date: \(Self.date(0))",
+        ])
+    }
+
+    // MARK: Invalidation (§4.4)
+
+    @Test func unsafeMethodsInvalidateTheTargetAndWhatTheyPointAtOnTheSameOrigin() throws {
+        let origin = try CanonicalOrigin(scheme: .https, host: "api.test", port: 443)
+        let created = CachePolicy.invalidatedURLs(
+            method: "POST", status: 201, origin: origin, pathAndQuery: "/items",
+            responseHeaders: Self.headers([("Location", "/items/7"), ("Content-Location", "https://api.test/items/7?v=1")])
+        )
+        #expect(created == ["https://api.test/items", "https://api.test/items/7", "https://api.test/items/7?v=1"])
+        let elsewhere = CachePolicy.invalidatedURLs(
+            method: "PUT", status: 204, origin: origin, pathAndQuery: "/a",
+            responseHeaders: Self.headers([("Location", "https://other.test/a"), ("Content-Location", "relative/b")])
+        )
+        #expect(elsewhere == ["https://api.test/a"])
+        #expect(CachePolicy.invalidatedURLs(method: "GET", status: 200, origin: origin, pathAndQuery: "/a", responseHeaders: [:]).isEmpty)
+        #expect(CachePolicy.invalidatedURLs(method: "DELETE", status: 500, origin: origin, pathAndQuery: "/a", responseHeaders: [:]).isEmpty)
+        #expect(CachePolicy.invalidatedURLs(method: "DELETE", status: 404, origin: origin, pathAndQuery: "/a", responseHeaders: [:]).isEmpty)
+        #expect(CachePolicy.invalidatedURLs(method: "PATCH", status: 302, origin: origin, pathAndQuery: "/a", responseHeaders: [:]) == ["https://api.test/a"])
+    }
+}
