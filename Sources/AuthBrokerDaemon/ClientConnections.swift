@@ -670,36 +670,18 @@ package struct ClientConnectionServer: Sendable {
     ) async -> RequestOutcome {
         let (agent, events) = await challenges.attachAgent()
         logger.info("agent attached", metadata: ["agent": "\(agent)"])
-        var headers = HTTPHeaders()
-        headers.add(name: "Content-Type", value: "application/x-ndjson")
-        headers.add(name: "Cache-Control", value: "no-store")
-        headers.add(name: BrokerHeaders.requestID, value: requestID)
-        headers.add(name: "Connection", value: "close")
-        try? await writer.write(.head(HTTPResponseHead(version: .http1_1, status: .ok, headers: headers)))
-        try? await writer.write(.body(.byteBuffer(Self.line(AgentEventJSON(event: "attached", agent: String(agent))))))
-        await withTaskGroup(of: Void.self) { group in
-            group.addTask {
-                for await event in events {
-                    let json: AgentEventJSON =
-                        switch event {
-                        case .offered(let challenge, let space, let requester):
-                            AgentEventJSON(event: "challenge", challenge: ChallengeJSON(challenge, space: space, requester: requester))
-                        case .withdrawn(let challenge):
-                            AgentEventJSON(event: "withdrawn", id: String(challenge))
-                        }
-                    do {
-                        try await writer.write(.body(.byteBuffer(Self.line(json))))
-                    } catch {
-                        return
-                    }
-                }
+        await Self.serveJSONLines(
+            first: [Self.line(AgentEventJSON(event: "attached", agent: String(agent)))], then: events, requestID: requestID,
+            requests: &requests, writer: writer
+        ) { event in
+            switch event {
+            case .offered(let challenge, let space, let requester):
+                Self.line(AgentEventJSON(event: "challenge", challenge: ChallengeJSON(challenge, space: space, requester: requester)))
+            case .withdrawn(let challenge):
+                Self.line(AgentEventJSON(event: "withdrawn", id: String(challenge)))
             }
-            // The agent sends nothing more; the stream ends when it closes its connection.
-            while (try? await requests.next()) != nil {}
-            group.cancelAll()
         }
         await challenges.detachAgent(agent)
-        try? await writer.write(.end(nil))
         logger.info("agent detached", metadata: ["agent": "\(agent)"])
         return RequestOutcome(status: 200, bytes: 0, brokerError: nil, disposition: .close)
     }
@@ -714,32 +696,44 @@ package struct ClientConnectionServer: Sendable {
         flows.startRecording()
         let history = flows.recent(last)
         let seen = history.last?.sequence ?? 0
+        await Self.serveJSONLines(
+            first: history.map { Self.line(FlowSummary($0)) }, then: live, requestID: requestID, requests: &requests, writer: writer
+        ) { flow in
+            flow.sequence > seen ? Self.line(FlowSummary(flow)) : nil
+        }
+        flows.unfollow(follower)
+        return RequestOutcome(status: 200, bytes: 0, brokerError: nil, disposition: .close)
+    }
+
+    /// An open-ended `200` of JSON lines (`application/x-ndjson`, the agent and flow streams):
+    /// `first`, then a line for each of `events` (nil: none), until the client closes its
+    /// connection, as it sends nothing more.
+    private static func serveJSONLines<Event: Sendable>(
+        first: [ByteBuffer], then events: AsyncStream<Event>, requestID: String, requests: inout ClientRequestIterator,
+        writer: ClientResponseWriter, line: @escaping @Sendable (Event) -> ByteBuffer?
+    ) async {
         var headers = HTTPHeaders()
         headers.add(name: "Content-Type", value: "application/x-ndjson")
         headers.add(name: "Cache-Control", value: "no-store")
         headers.add(name: BrokerHeaders.requestID, value: requestID)
         headers.add(name: "Connection", value: "close")
         try? await writer.write(.head(HTTPResponseHead(version: .http1_1, status: .ok, headers: headers)))
-        if !history.isEmpty {
-            try? await writer.write(contentsOf: history.map { .body(.byteBuffer(Self.line(FlowSummary($0)))) })
-        }
+        if !first.isEmpty { try? await writer.write(contentsOf: first.map { .body(.byteBuffer($0)) }) }
         await withTaskGroup(of: Void.self) { group in
             group.addTask {
-                for await flow in live where flow.sequence > seen {
+                for await event in events {
+                    guard let buffer = line(event) else { continue }
                     do {
-                        try await writer.write(.body(.byteBuffer(Self.line(FlowSummary(flow)))))
+                        try await writer.write(.body(.byteBuffer(buffer)))
                     } catch {
                         return
                     }
                 }
             }
-            // The client sends nothing more; the stream ends when it closes its connection.
             while (try? await requests.next()) != nil {}
             group.cancelAll()
         }
-        flows.unfollow(follower)
         try? await writer.write(.end(nil))
-        return RequestOutcome(status: 200, bytes: 0, brokerError: nil, disposition: .close)
     }
 
     private static func line(_ value: some Encodable) -> ByteBuffer {
