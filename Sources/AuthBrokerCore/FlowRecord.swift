@@ -29,7 +29,7 @@ package struct FlowRecord: Sendable {
     /// From the request head to the response's end.
     package var totalMicroseconds: Int64 = 0
     /// The process that sent it, when known.
-    package var app: FlowApp? = nil
+    package var app: Requester? = nil
     package var applied = FlowApplied()
     /// The broker's error code, when it answered with one or the exchange broke off.
     package var brokerError: String? = nil
@@ -93,10 +93,12 @@ package struct CapturedBody: Sendable, Equatable {
     }
 }
 
-/// The process a flow came from.
-package struct FlowApp: Sendable, Equatable, Codable {
+/// The process behind a request, from `SO_PEERCRED` and `/proc` (DESIGN.md: caller awareness):
+/// for agents, the audit log and the flow log.
+package struct Requester: Equatable, Sendable, Codable {
     package var pid: Int32
     package var uid: UInt32
+    /// `/proc/<pid>/exe`, when readable.
     package var executable: String?
 
     package init(pid: Int32, uid: UInt32, executable: String?) {
@@ -343,7 +345,7 @@ package struct FlowSummary: Codable, Sendable, Equatable {
     /// Response body bytes the app got.
     package var bytes: Int
     package var durationMilliseconds: Double
-    package var app: FlowApp?
+    package var app: Requester?
     package var applied: FlowApplied
     package var error: String?
 
@@ -398,7 +400,7 @@ package struct FlowSummary: Codable, Sendable, Equatable {
         self.status = try container.decode(Int.self, forKey: .status)
         self.bytes = try container.decode(Int.self, forKey: .bytes)
         self.durationMilliseconds = try container.decode(Double.self, forKey: .durationMilliseconds)
-        self.app = try container.decodeIfPresent(FlowApp.self, forKey: .app)
+        self.app = try container.decodeIfPresent(Requester.self, forKey: .app)
         self.applied = try container.decode(FlowApplied.self, forKey: .applied)
         self.error = try container.decodeIfPresent(String.self, forKey: .error)
     }

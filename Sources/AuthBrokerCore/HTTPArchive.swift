@@ -182,7 +182,7 @@ package struct HTTPArchive: Encodable, Sendable {
     /// The broker's own facts about a flow.
     package struct Extra: Encodable, Sendable {
         var requestID: String
-        var app: FlowApp?
+        var app: Requester?
         var applied: FlowApplied
         var error: String?
         var requestBodyTruncated: Bool?

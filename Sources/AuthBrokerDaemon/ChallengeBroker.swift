@@ -181,20 +181,6 @@ package final class ChallengeBroker<Space: Hashable & Sendable, Answer: Equatabl
     }
 }
 
-/// The process behind a request, from `SO_PEERCRED` and `/proc` (DESIGN.md: caller awareness).
-package struct Requester: Equatable, Sendable, Codable {
-    package var pid: Int32
-    package var uid: UInt32
-    /// `/proc/<pid>/exe`, when readable.
-    package var executable: String?
-
-    package init(pid: Int32, uid: UInt32, executable: String?) {
-        self.pid = pid
-        self.uid = uid
-        self.executable = executable
-    }
-}
-
 /// Runs `wait` (a challenge's wait) until it finishes or the client goes away, whichever comes
 /// first; nil when the client went first. The wait is then cancelled, which withdraws the
 /// challenge from agents when nobody else waits on it (nobody would read the answer).

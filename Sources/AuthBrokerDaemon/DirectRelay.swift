@@ -564,7 +564,7 @@ struct RelayedFlow {
         flow.brokerError = outcome.brokerError
         flow.applied.relayedDirectly = true
         if intercepted { flow.applied.intercepted = true }
-        flow.app = app.map { FlowApp(pid: $0.pid, uid: $0.uid, executable: $0.executable) }
+        flow.app = app
         flow.totalMicroseconds = (ContinuousClock.now - relayed.started).microseconds
         flow.waitMicroseconds = self.responseHeadAt.map { ($0 - relayed.started).microseconds }
         return flow

@@ -187,7 +187,7 @@ extension FlowRecord {
         self.brokerError = outcome.brokerError
         self.applied = captured.applied
         if intercepted { self.applied.intercepted = true }
-        self.app = app.map { FlowApp(pid: $0.pid, uid: $0.uid, executable: $0.executable) }
+        self.app = app
         let now = ContinuousClock.now
         self.totalMicroseconds = (now - startedAt).microseconds
         self.waitMicroseconds = captured.responseHeadAt.map { ($0 - startedAt).microseconds }

@@ -121,7 +121,7 @@ struct FlowLogTests {
             request: [("Host", "x.test"), ("Cookie", "sid=SECRET1; t=2"), ("Authorization", "Basic SECRET2")],
             response: [("Content-Type", "text/plain"), ("Set-Cookie", "sid=SECRET3; Path=/; Expires=Wed, 21 Oct 2015 07:28:00 GMT; HttpOnly"), ("Location", "/next")]
         )
-        flow.app = FlowApp(pid: 42, uid: 1000, executable: "/usr/bin/curl")
+        flow.app = Requester(pid: 42, uid: 1000, executable: "/usr/bin/curl")
         flow.applied.credentials = [FlowApplied.Credential(user: "alice", realm: "r", scheme: "basic", proxy: false)]
         flow.responseBody = CapturedBody(bytes: Array("hello".utf8))
         flow.requestBody = CapturedBody(bytes: [0xFF, 0x00, 0x01])
