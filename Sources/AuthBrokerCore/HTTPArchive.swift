@@ -234,24 +234,13 @@ package struct HTTPArchive: Encodable, Sendable {
         return (Data(bytes).base64EncodedString(), true)
     }
 
-    /// A cookie's `Expires` (an HTTP date, or the older `dd-MMM-yyyy` form) in ISO 8601, as HAR
-    /// wants it; nil when it is neither.
+    /// A cookie's `Expires` (an HTTP date, or the Netscape form with dashes, `21-Oct-2015`) in
+    /// ISO 8601, as HAR wants it; nil when it is neither.
     package static func cookieExpiry(_ text: String) -> String? {
-        let formatter = DateFormatter()
-        formatter.locale = Locale(identifier: "en_US_POSIX")
-        formatter.timeZone = TimeZone(identifier: "GMT")
-        for format in ["EEE, dd MMM yyyy HH:mm:ss zzz", "EEE, dd-MMM-yyyy HH:mm:ss zzz"] {
-            formatter.dateFormat = format
-            // A two-digit year would parse as one in the first century (RFC 6265 §5.1.1 refuses
-            // years before 1601).
-            if let date = formatter.date(from: text), date >= Self.earliestCookieDate { return Self.timestamp(date) }
-        }
-        return nil
+        (HTTPDate.parse(text) ?? HTTPDate.parse(text.replacingOccurrences(of: "-", with: " "))).map(Self.timestamp)
     }
 
     /// ISO 8601 with milliseconds, in UTC, as HAR's `startedDateTime` wants.
-    private static let earliestCookieDate = Date(timeIntervalSince1970: -11_644_473_600)  // 1601-01-01T00:00:00Z
-
     package static func timestamp(_ date: Date) -> String {
         date.formatted(Date.ISO8601FormatStyle(includingFractionalSeconds: true, timeZone: .gmt))
     }

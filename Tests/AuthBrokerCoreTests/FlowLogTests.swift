@@ -189,8 +189,9 @@ struct FlowLogTests {
 
     @Test(arguments: [
         ("Wed, 21 Oct 2015 07:28:00 GMT", "2015-10-21T07:28:00.000Z"),
-        // RFC 850's two-digit years are obsolete; such an expiry is left out, as HAR allows.
-        ("Wednesday, 21-Oct-15 07:28:00 GMT", nil),
+        // RFC 850, its two-digit year read by RFC 9110's 50-year rule.
+        ("Wednesday, 21-Oct-15 07:28:00 GMT", "2015-10-21T07:28:00.000Z"),
+        ("Wed, 21-Oct-1500 07:28:00 GMT", nil),
         ("Wed, 21-Oct-2015 07:28:00 GMT", "2015-10-21T07:28:00.000Z"),
         ("tomorrow", nil), ("", nil), ("Wed, 99 Oct 2015 07:28:00 GMT", nil),
     ] as [(String, String?)])
