@@ -57,20 +57,18 @@ package final class FlowLog: Sendable {
         guard self.isEnabled else { return }
         // Moved, not copied, into the ring (a copy retains every field).
         var pending = Optional(flow)
-        let (followers, numbered, evicted) = self.state.withLockedValue { state in
-            guard let flow = pending.take() else { return ([AsyncStream<FlowRecord>.Continuation](), FlowRecord?.none, FlowRecord?.none) }
-            var numbered: FlowRecord?
-            var followers: [AsyncStream<FlowRecord>.Continuation] = []
+        let evicted = self.state.withLockedValue { state -> FlowRecord? in
+            guard let flow = pending.take() else { return nil }
             if !state.followers.isEmpty {
-                numbered = flow
-                numbered?.sequence = state.ring.lastSequence + 1
-                followers = Array(state.followers.values)
+                var numbered = flow
+                numbered.sequence = state.ring.lastSequence + 1
+                // Under the lock, so followers get flows in the order they were numbered
+                // (yielding never waits: each follower's buffer drops its oldest when full).
+                for follower in state.followers.values { follower.yield(numbered) }
             }
-            return (followers, numbered, state.ring.append(flow))
+            return state.ring.append(flow)
         }
         _ = consume evicted  // released here, outside the lock
-        guard let numbered else { return }
-        for follower in followers { follower.yield(numbered) }
     }
 
     /// The kept flows, oldest first (the last `limit` when given).
