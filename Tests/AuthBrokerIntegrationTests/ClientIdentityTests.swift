@@ -51,6 +51,8 @@ struct ClientIdentityIntegrationTests {
         try await withDaemon(config: config) { daemon in
             let url = "https://mtls.internal.test:\(origin.port)/hello"
             #expect(try addAnchor(daemon, pem: pki.serverCA.pem, hosts: ["*.internal.test"]).status == 201)
+            // The flow log records from here on; it names the identity presented (below).
+            #expect(try CLIAndClientsTests.ctl(daemon, ["flows", "--no-follow"]).status == 0)
 
             // None yet: the server wanted one; the problem says which host and how to import.
             let none = try fetch(daemon, url)
@@ -72,6 +74,8 @@ struct ClientIdentityIntegrationTests {
             let accepted = try fetch(daemon, url)
             #expect(accepted.status == 200, "\(accepted.text)")
             #expect(accepted.text == "hello from mtls")
+            let flows = try CLIAndClientsTests.ctl(daemon, ["flows", "--no-follow", "--last", "1"])
+            #expect(flows.stdout.contains("GET \(url) 200 15 B") && flows.stdout.contains("identity \(name)"), "\(flows.stdout)")
 
             // Another CA's identity, named by the request: the server rejects it.
             let strangerName = "mallory-\(suffix)"
