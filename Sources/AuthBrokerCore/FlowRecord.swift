@@ -130,7 +130,8 @@ package struct FlowApplied: Sendable, Equatable, Codable {
     package var identity: String? = nil
     /// The config rule that applied: `respond config.toml:12`, `rewrite config.toml:20`.
     package var rule: String? = nil
-    /// Where a `[[rewrite]]` sent the request, when it changed the URL or the address.
+    /// Where a `[[rewrite]]` sent the request: the new URL (`to`), or the address its
+    /// connections went to (`connect_to`, `host:port`).
     package var rewrittenTo: String? = nil
     /// The request came inside a CONNECT the broker intercepted.
     package var intercepted: Bool? = nil

@@ -482,7 +482,11 @@ package struct ClientConnectionServer: Sendable {
                         client.rewrite = rule
                         FlowCapture.current?.apply {
                             $0.rule = "rewrite config.toml:\(rule.line)"
-                            $0.rewrittenTo = origin.description + pathAndQuery
+                            switch rule.target {
+                            case .url?: $0.rewrittenTo = origin.description + pathAndQuery
+                            case .connectTo(let host, let port)?: $0.rewrittenTo = (host.contains(":") ? "[\(host)]" : host) + ":\(port)"
+                            case nil: break
+                            }
                         }
                         logger.debug("a [[rewrite]] rule applies", metadata: ["line": "\(rule.line)", "to": "\(origin)"])
                     }

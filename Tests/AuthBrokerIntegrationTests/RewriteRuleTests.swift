@@ -35,6 +35,9 @@ struct RewriteRuleTests {
             [[rewrite]]
             host = "fake.test"
             connect_to = "127.0.0.1:\(impostor.port)"
+
+            [flows]
+            record = "always"
             """
         try await withDaemon(config: config) { daemon in
             #expect(try UnixSocketConnection(path: daemon.socketPath).request(
@@ -64,6 +67,12 @@ struct RewriteRuleTests {
             let fake = try UnixSocketConnection(path: daemon.socketPath).request("GET", "https://fake.test/hello")
             #expect(fake.status == 502)
             #expect(fake.header("Authbroker-Error") == "untrusted_server")
+
+            // The flow log says which rule sent each request where.
+            let flows = try CLIAndClientsTests.ctl(daemon, ["flows", "--no-follow"])
+            let lines = flows.stdout.split(separator: "\n")
+            #expect(lines.contains { $0.contains("GET http://old.test/api/headers?q=1 200") && $0.hasSuffix("rewrite config.toml:4, to http://new.test:\(new.port)/headers?q=1") }, "\(flows.stdout)")
+            #expect(lines.contains { $0.contains("GET https://prod.test/hello 200") && $0.hasSuffix("rewrite config.toml:13, to 127.0.0.1:\(prod.port)") }, "\(flows.stdout)")
         }
     }
 }
