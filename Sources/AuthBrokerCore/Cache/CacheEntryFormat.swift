@@ -1,0 +1,156 @@
+import Foundation
+
+/// One stored response as the cache keeps it on disk: a file of its own, a self-describing head
+/// (what was asked, what came back, when) and then the body, streamed in and out.
+///
+/// One file per response, and no separate index: whatever the cache knows at start it reads
+/// from the files' heads, so an index can never disagree with the bodies it points at. A file
+/// is written under a temporary name and renamed into place only when whole, so a crash leaves
+/// either the old entry or the new one; a file that is still wrong (a torn write the disk lost
+/// after the rename, a stranger's garbage) fails `decodeHead` or `checkBody` and is dropped,
+/// never served.
+///
+/// Layout: the 8-byte magic `ABCACHE1`, the head's length (4 bytes, big-endian), the head as
+/// JSON, its CRC-32 (4 bytes, big-endian), then exactly `bodyLength` body bytes.
+package enum CacheEntryFormat {
+    package static let magic: [UInt8] = Array("ABCACHE1".utf8)
+    /// A head beyond this is not ours (heads are bounded by the response head limit).
+    package static let maxHeadBytes = 1 << 20
+    /// Bytes before the head's JSON.
+    package static let prefixBytes = magic.count + 4
+
+    /// What the cache needs of a stored response without reading its body.
+    package struct Head: Codable, Sendable, Equatable {
+        package var method: String
+        /// The canonical absolute URL.
+        package var url: String
+        /// `CachePolicy.variantKey` of the request it answered, over `varyFields`.
+        package var variantKey: String
+        package var varyFields: [String]
+        package var status: Int
+        /// The stored header fields, in order (`CachePolicy.storedHeaders`).
+        package var headers: [[String]]
+        /// When the request went and the response came, in milliseconds since 1970.
+        package var requestTimeMilliseconds: Int64
+        package var responseTimeMilliseconds: Int64
+        package var bodyLength: Int64
+
+        package init(
+            method: String, url: String, variantKey: String, varyFields: [String], status: Int, headers: [(String, String)],
+            requestTime: Date, responseTime: Date, bodyLength: Int64
+        ) {
+            self.method = method
+            self.url = url
+            self.variantKey = variantKey
+            self.varyFields = varyFields
+            self.status = status
+            self.headers = headers.map { [$0.0, $0.1] }
+            self.requestTimeMilliseconds = Int64((requestTime.timeIntervalSince1970 * 1000).rounded(.down))
+            self.responseTimeMilliseconds = Int64((responseTime.timeIntervalSince1970 * 1000).rounded(.down))
+            self.bodyLength = bodyLength
+        }
+
+        /// The header fields as pairs; a malformed pair (not two strings) is left out.
+        package var fields: [(name: String, value: String)] {
+            self.headers.compactMap { $0.count == 2 ? ($0[0], $0[1]) : nil }
+        }
+
+        package var timing: CachePolicy.Timing {
+            CachePolicy.Timing(
+                requestTime: Date(timeIntervalSince1970: Double(self.requestTimeMilliseconds) / 1000),
+                responseTime: Date(timeIntervalSince1970: Double(self.responseTimeMilliseconds) / 1000)
+            )
+        }
+    }
+
+    /// Why a file is not a usable entry.
+    package enum Failure: Error, Sendable, Equatable {
+        /// Shorter than the prefix, or not starting with the magic: not an entry of this format.
+        case notAnEntry
+        /// The head's length is beyond `maxHeadBytes`, or runs past the end of the file.
+        case headTruncated
+        /// The head's bytes do not match their checksum: torn or altered.
+        case headCorrupt
+        /// The head is not the JSON of a `Head`, or says impossible things (a negative length).
+        case headUnreadable
+        /// The file holds more or fewer body bytes than the head says.
+        case bodyLengthMismatch(expected: Int64, found: Int64)
+    }
+
+    /// The bytes that go before the body.
+    package static func encodeHead(_ head: Head) -> [UInt8] {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        // A Head holds strings and integers only, which JSONEncoder always encodes.
+        let json = (try? encoder.encode(head)).map(Array.init) ?? []
+        var bytes = Self.magic
+        bytes.append(contentsOf: Self.bigEndian(UInt32(json.count)))
+        bytes.append(contentsOf: json)
+        bytes.append(contentsOf: Self.bigEndian(CRC32.checksum(json)))
+        return bytes
+    }
+
+    /// How many bytes to read first: enough for the prefix, then `headBytesNeeded` says the rest.
+    /// - Returns: the whole head's size (prefix, JSON, checksum) once `prefix` has the first
+    ///   `prefixBytes` bytes.
+    package static func headBytesNeeded(prefix: some Collection<UInt8>) -> Result<Int, Failure> {
+        guard prefix.count >= Self.prefixBytes, prefix.prefix(Self.magic.count).elementsEqual(Self.magic) else {
+            return .failure(.notAnEntry)
+        }
+        let length = prefix.dropFirst(Self.magic.count).prefix(4).reduce(0) { ($0 << 8) | Int($1) }
+        guard length <= Self.maxHeadBytes else { return .failure(.headTruncated) }
+        return .success(Self.prefixBytes + length + 4)
+    }
+
+    /// Reads a head from the start of a file of `fileSize` bytes; the body starts at the
+    /// returned offset.
+    package static func decodeHead(_ bytes: [UInt8], fileSize: Int64) -> Result<(head: Head, bodyOffset: Int), Failure> {
+        let needed: Int
+        switch Self.headBytesNeeded(prefix: bytes) {
+        case .success(let count): needed = count
+        case .failure(let failure): return .failure(failure)
+        }
+        guard bytes.count >= needed, Int64(needed) <= fileSize else { return .failure(.headTruncated) }
+        let json = Array(bytes[Self.prefixBytes..<(needed - 4)])
+        let stored = bytes[(needed - 4)..<needed].reduce(UInt32(0)) { ($0 << 8) | UInt32($1) }
+        guard CRC32.checksum(json) == stored else { return .failure(.headCorrupt) }
+        guard let head = try? JSONDecoder().decode(Head.self, from: Data(json)), head.bodyLength >= 0,
+            (100...999).contains(head.status)
+        else { return .failure(.headUnreadable) }
+        let found = fileSize - Int64(needed)
+        guard found == head.bodyLength else { return .failure(.bodyLengthMismatch(expected: head.bodyLength, found: found)) }
+        return .success((head, needed))
+    }
+
+    /// The file name of the entry for a request: 16 hex digits of FNV-1a over its method, URL and
+    /// variant. Two keys may share a name; the head holds the whole key, and a reader that finds
+    /// another key there has a miss (and the writer replaces it).
+    package static func fileName(method: String, url: String, variantKey: String) -> String {
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in "\(method) \(url)\n\(variantKey)".utf8 {
+            hash = (hash ^ UInt64(byte)) &* 0x100_0000_01b3
+        }
+        let hex = String(hash, radix: 16)
+        return String(repeating: "0", count: 16 - hex.count) + hex + ".entry"
+    }
+
+    private static func bigEndian(_ value: UInt32) -> [UInt8] {
+        [UInt8(value >> 24), UInt8((value >> 16) & 0xFF), UInt8((value >> 8) & 0xFF), UInt8(value & 0xFF)]
+    }
+}
+
+/// CRC-32 (IEEE 802.3, as zlib computes it): enough to tell a torn or altered head from a whole
+/// one; not a defence against someone who can write the cache directory (only the user can).
+package enum CRC32 {
+    private static let table: [UInt32] = (0..<256).map { index in
+        var value = UInt32(index)
+        for _ in 0..<8 { value = value & 1 == 1 ? 0xEDB8_8320 ^ (value >> 1) : value >> 1 }
+        return value
+    }
+
+    package static func checksum(_ bytes: some Sequence<UInt8>) -> UInt32 {
+        var crc: UInt32 = 0xFFFF_FFFF
+        for byte in bytes { crc = Self.table[Int((crc ^ UInt32(byte)) & 0xFF)] ^ (crc >> 8) }
+        return crc ^ 0xFFFF_FFFF
+    }
+}
