@@ -43,7 +43,13 @@ package struct CanonicalOrigin: Hashable, Sendable, CustomStringConvertible {
     /// `host:port` with the port always written, IPv6 in brackets: a CONNECT request-target
     /// (authority-form, RFC 9112 §3.2.3) and a `next-hop` in `Proxy-Status`.
     package var authorityForm: String {
-        (self.isIPv6 ? "[\(host)]" : host) + ":\(port)"
+        Self.authorityForm(host: self.host, port: self.port)
+    }
+
+    /// `host:port` as `authorityForm` writes it, for a host and port that are no origin of their
+    /// own (a `connect_to` address).
+    package static func authorityForm(host: String, port: Int) -> String {
+        (host.utf8.contains(UInt8(ascii: ":")) ? "[\(host)]" : host) + ":\(port)"
     }
 
     /// `https://host`, `https://host:8443`, `http://[::1]:8080`.

@@ -55,13 +55,9 @@ package struct FlowRecord: Sendable {
         }
     }
 
-    /// Bytes held beyond the fixed parts (the ring's budget counts them).
-    package var heldBytes: Int {
-        self.heldBytes(countingHeaders: true)
-    }
-
-    /// The held bytes, header fields left out when the caller knows they cannot matter.
-    package func heldBytes(countingHeaders: Bool) -> Int {
+    /// Bytes held beyond the fixed parts (the ring's budget counts them), header fields left out
+    /// when the ring knows they cannot matter.
+    fileprivate func heldBytes(countingHeaders: Bool) -> Int {
         var total = self.url.utf8.count + (self.requestBody?.bytes.count ?? 0) + (self.responseBody?.bytes.count ?? 0)
         guard countingHeaders else { return total }
         for (name, value) in self.requestHeaders { total += name.utf8.count + value.utf8.count }
@@ -172,24 +168,18 @@ package struct FlowApplied: Sendable, Equatable, Codable {
 /// flow still shows which scheme was used and which cookies went.
 package struct FlowMasking: Sendable, Equatable {
     package static let mask = "[masked]"
-    /// Always masked, whatever the settings say.
-    package static let alwaysMasked: Set<String> = ["authorization", "proxy-authorization", "cookie", "set-cookie"]
 
-    /// Lowercased names masked besides `alwaysMasked` (`[flows] mask_headers`).
+    /// Lowercased names masked besides the four that always are (`[flows] mask_headers`).
     package var extraNames: Set<String>
 
     package init(extraNames: some Sequence<String> = []) {
         self.extraNames = Set(extraNames.map { $0.lowercased() })
     }
 
-    package func masks(_ name: String) -> Bool {
-        let lowered = name.lowercased()
-        return Self.alwaysMasked.contains(lowered) || self.extraNames.contains(lowered)
-    }
-
     /// `value` as the field `name` shows it masked (unchanged when the field is no secret).
     package func masked(name: String, value: String) -> String {
-        switch name.lowercased() {
+        let lowered = name.lowercased()
+        switch lowered {
         case "authorization", "proxy-authorization":
             // The scheme token, then the credentials (RFC 9110 §11.4); anything else is all secret.
             let trimmed = value.drop { $0 == " " || $0 == "\t" }
@@ -204,7 +194,7 @@ package struct FlowMasking: Sendable, Equatable {
             let cookie = CookieSyntax.setCookie(value)
             return ([(cookie.name.isEmpty ? "" : cookie.name + "=") + Self.mask] + cookie.attributes).joined(separator: "; ")
         default:
-            return self.masks(name) ? Self.mask : value
+            return self.extraNames.contains(lowered) ? Self.mask : value
         }
     }
 }

@@ -338,7 +338,6 @@ package struct ClientConnectionServer: Sendable {
         defer { borrowed.iterator = requests }
         let requestID = RequestIDs.make()
         let started = ContinuousClock.now
-        let startedDate = Date()
         var logger = self.logger
         logger[metadataKey: "request_id"] = "\(requestID)"
         self.counters.requestsTotal.add(1)
@@ -362,8 +361,8 @@ package struct ClientConnectionServer: Sendable {
         if let flows, let capture {
             flows.record(
                 FlowRecord(
-                    requestID: requestID, head: head, url: flowURL, started: startedDate, startedAt: started, outcome: outcome,
-                    capture: capture, app: peer?.requester, intercepted: registration.isIntercepted
+                    requestID: requestID, head: head, url: flowURL, startedAt: started, outcome: outcome,
+                    observed: capture.snapshot, app: peer?.requester, intercepted: registration.isIntercepted
                 )
             )
         }
@@ -484,7 +483,7 @@ package struct ClientConnectionServer: Sendable {
                             $0.rule = "rewrite config.toml:\(rule.line)"
                             switch rule.target {
                             case .url?: $0.rewrittenTo = origin.description + pathAndQuery
-                            case .connectTo(let host, let port)?: $0.rewrittenTo = (host.contains(":") ? "[\(host)]" : host) + ":\(port)"
+                            case .connectTo(let host, let port)?: $0.rewrittenTo = CanonicalOrigin.authorityForm(host: host, port: port)
                             case nil: break
                             }
                         }
@@ -629,8 +628,9 @@ package struct ClientConnectionServer: Sendable {
             return await self.serveAgent(challenges, requestID: requestID, logger: logger, requests: &requests, writer: writer)
         }
         if head.method == .GET, path == "/v1/flows", let flows = self.control.flows, flows.isEnabled,
-            (try? ControlAPI.flag(ControlAPI.queryParameters(query)["follow"], name: "follow")) == true,
-            let last = try? ControlAPI.flowCount(query)
+            case let parameters = ControlAPI.queryParameters(query),
+            (try? ControlAPI.flag(parameters["follow"], name: "follow")) == true,
+            let last = try? ControlAPI.flowCount(parameters)
         {
             guard self.registry.eventStreamStarted(registration) else {
                 return await self.interceptor.respondWithError(

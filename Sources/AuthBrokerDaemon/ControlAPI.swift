@@ -277,27 +277,23 @@ package struct ControlAPI: Sendable {
 
         case (.GET, ["v1", "flows"]):
             let flows = try self.flowLogOn()
-            let last = try Self.flowCount(query)
+            let parameters = Self.queryParameters(query)
+            let last = try Self.flowCount(parameters)
             // A valid `follow=true` is served as a stream before it gets here (flow log on).
-            _ = try Self.flag(Self.queryParameters(query)["follow"], name: "follow")
+            _ = try Self.flag(parameters["follow"], name: "follow")
             let wasRecording = flows.startRecording()
             return try Self.json(.ok, FlowListJSON(flows: flows.recent(last).map(FlowSummary.init), recordingStarted: !wasRecording))
         case (.GET, ["v1", "flows", "har"]):
             let flows = try self.flowLogOn()
             let parameters = Self.queryParameters(query)
-            let last = try Self.flowCount(query)
+            let last = try Self.flowCount(parameters)
             let reveal = try Self.flag(parameters["reveal"], name: "reveal")
             if reveal { try self.requireGrant(peer, for: "export flows with their secret header values") }
             flows.startRecording()
             let archive = HTTPArchive(
                 flows: flows.recent(last), masking: reveal ? nil : flows.masking, creatorVersion: AuthBrokerVersion.current
             )
-            var headers = HTTPHeaders()
-            let data = try archive.encoded()
-            headers.add(name: "Content-Type", value: "application/json")
-            headers.add(name: "Content-Length", value: String(data.count))
-            headers.add(name: "Cache-Control", value: "no-store")
-            return ControlResponse(status: .ok, headers: headers, body: ByteBuffer(bytes: data))
+            return Self.json(.ok, data: try archive.encoded())
 
         case (.GET, ["v1", "challenges"]):
             let pending = await (try self.agentsAvailable()).pendingChallenges()
@@ -509,8 +505,8 @@ package struct ControlAPI: Sendable {
     }
 
     /// `last=N`: how many of the most recent flows; nil (absent) means all that are kept.
-    static func flowCount(_ query: String?) throws -> Int? {
-        guard let text = Self.queryParameters(query)["last"] else { return nil }
+    static func flowCount(_ parameters: [String: String]) throws -> Int? {
+        guard let text = parameters["last"] else { return nil }
         guard let count = Int(text), count >= 0 else {
             throw BrokerError.badRequest(
                 code: .invalidParameter, detail: "last=\(text.prefix(40)) is not a count of flows; give a whole number like last=50."
@@ -712,7 +708,11 @@ package struct ControlAPI: Sendable {
     }
 
     static func json<T: Encodable>(_ status: HTTPResponseStatus, _ value: T) throws -> ControlResponse {
-        let data = try BrokerJSON.encoder().encode(value)
+        Self.json(status, data: try BrokerJSON.encoder().encode(value))
+    }
+
+    /// JSON already encoded (the HAR export has its own encoder).
+    static func json(_ status: HTTPResponseStatus, data: Data) -> ControlResponse {
         var headers = HTTPHeaders()
         headers.add(name: "Content-Type", value: "application/json")
         headers.add(name: "Content-Length", value: String(data.count))
@@ -1021,8 +1021,7 @@ struct LocalCAJSON: Encodable {
         self.certificateFile = localCA.files.certificate
         self.bundleFile = localCA.files.bundle
         self.leavesMinted = await localCA.leavesMinted
-        let time = await localCA.mintingTime.components
-        self.mintingMicroseconds = Int(time.seconds) * 1_000_000 + Int(time.attoseconds / 1_000_000_000_000)
+        self.mintingMicroseconds = Int(await localCA.mintingTime.microseconds)
     }
 
     enum CodingKeys: String, CodingKey {

@@ -332,12 +332,13 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
                 relayed.clientKeepAlive = false
                 headers.replaceOrAdd(name: "Connection", value: "close")
             }
-            relayed.flow?.responded(headers)
-            context.write(self.wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: head.status, headers: headers))), promise: nil)
+            let responseHead = HTTPResponseHead(version: .http1_1, status: head.status, headers: headers)
+            relayed.flow?.observed.responded(responseHead)
+            context.write(self.wrapOutboundOut(.head(responseHead)), promise: nil)
             relayed.phase = .relaying
         case (.relaying, .body(let buffer)):
             relayed.bytes += buffer.readableBytes
-            relayed.flow?.responseBody(buffer)
+            relayed.flow?.observed.responseBody(buffer)
             interceptor.counters.bytesFromUpstream.add(buffer.readableBytes)
             context.write(self.wrapOutboundOut(.body(.byteBuffer(buffer))), promise: nil)
         case (.relaying, .end):
@@ -384,8 +385,8 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
                 relayed.clientKeepAlive = false
                 head.headers.replaceOrAdd(name: "Connection", value: "close")
             }
-            relayed.flow?.responded(head.headers)
-            relayed.flow?.responseBody(body)
+            relayed.flow?.observed.responded(head)
+            relayed.flow?.observed.responseBody(body)
             context.write(self.wrapOutboundOut(.head(head)), promise: nil)
             context.write(self.wrapOutboundOut(.body(.byteBuffer(body))), promise: nil)
             context.writeAndFlush(self.wrapOutboundOut(.end(nil)), promise: nil)
@@ -422,8 +423,9 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
         )
         if let flow = relayed.flow, let flows = interceptor.flows {
             flows.record(
-                flow.record(
-                    of: relayed, outcome: outcome, app: self.peer?.requester, intercepted: self.registration.isIntercepted
+                FlowRecord(
+                    requestID: relayed.requestID, head: relayed.head, url: flow.url, startedAt: relayed.started, outcome: outcome,
+                    observed: flow.observed, app: self.peer?.requester, intercepted: self.registration.isIntercepted
                 )
             )
         }
@@ -527,46 +529,13 @@ final class RelayedRequest: UpstreamRelaySink {
 /// What the flow log keeps of a relayed request while it is in flight (on the event loop).
 struct RelayedFlow {
     let url: String
-    let started = Date()
-    let bodyLimit: Int?
-    var responseHeaders = HTTPHeaders()
-    var responseHeadAt: ContinuousClock.Instant?
-    var responseBody: CapturedBody?
+    var observed: FlowObservation
 
     init(url: String, bodyLimit: Int?) {
         self.url = url
-        self.bodyLimit = bodyLimit
-    }
-
-    mutating func responded(_ headers: HTTPHeaders) {
-        self.responseHeaders = headers
-        self.responseHeadAt = .now
-        self.responseBody = self.bodyLimit.map { _ in CapturedBody() }
-    }
-
-    mutating func responseBody(_ buffer: ByteBuffer) {
-        guard let limit = self.bodyLimit else { return }
-        self.responseBody?.append(buffer.readableBytesView, limit: limit)
-    }
-
-    func record(of relayed: RelayedRequest, outcome: RequestOutcome, app: Requester?, intercepted: Bool) -> FlowRecord {
-        let head = relayed.head
-        var flow = FlowRecord(
-            requestID: relayed.requestID, started: self.started, method: head.method.rawValue, url: self.url,
-            httpVersion: FlowRecord.versionText(head.version), requestHeaders: head.headers
-        )
-        flow.status = outcome.status
-        flow.responseHeaders = self.responseHeaders
-        flow.responseBodyBytes = outcome.bytes
-        flow.responseBody = self.responseBody
-        // A relayed request has no body (`DirectRelayPolicy`); an empty capture says so.
-        flow.requestBody = self.bodyLimit.map { _ in CapturedBody() }
-        flow.brokerError = outcome.brokerError
-        flow.applied.relayedDirectly = true
-        if intercepted { flow.applied.intercepted = true }
-        flow.app = app
-        flow.totalMicroseconds = (ContinuousClock.now - relayed.started).microseconds
-        flow.waitMicroseconds = self.responseHeadAt.map { ($0 - relayed.started).microseconds }
-        return flow
+        self.observed = FlowObservation(bodyLimit: bodyLimit)
+        // No credential, identity or rule applies on the relay (`DirectRelayHandler`), and a
+        // relayed request has no body (`DirectRelayPolicy`): the empty capture says so.
+        self.observed.applied.relayedDirectly = true
     }
 }

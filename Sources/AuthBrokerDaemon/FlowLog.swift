@@ -91,104 +91,115 @@ package final class FlowLog: Sendable {
         let continuation = self.state.withLockedValue { $0.followers.removeValue(forKey: id) }
         continuation?.finish()
     }
-
 }
 
-/// What the full path learns about one request while it serves it: the response head the client
-/// got, its body, and what the broker applied. The data plane reports to `current`, set for the
-/// request's task tree, so no signature along the way carries it.
-package final class FlowCapture: Sendable {
-    @TaskLocal package static var current: FlowCapture?
-
-    struct Captured {
-        var responseHead: HTTPResponseHead?
-        var responseHeadAt: ContinuousClock.Instant?
-        var requestBodyBytes = 0
-        var requestBody: CapturedBody?
-        var responseBody: CapturedBody?
-        var applied = FlowApplied()
-    }
-
+/// What one request's flow learns while it is served, on either path: the response head the
+/// client got and when, the bodies' first bytes, and what the broker applied.
+struct FlowObservation {
+    /// When the request's head came (the wall clock is read only for requests recorded).
+    let started = Date()
     /// How much of each body is kept; nil: none.
     let bodyLimit: Int?
-    private let captured: NIOLockedValueBox<Captured>
+    var responseHead: HTTPResponseHead?
+    var responseHeadAt: ContinuousClock.Instant?
+    var requestBodyBytes = 0
+    var requestBody: CapturedBody?
+    var responseBody: CapturedBody?
+    var applied = FlowApplied()
 
     init(bodyLimit: Int?) {
         self.bodyLimit = bodyLimit
-        self.captured = NIOLockedValueBox(Captured(requestBody: bodyLimit.map { _ in CapturedBody() }))
+        self.requestBody = bodyLimit.map { _ in CapturedBody() }
     }
 
-    var snapshot: Captured { self.captured.withLockedValue { $0 } }
-
     /// A final response head went to the client (interim ones are not the flow's).
-    func responded(_ head: HTTPResponseHead) {
+    mutating func responded(_ head: HTTPResponseHead) {
         guard head.status.code >= 200 else { return }
-        let now = ContinuousClock.now
-        self.captured.withLockedValue { captured in
-            captured.responseHead = head
-            captured.responseHeadAt = now
-            captured.responseBody = self.bodyLimit.map { _ in CapturedBody() }
-        }
+        self.responseHead = head
+        self.responseHeadAt = .now
+        self.responseBody = self.bodyLimit.map { _ in CapturedBody() }
+    }
+
+    mutating func responseBody(_ buffer: ByteBuffer) {
+        guard let limit = self.bodyLimit else { return }
+        self.responseBody?.append(buffer.readableBytesView, limit: limit)
+    }
+
+    mutating func requestBody(_ buffer: ByteBuffer) {
+        self.requestBodyBytes += buffer.readableBytes
+        if let limit = self.bodyLimit { self.requestBody?.append(buffer.readableBytesView, limit: limit) }
+    }
+}
+
+/// The full path's `FlowObservation` of one request, which the data plane reports to through
+/// `current`, set for the request's task tree, so no signature along the way carries it.
+package final class FlowCapture: Sendable {
+    @TaskLocal package static var current: FlowCapture?
+
+    private let observation: NIOLockedValueBox<FlowObservation>
+
+    init(bodyLimit: Int?) {
+        self.observation = NIOLockedValueBox(FlowObservation(bodyLimit: bodyLimit))
+    }
+
+    var snapshot: FlowObservation { self.observation.withLockedValue { $0 } }
+
+    func responded(_ head: HTTPResponseHead) {
+        self.observation.withLockedValue { $0.responded(head) }
     }
 
     /// The broker's own answer (an error), head and whole body.
     func responded(_ head: HTTPResponseHead, body: ByteBuffer) {
-        self.responded(head)
-        self.responseBody(body)
+        self.observation.withLockedValue { observation in
+            observation.responded(head)
+            observation.responseBody(body)
+        }
     }
 
     func responseBody(_ buffer: ByteBuffer) {
-        guard let limit = self.bodyLimit else { return }
-        self.captured.withLockedValue { captured in
-            captured.responseBody?.append(buffer.readableBytesView, limit: limit)
-        }
+        self.observation.withLockedValue { $0.responseBody(buffer) }
     }
 
     func requestBody(_ buffer: ByteBuffer) {
-        self.captured.withLockedValue { captured in
-            captured.requestBodyBytes += buffer.readableBytes
-            if let limit = self.bodyLimit { captured.requestBody?.append(buffer.readableBytesView, limit: limit) }
-        }
+        self.observation.withLockedValue { $0.requestBody(buffer) }
     }
 
     func credentialUsed(_ space: ProtectionSpace, user: String) {
         let credential = FlowApplied.Credential(
             user: user, realm: space.realm.isEmpty ? nil : space.realm, scheme: space.authScheme, proxy: space.isProxy
         )
-        self.captured.withLockedValue { captured in
-            if !captured.applied.credentials.contains(credential) { captured.applied.credentials.append(credential) }
+        self.observation.withLockedValue { observation in
+            if !observation.applied.credentials.contains(credential) { observation.applied.credentials.append(credential) }
         }
     }
 
     func apply(_ change: (inout FlowApplied) -> Void) {
-        self.captured.withLockedValue { change(&$0.applied) }
+        self.observation.withLockedValue { change(&$0.applied) }
     }
 }
 
 extension FlowRecord {
-    /// The record of a request the full path served, from what its capture saw.
+    /// The record of a request that has ended, from what was observed while it was served.
     init(
-        requestID: String, head: HTTPRequestHead, url: String, started: Date, startedAt: ContinuousClock.Instant,
-        outcome: RequestOutcome, capture: FlowCapture, app: Requester?, intercepted: Bool
+        requestID: String, head: HTTPRequestHead, url: String, startedAt: ContinuousClock.Instant, outcome: RequestOutcome,
+        observed: FlowObservation, app: Requester?, intercepted: Bool
     ) {
         self.init(
-            requestID: requestID, started: started, method: head.method.rawValue, url: url,
+            requestID: requestID, started: observed.started, method: head.method.rawValue, url: url,
             httpVersion: FlowRecord.versionText(head.version), requestHeaders: head.headers
         )
-        let captured = capture.snapshot
         self.status = outcome.status
-        self.responseHeaders = captured.responseHead?.headers ?? HTTPHeaders()
+        self.responseHeaders = observed.responseHead?.headers ?? HTTPHeaders()
         self.responseBodyBytes = outcome.bytes
-        self.requestBodyBytes = captured.requestBodyBytes
-        self.requestBody = captured.requestBody
-        self.responseBody = captured.responseBody
+        self.requestBodyBytes = observed.requestBodyBytes
+        self.requestBody = observed.requestBody
+        self.responseBody = observed.responseBody
         self.brokerError = outcome.brokerError
-        self.applied = captured.applied
+        self.applied = observed.applied
         if intercepted { self.applied.intercepted = true }
         self.app = app
-        let now = ContinuousClock.now
-        self.totalMicroseconds = (now - startedAt).microseconds
-        self.waitMicroseconds = captured.responseHeadAt.map { ($0 - startedAt).microseconds }
+        self.totalMicroseconds = (ContinuousClock.now - startedAt).microseconds
+        self.waitMicroseconds = observed.responseHeadAt.map { ($0 - startedAt).microseconds }
     }
 }
 

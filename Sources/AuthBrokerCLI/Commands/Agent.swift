@@ -68,15 +68,9 @@ struct Agent: AsyncParsableCommand {
                     events.body.cancel()
                     throw CLIError.plain(.failure, "cannot attach as an agent: the daemon answered HTTP \(events.status)")
                 }
-                var pending: [UInt8] = []
                 var agentID: String?
-                for try await chunk in events.body {
-                    pending.append(contentsOf: chunk)
-                    while let newline = pending.firstIndex(of: UInt8(ascii: "\n")) {
-                        let line = Array(pending[..<newline])
-                        pending.removeSubrange(...newline)
-                        try await Self.handle(line: line, api: api, agentID: &agentID)
-                    }
+                try await events.body.forEachLine { line in
+                    try await Self.handle(line: line, api: api, agentID: &agentID)
                 }
                 Console.error("the daemon ended the agent stream")
             }

@@ -78,15 +78,9 @@ struct Flows: AsyncParsableCommand {
                 }
                 try await api.mappingErrors(context: "cannot follow the flows") {
                     let stream = try await api.client.sendControl(method: "GET", path: "/v1/flows?follow=true&last=\(last)")
-                    var pending: [UInt8] = []
-                    for try await chunk in stream.body {
-                        pending.append(contentsOf: chunk)
-                        while let newline = pending.firstIndex(of: UInt8(ascii: "\n")) {
-                            let line = Array(pending[..<newline])
-                            pending.removeSubrange(...newline)
-                            guard let flow = try? BrokerJSON.decoder().decode(FlowSummary.self, from: Data(line)) else { continue }
-                            try self.show(flow)
-                        }
+                    try await stream.body.forEachLine { line in
+                        guard let flow = try? BrokerJSON.decoder().decode(FlowSummary.self, from: Data(line)) else { return }
+                        try self.show(flow)
                     }
                 }
                 Console.error("the daemon ended the flow stream")
@@ -168,7 +162,10 @@ struct Flows: AsyncParsableCommand {
                         if !written { unlink(har) }
                     }
                 }
-                let response = try await Self.send(api: api, path: path, reauthenticate: revealSecrets ? loginPasswordStdin : nil)
+                let response = try await api.send(
+                    "GET", path, context: "cannot export the flows",
+                    reauthenticate: revealSecrets ? { try await Reauthentication.run(api: api, passwordFromStdin: loginPasswordStdin) } : nil
+                )
                 var bytes = 0
                 try await api.mappingErrors(context: "cannot export the flows") {
                     for try await chunk in response.body {
@@ -179,24 +176,6 @@ struct Flows: AsyncParsableCommand {
                 written = true
                 if descriptor != STDOUT_FILENO {
                     Console.error("Wrote \(HumanFormat.byteSize(bytes)) of HAR to \(har)\(revealSecrets ? " (secret header values not masked)" : "").")
-                }
-            }
-        }
-
-        /// `GET` the archive; a `403 reauthentication_required` runs the PAM dialogue once
-        /// when secrets were asked for (`reauthenticate` then says whether from stdin).
-        private static func send(api: ControlAPI, path: String, reauthenticate passwordFromStdin: Bool?) async throws -> BrokerResponse {
-            var reauthenticated = false
-            while true {
-                do {
-                    return try await api.client.sendControl(method: "GET", path: path)
-                } catch let error as BrokerError
-                    where error.code == BrokerErrorCode.reauthenticationRequired.rawValue && !reauthenticated && passwordFromStdin != nil
-                {
-                    reauthenticated = true
-                    try await Reauthentication.run(api: api, passwordFromStdin: passwordFromStdin ?? false)
-                } catch {
-                    throw CLIError(error, context: "cannot export the flows", socketPath: api.client.socketPath)
                 }
             }
         }

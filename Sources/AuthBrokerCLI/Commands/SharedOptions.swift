@@ -107,26 +107,38 @@ struct ControlAPI {
         _ method: String, _ path: String, json: Data? = nil, context: String, as: Answer.Type,
         reauthenticate: (() async throws -> Void)? = nil
     ) async throws -> (answer: Answer, raw: Data) {
+        let response = try await self.send(method, path, json: json, context: context, reauthenticate: reauthenticate)
+        let data: Data
+        do {
+            data = try await response.body.collect(maxBytes: 16 * 1024 * 1024)
+        } catch {
+            throw CLIError(error, context: context, socketPath: client.socketPath)
+        }
+        do {
+            return (try BrokerJSON.decoder().decode(Answer.self, from: data), data)
+        } catch {
+            throw CLIError.plain(
+                .failure,
+                "\(context): the daemon's answer to \(method) \(path) could not be read (\(error)); is authbrokerd version \(AuthBrokerCtl.version)?"
+            )
+        }
+    }
+
+    /// Sends the request and returns its 2xx answer as it arrives, the body still to read; a
+    /// refusal is a `CLIError` as for `call`, and `reauthenticate` works as there.
+    func send(
+        _ method: String, _ path: String, json: Data? = nil, context: String, reauthenticate: (() async throws -> Void)? = nil
+    ) async throws -> BrokerResponse {
         var reauthenticated = false
         while true {
-            let data: Data
             do {
-                (data, _) = try await client.controlData(method: method, path: path, json: json)
+                return try await client.sendControl(method: method, path: path, json: json)
             } catch let error as BrokerError where error.status == 403 && error.code == BrokerErrorCode.reauthenticationRequired.rawValue && !reauthenticated {
                 guard let reauthenticate else { throw CLIError(error, context: context, socketPath: client.socketPath) }
                 reauthenticated = true
                 try await reauthenticate()
-                continue
             } catch {
                 throw CLIError(error, context: context, socketPath: client.socketPath)
-            }
-            do {
-                return (try BrokerJSON.decoder().decode(Answer.self, from: data), data)
-            } catch {
-                throw CLIError.plain(
-                    .failure,
-                    "\(context): the daemon's answer to \(method) \(path) could not be read (\(error)); is authbrokerd version \(AuthBrokerCtl.version)?"
-                )
             }
         }
     }
@@ -147,4 +159,20 @@ struct ControlAPI {
 extension Encodable {
     /// This value in the control API's JSON dialect.
     func brokerJSON() throws -> Data { try BrokerJSON.encoder().encode(self) }
+}
+
+extension BrokerResponseBody {
+    /// Each line of the body as it arrives, without its newline: the daemon's event streams
+    /// (`GET /v1/agent`, `GET /v1/flows?follow=true`) send one JSON object per line.
+    func forEachLine(_ handle: ([UInt8]) async throws -> Void) async throws {
+        var pending: [UInt8] = []
+        for try await chunk in self {
+            pending.append(contentsOf: chunk)
+            while let newline = pending.firstIndex(of: UInt8(ascii: "\n")) {
+                let line = Array(pending[..<newline])
+                pending.removeSubrange(...newline)
+                try await handle(line)
+            }
+        }
+    }
 }

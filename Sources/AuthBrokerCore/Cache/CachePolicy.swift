@@ -96,10 +96,7 @@ package enum CachePolicy {
         if let length = responseHeaders.first(name: "content-length").flatMap({ Int($0) }), length > settings.maxObjectBytes {
             return .dontStore(.tooLarge)
         }
-        var omitted = Set(directives.privateFields)
-        for value in responseHeaders["connection"] {
-            for name in value.split(separator: ",") { omitted.insert(name.trimmingCharacters(in: .whitespaces).lowercased()) }
-        }
+        var omitted = Set(directives.privateFields).union(ProxyHeaders.connectionOptions(responseHeaders))
         omitted.formUnion(Self.hopByHop)
         return .store(omitting: omitted.filter { !$0.isEmpty && responseHeaders.contains(name: $0) }.sorted())
     }
@@ -283,10 +280,7 @@ package enum CachePolicy {
     /// carries replaces the stored ones of that name, except hop-by-hop fields and
     /// `Content-Length`, which describes the stored body, not the 304's.
     package static func updatedHeaders(stored: HTTPHeaders, from notModified: HTTPHeaders) -> HTTPHeaders {
-        var excluded = Self.hopByHop.union(["content-length"])
-        for value in notModified["connection"] {
-            for name in value.split(separator: ",") { excluded.insert(name.trimmingCharacters(in: .whitespaces).lowercased()) }
-        }
+        let excluded = Self.hopByHop.union(["content-length"]).union(ProxyHeaders.connectionOptions(notModified))
         let replacing = Set(notModified.map { $0.name.lowercased() }).subtracting(excluded)
         var updated = HTTPHeaders(stored.filter { !replacing.contains($0.name.lowercased()) })
         for (name, value) in notModified where replacing.contains(name.lowercased()) {
