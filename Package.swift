@@ -58,6 +58,7 @@ let package = Package(
                 .product(name: "Crypto", package: "swift-crypto"),
                 // _RSA: the modulus size of an RSA key (already built for X509).
                 .product(name: "_CryptoExtras", package: "swift-crypto"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strictSettings
@@ -84,6 +85,7 @@ let package = Package(
             dependencies: [
                 "AuthBrokerCore",
                 "CLibsecret",
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -96,7 +98,11 @@ let package = Package(
         // PAM re-authentication before a secret is revealed, and the per-peer grants it gives.
         .target(
             name: "AuthBrokerPAM",
-            dependencies: ["CPAM", .product(name: "Logging", package: "swift-log")],
+            dependencies: [
+                "CPAM",
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
             swiftSettings: strictSettings
         ),
         // The daemon: listener, data plane, upstream pool, control API.
@@ -190,6 +196,7 @@ let package = Package(
             dependencies: [
                 "TestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             swiftSettings: strictSettings
@@ -210,6 +217,7 @@ let package = Package(
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "SwiftASN1", package: "swift-asn1"),
                 .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             ],
             path: "Tests/TestSupport",
             swiftSettings: strictSettings
@@ -226,12 +234,12 @@ let package = Package(
         ),
         .testTarget(
             name: "AuthBrokerTrustTests",
-            dependencies: ["AuthBrokerTrust", "TestSupport"],
+            dependencies: ["AuthBrokerTrust", "TestSupport", .product(name: "NIOConcurrencyHelpers", package: "swift-nio")],
             swiftSettings: strictSettings
         ),
         .testTarget(
             name: "AuthBrokerSecretsTests",
-            dependencies: ["AuthBrokerSecrets"],
+            dependencies: ["AuthBrokerSecrets", .product(name: "NIOConcurrencyHelpers", package: "swift-nio")],
             swiftSettings: strictSettings
         ),
         .testTarget(
@@ -246,7 +254,11 @@ let package = Package(
         ),
         .testTarget(
             name: "AuthBrokerPAMTests",
-            dependencies: ["AuthBrokerPAM", .product(name: "Logging", package: "swift-log")],
+            dependencies: [
+                "AuthBrokerPAM",
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
             swiftSettings: strictSettings
         ),
         .testTarget(

@@ -2,7 +2,7 @@ import CPAM
 import Dispatch
 import Foundation
 import Logging
-import Synchronization
+import NIOConcurrencyHelpers
 
 /// Re-authenticates a user through PAM (`pam_authenticate`, then `pam_acct_mgmt`).
 ///
@@ -106,7 +106,7 @@ final class PAMTransaction: Sendable {
     let user: String
     let configuration: PAMAuthenticator.Configuration
     let responder: any PAMResponder
-    private let state = Mutex(State())
+    private let state = NIOLockedValueBox(State())
     /// Signalled when an answer arrives or the transaction is cancelled. A stale signal only
     /// costs the PAM thread one more look at `state`.
     private let wakeup = DispatchSemaphore(value: 0)
@@ -119,10 +119,10 @@ final class PAMTransaction: Sendable {
 
     /// Starts the PAM thread; `continuation` is resumed exactly once, when it ends.
     func start(_ continuation: CheckedContinuation<PAMOutcome, Never>) {
-        self.state.withLock { $0.continuation = continuation }
+        self.state.withLockedValue { $0.continuation = continuation }
         let thread = Thread { [self] in
             let outcome = self.run()
-            let continuation = self.state.withLock { state in
+            let continuation = self.state.withLockedValue { state in
                 defer { state.continuation = nil }
                 return state.continuation
             }
@@ -134,7 +134,7 @@ final class PAMTransaction: Sendable {
 
     /// Ends the transaction as `cancelled`: a prompt being waited for is abandoned.
     func cancel() {
-        let task = self.state.withLock { state -> Task<Void, Never>? in
+        let task = self.state.withLockedValue { state -> Task<Void, Never>? in
             state.cancelled = true
             if case .waiting(_, let task) = state.pending { return task }
             return nil
@@ -146,7 +146,7 @@ final class PAMTransaction: Sendable {
     // MARK: - On the PAM thread
 
     private func run() -> PAMOutcome {
-        if self.state.withLock({ $0.cancelled }) {
+        if self.state.withLockedValue({ $0.cancelled }) {
             return .failure(Self.cancelledError)
         }
         // On the heap for the whole transaction: pam_start(3) keeps what it is given, and an
@@ -189,7 +189,7 @@ final class PAMTransaction: Sendable {
         let statusText = Self.statusName(status, handle)
         pam_end(handle, status)
 
-        let (cancelled, conversationFailure) = self.state.withLock { ($0.cancelled, $0.conversationFailure) }
+        let (cancelled, conversationFailure) = self.state.withLockedValue { ($0.cancelled, $0.conversationFailure) }
         if cancelled {
             return .failure(Self.cancelledError)
         }
@@ -289,7 +289,7 @@ final class PAMTransaction: Sendable {
         func fail(_ status: Int32, _ error: PAMError?) -> Int32 {
             cpam_free_responses(replies, count)
             if let error {
-                self.state.withLock { state in
+                self.state.withLockedValue { state in
                     if state.conversationFailure == nil { state.conversationFailure = error }
                 }
             }
@@ -367,7 +367,7 @@ final class PAMTransaction: Sendable {
     /// timeout, or cancellation, whichever comes first.
     private func ask(_ prompt: PAMPrompt) -> Wait {
         let deadline = DispatchTime.now() + Self.dispatchInterval(self.configuration.promptTimeout)
-        let id = self.state.withLock { state -> UInt64? in
+        let id = self.state.withLockedValue { state -> UInt64? in
             if state.cancelled { return nil }
             state.nextPromptID += 1
             state.pending = .waiting(id: state.nextPromptID, task: nil)
@@ -379,12 +379,12 @@ final class PAMTransaction: Sendable {
             let response = await responder.respond(to: prompt)
             self.deliver(response, for: id)
         }
-        self.state.withLock { state in
+        self.state.withLockedValue { state in
             if case .waiting(id, nil) = state.pending { state.pending = .waiting(id: id, task: task) }
         }
         while true {
             let timedOut = self.wakeup.wait(timeout: deadline) == .timedOut
-            let result = self.state.withLock { state -> Wait? in
+            let result = self.state.withLockedValue { state -> Wait? in
                 if state.cancelled {
                     state.pending = .idle
                     return .cancelled
@@ -409,7 +409,7 @@ final class PAMTransaction: Sendable {
     /// Called by a prompt's task with the responder's answer. A late answer (after a timeout
     /// or cancellation) is dropped.
     private func deliver(_ response: PAMResponse, for id: UInt64) {
-        let accepted = self.state.withLock { state -> Bool in
+        let accepted = self.state.withLockedValue { state -> Bool in
             guard !state.cancelled, case .waiting(id, _) = state.pending else { return false }
             state.pending = .answered(id: id, response)
             return true

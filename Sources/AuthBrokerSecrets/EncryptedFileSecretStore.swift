@@ -1,7 +1,7 @@
 import AuthBrokerCore
 import Crypto
 import Foundation
-import Synchronization
+import NIOConcurrencyHelpers
 
 #if canImport(Glibc)
 import Glibc
@@ -45,7 +45,7 @@ package final class EncryptedFileSecretStore: SecretStore {
     package let keyFilePath: String
     private let credentialsDirectory: String?
     private let lockTimeout: Duration
-    private let cachedKey: Mutex<SymmetricKey?> = Mutex(nil)
+    private let cachedKey: NIOLockedValueBox<SymmetricKey?> = NIOLockedValueBox(nil)
 
     package var backendName: String { "file" }
 
@@ -297,9 +297,9 @@ package final class EncryptedFileSecretStore: SecretStore {
     // MARK: - The key
 
     private func key(mayCreate: Bool) throws(SecretStoreError) -> SymmetricKey {
-        if let key = self.cachedKey.withLock({ $0 }) { return key }
+        if let key = self.cachedKey.withLockedValue({ $0 }) { return key }
         let key = try self.loadKey(mayCreate: mayCreate)
-        self.cachedKey.withLock { $0 = key }
+        self.cachedKey.withLockedValue { $0 = key }
         return key
     }
 

@@ -1,6 +1,7 @@
 import CLibsecret
 import Dispatch
 import Foundation
+import NIOConcurrencyHelpers
 import Synchronization
 
 #if canImport(Glibc)
@@ -25,7 +26,7 @@ package final class SecretServiceStore: SecretStore {
     package let timeout: Duration
     private let environment: [String: String]
     /// libsecret's default service is shared process-wide; calls are serialised through it.
-    private let serial = Mutex(())
+    private let serial = NIOLock()
 
     package var backendName: String { "secret-service" }
 
@@ -192,7 +193,9 @@ package final class SecretServiceStore: SecretStore {
         if let problem = Self.sessionBusProblem(self.environment) {
             throw Self.unavailableError(problem)
         }
-        return try self.serial.withLock { (_: inout ()) throws(SecretStoreError) -> Result in try body() }
+        self.serial.lock()
+        defer { self.serial.unlock() }
+        return try body()
     }
 
     /// Why no session bus can be reached, or nil when one may be. Checked before GLib is asked,
@@ -209,7 +212,7 @@ package final class SecretServiceStore: SecretStore {
     private final class Canceller: @unchecked Sendable {  // GCancellable is thread-safe; the pointer is set once in init
         // @unchecked: g_cancellable_cancel is thread-safe, and the pointer itself never changes.
         let cancellable: UnsafeMutablePointer<GCancellable>
-        let fired = Atomic<Bool>(false)
+        let fired = Synchronization.Atomic<Bool>(false)
 
         init(_ cancellable: UnsafeMutablePointer<GCancellable>) { self.cancellable = cancellable }
 

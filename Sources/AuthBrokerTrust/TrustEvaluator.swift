@@ -3,7 +3,7 @@ import Crypto
 import Foundation
 import Logging
 import SwiftASN1
-import Synchronization
+import NIOConcurrencyHelpers
 @_spi(FixedExpiryValidationTime) import X509
 
 /// Decides whether a server's certificate chain is trusted for a host.
@@ -25,7 +25,7 @@ package final class TrustEvaluator: Sendable {
     private let systemAnchorsPath: String
     private let store: TrustStore
     private let logger: Logger
-    private let systemRoots: Mutex<SystemRoots>
+    private let systemRoots: NIOLockedValueBox<SystemRoots>
     /// A wildcard name over one of these (`*.co.uk`) makes a server certificate unfit.
     private let publicSuffixes: PublicSuffixList
 
@@ -41,7 +41,7 @@ package final class TrustEvaluator: Sendable {
             self.criticalExtensions = TrustEvaluator.criticalExtensions(of: certificates)
         }
     }
-    private let cache: Mutex<DecisionCache>
+    private let cache: NIOLockedValueBox<DecisionCache>
 
     /// `systemAnchorsPath`: a PEM bundle such as `/etc/ssl/certs/ca-certificates.crt`. A missing
     /// or unreadable bundle is logged and leaves only the user's anchors (see `systemAnchorCount`).
@@ -53,8 +53,8 @@ package final class TrustEvaluator: Sendable {
         self.publicSuffixes = publicSuffixes
         self.store = store
         self.logger = logger
-        self.systemRoots = Mutex(SystemRoots(Self.loadSystemAnchors(path: systemAnchorsPath, logger: logger)))
-        self.cache = Mutex(DecisionCache(capacity: max(0, cacheSize), ttl: cacheTTL))
+        self.systemRoots = NIOLockedValueBox(SystemRoots(Self.loadSystemAnchors(path: systemAnchorsPath, logger: logger)))
+        self.cache = NIOLockedValueBox(DecisionCache(capacity: max(0, cacheSize), ttl: cacheTTL))
     }
 
     /// How many system roots were loaded (0 when the bundle is missing: worth showing in status).
@@ -63,14 +63,14 @@ package final class TrustEvaluator: Sendable {
     package var storeGeneration: UInt64 { self.store.generation }
 
     package var systemAnchorCount: Int {
-        self.systemRoots.withLock { $0.count }
+        self.systemRoots.withLockedValue { $0.count }
     }
 
     /// Reads the system bundle again (after a distribution update) and forgets cached decisions.
     package func reloadSystemAnchors() {
         let roots = SystemRoots(Self.loadSystemAnchors(path: self.systemAnchorsPath, logger: self.logger))
-        self.systemRoots.withLock { $0 = roots }
-        self.cache.withLock { $0.removeAll() }
+        self.systemRoots.withLockedValue { $0 = roots }
+        self.cache.withLockedValue { $0.removeAll() }
     }
 
     /// Evaluates `chainDER` (leaf first, as the server sent it) for `host`.
@@ -141,7 +141,7 @@ package final class TrustEvaluator: Sendable {
             generation: snapshot.generation
         )
         let clockNow = ContinuousClock.now
-        if var cached = self.cache.withLock({ $0.lookup(key, now: now, clockNow: clockNow) }) {
+        if var cached = self.cache.withLockedValue({ $0.lookup(key, now: now, clockNow: clockNow) }) {
             cached.fromCache = true
             self.log(cached, host: host)
             return cached
@@ -160,7 +160,7 @@ package final class TrustEvaluator: Sendable {
         decision.byException = excepted && failures.isEmpty
         let validFrom = certificates.map(\.notValidBefore).max() ?? now
         let validUntil = certificates.map(\.notValidAfter).min() ?? now
-        self.cache.withLock {
+        self.cache.withLockedValue {
             $0.insert(decision, for: key, validFrom: validFrom, validUntil: validUntil, clockNow: clockNow)
         }
         self.log(decision, host: host)
@@ -193,7 +193,7 @@ package final class TrustEvaluator: Sendable {
             return [.malformedCertificate("The server presented no certificate.")]
         }
         let intermediates = CertificateStore(certificates.dropFirst())
-        let systemRoots = self.systemRoots.withLock { $0 }
+        let systemRoots = self.systemRoots.withLockedValue { $0 }
         let inScope = snapshot.anchors.filter { $0.anchor.applies(to: host) }
         let outOfScope = snapshot.anchors.filter { !$0.anchor.applies(to: host) }
         let scopedRoots = systemRoots.store.appending(contentsOf: inScope.map(\.certificate))

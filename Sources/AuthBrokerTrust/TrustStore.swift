@@ -1,6 +1,7 @@
 import AuthBrokerCore
 import Foundation
 import SwiftASN1
+import NIOConcurrencyHelpers
 import Synchronization
 import X509
 
@@ -57,16 +58,16 @@ package final class TrustStore: Sendable {
     }
 
     /// What readers see: taken briefly, never across file I/O.
-    private let state: Mutex<State>
+    private let state: NIOLockedValueBox<State>
     /// Held by one change at a time across its read, save and publication (`modify`), so that
     /// changes are serialized and none is lost, while readers go on with the published state.
-    private let changing = Mutex<Void>(())
+    private let changing = NIOLock()
     /// Called by a change just before it saves, for tests (to hold a save while readers run).
     private let willSave: (@Sendable () -> Void)?
     /// `state.generation`, stored after each change under the lock: every relayed HTTPS request
     /// reads it (is its pooled connection still trusted?), and both event loops taking the
     /// store's lock for it was a point of contention.
-    private let publishedGeneration = Atomic<UInt64>(0)
+    private let publishedGeneration = Synchronization.Atomic<UInt64>(0)
 
     /// Opens the store at `path`: a missing file is an empty store; an unreadable or corrupt
     /// one is an error naming the file and what to do.
@@ -74,7 +75,7 @@ package final class TrustStore: Sendable {
     /// - Parameter willSave: for tests: called by every change just before it saves the file.
     package init(path: String, willSave: (@Sendable () -> Void)? = nil) throws(TrustStoreError) {
         self.path = path
-        self.state = Mutex(try Self.read(path: path))
+        self.state = NIOLockedValueBox(try Self.read(path: path))
         self.willSave = willSave
     }
 
@@ -104,7 +105,7 @@ package final class TrustStore: Sendable {
     @discardableResult
     package func refreshFromDisk() throws(TrustStoreError) -> Bool {
         let stamp = FileStamp.of(path: self.path)
-        let known = self.state.withLock { state -> (current: Bool, unreadable: TrustStoreError?, installed: FileStamp?) in
+        let known = self.state.withLockedValue { state -> (current: Bool, unreadable: TrustStoreError?, installed: FileStamp?) in
             if stamp == state.fileStamp { return (true, nil, state.fileStamp) }
             if let unreadable = state.unreadable, unreadable.stamp == stamp { return (true, unreadable.error, state.fileStamp) }
             return (false, nil, state.fileStamp)
@@ -116,10 +117,10 @@ package final class TrustStore: Sendable {
             read = try Self.read(path: self.path)
         } catch {
             let changed = Self.changedOnDisk(self.path, error)
-            self.state.withLock { $0.unreadable = (stamp, changed) }
+            self.state.withLockedValue { $0.unreadable = (stamp, changed) }
             throw changed
         }
-        return self.state.withLock { state in
+        return self.state.withLockedValue { state in
             // A change (or another refresh) published meanwhile is at least as new as this
             // read, which may have begun before that change saved: it is kept.
             guard state.fileStamp == known.installed else { return false }
@@ -167,12 +168,12 @@ package final class TrustStore: Sendable {
 
     package func anchors() -> [TrustAnchor] {
         self.refreshQuietly()
-        return self.state.withLock { $0.anchors }
+        return self.state.withLockedValue { $0.anchors }
     }
 
     package func pins() -> [SPKIPin] {
         self.refreshQuietly()
-        return self.state.withLock { $0.pins }
+        return self.state.withLockedValue { $0.pins }
     }
 
     /// Anchors with their parsed certificates, pins and generation, read together.
@@ -187,7 +188,7 @@ package final class TrustStore: Sendable {
     /// The store at `now`: exceptions that have expired by then are left out.
     func snapshot(now: Date = Date()) -> Snapshot {
         self.refreshQuietly()
-        return self.state.withLock { state in
+        return self.state.withLockedValue { state in
             Snapshot(
                 generation: state.generation,
                 anchors: state.anchors.compactMap { anchor in
@@ -204,7 +205,7 @@ package final class TrustStore: Sendable {
     /// and no cached decision or pooled connection outlives it.
     @discardableResult
     package func removeExpiredExceptions(now: Date = Date()) throws(TrustStoreError) -> [CertificateException] {
-        guard self.state.withLock({ $0.exceptions.contains { $0.isExpired(at: now) } }) else { return [] }
+        guard self.state.withLockedValue({ $0.exceptions.contains { $0.isExpired(at: now) } }) else { return [] }
         return try self.modify { state throws(TrustStoreError) in
             let expired = state.exceptions.filter { $0.isExpired(at: now) }
             state.exceptions.removeAll { $0.isExpired(at: now) }
@@ -280,7 +281,7 @@ package final class TrustStore: Sendable {
     @discardableResult
     package func addPin(host: HostPattern, spkiSHA256: String, now: Date = Date()) throws(TrustStoreError) -> SPKIPin {
         let pin = try SPKIPin(host: host, spkiSHA256: spkiSHA256, addedAt: Self.wholeSeconds(now))
-        if let existing = self.state.withLock({ state in
+        if let existing = self.state.withLockedValue({ state in
             state.pins.first { $0.host == pin.host && $0.spkiSHA256 == pin.spkiSHA256 }
         }) {
             return existing
@@ -314,7 +315,7 @@ package final class TrustStore: Sendable {
     /// The saved exceptions and the session ("trust once") ones.
     package func exceptions() -> (saved: [CertificateException], session: [CertificateException]) {
         self.refreshQuietly()
-        return self.state.withLock { ($0.exceptions, $0.sessionExceptions) }
+        return self.state.withLockedValue { ($0.exceptions, $0.sessionExceptions) }
     }
 
     /// Trusts the leaf `sha256` from `host` (on `port`, or any port when nil): saved in the file
@@ -331,7 +332,7 @@ package final class TrustStore: Sendable {
         )
         if persistent {
             self.refreshQuietly()
-            if let existing = self.state.withLock({ $0.exceptions.first { $0.sameTarget(as: exception) } }),
+            if let existing = self.state.withLockedValue({ $0.exceptions.first { $0.sameTarget(as: exception) } }),
                 existing.expiresAt == exception.expiresAt
             {
                 return existing
@@ -346,7 +347,7 @@ package final class TrustStore: Sendable {
                 return exception
             }
         }
-        return self.state.withLock { state in
+        return self.state.withLockedValue { state in
             if let existing = state.sessionExceptions.first(where: { $0.sameTarget(as: exception) }) { return existing }
             state.sessionExceptions.append(exception)
             self.bumpGeneration(&state)
@@ -364,12 +365,12 @@ package final class TrustStore: Sendable {
             host: host, port: port, sha256: try CertificateException.canonicalFingerprint(sha256), addedAt: Date()
         )
         self.refreshQuietly()
-        let removedSession = self.state.withLock { state -> CertificateException? in
+        let removedSession = self.state.withLockedValue { state -> CertificateException? in
             guard let index = state.sessionExceptions.firstIndex(where: { $0.sameTarget(as: target) }) else { return nil }
             self.bumpGeneration(&state)
             return state.sessionExceptions.remove(at: index)
         }
-        guard self.state.withLock({ $0.exceptions.contains { $0.sameTarget(as: target) } }) else {
+        guard self.state.withLockedValue({ $0.exceptions.contains { $0.sameTarget(as: target) } }) else {
             if let removedSession { return (removedSession, false) }
             throw TrustStoreError(
                 .notFound,
@@ -389,7 +390,7 @@ package final class TrustStore: Sendable {
 
     package func identities() -> [ClientIdentity] {
         self.refreshQuietly()
-        return self.state.withLock { $0.identities }
+        return self.state.withLockedValue { $0.identities }
     }
 
     /// The identity to present to `host` now (see `ClientIdentity.choose`), or nil for none.
@@ -414,7 +415,7 @@ package final class TrustStore: Sendable {
     /// direct relay keeps it per client connection rather than choose again for every request).
     package func automaticClientIdentity(for host: String, now: Date = Date()) -> AutomaticIdentity {
         // Read together, so the generation is the one the identities belong to.
-        let (identities, generation) = self.state.withLock { ($0.identities, $0.generation) }
+        let (identities, generation) = self.state.withLockedValue { ($0.identities, $0.generation) }
         return AutomaticIdentity(
             identity: ClientIdentity.chooseAutomatically(from: identities, host: host, now: now), generation: generation,
             validUntil: ClientIdentity.nextValidityChange(in: identities, after: now) ?? .distantFuture
@@ -465,34 +466,34 @@ package final class TrustStore: Sendable {
     private func modify<Result: Sendable>(
         _ change: (inout State) throws(TrustStoreError) -> Result
     ) throws(TrustStoreError) -> Result {
-        try self.changing.withLock { _ throws(TrustStoreError) -> Result in
-            // What the last change published, or a refresh installed since: no other change can
-            // publish before this one does.
-            var copy = self.state.withLock { $0 }
-            let stamp = FileStamp.of(path: self.path)
-            if stamp != copy.fileStamp {
-                do throws(TrustStoreError) {
-                    Self.install(try Self.read(path: self.path), into: &copy)
-                } catch {
-                    let changed = Self.changedOnDisk(self.path, error)
-                    self.state.withLock { $0.unreadable = (stamp, changed) }
-                    throw changed
-                }
+        self.changing.lock()
+        defer { self.changing.unlock() }
+        // What the last change published, or a refresh installed since: no other change can
+        // publish before this one does.
+        var copy = self.state.withLockedValue { $0 }
+        let stamp = FileStamp.of(path: self.path)
+        if stamp != copy.fileStamp {
+            do throws(TrustStoreError) {
+                Self.install(try Self.read(path: self.path), into: &copy)
+            } catch {
+                let changed = Self.changedOnDisk(self.path, error)
+                self.state.withLockedValue { $0.unreadable = (stamp, changed) }
+                throw changed
             }
-            let result = try change(&copy)
-            self.willSave?()
-            try Self.save(
-                StoreFile(anchors: copy.anchors, pins: copy.pins, identities: copy.identities, exceptions: copy.exceptions),
-                path: self.path
-            )
-            copy.fileStamp = FileStamp.of(path: self.path)
-            // The saved contents only: session exceptions may have changed meanwhile, and stay.
-            self.state.withLock { state in
-                Self.install(copy, into: &state)
-                self.bumpGeneration(&state)
-            }
-            return result
         }
+        let result = try change(&copy)
+        self.willSave?()
+        try Self.save(
+            StoreFile(anchors: copy.anchors, pins: copy.pins, identities: copy.identities, exceptions: copy.exceptions),
+            path: self.path
+        )
+        copy.fileStamp = FileStamp.of(path: self.path)
+        // The saved contents only: session exceptions may have changed meanwhile, and stay.
+        self.state.withLockedValue { state in
+            Self.install(copy, into: &state)
+            self.bumpGeneration(&state)
+        }
+        return result
     }
 
     struct StoreFile: Codable {

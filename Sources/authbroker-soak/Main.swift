@@ -1,7 +1,7 @@
 import ArgumentParser
 import Foundation
 import NIOCore
-import Synchronization
+import NIOConcurrencyHelpers
 import TestSupport
 
 /// The soak run of `make soak`: the real daemon under mixed traffic from many clients for
@@ -330,7 +330,7 @@ final class SoakAgent: Sendable {
     private let user: String
     private let password: String
     private let tally: Tally
-    private let state = Mutex<(attached: Bool, stopping: Bool, connection: UnixSocketConnection?)>((false, false, nil))
+    private let state = NIOLockedValueBox<(attached: Bool, stopping: Bool, connection: UnixSocketConnection?)>((false, false, nil))
 
     init(socketPath: String, user: String, password: String, tally: Tally) {
         self.socketPath = socketPath
@@ -345,14 +345,14 @@ final class SoakAgent: Sendable {
 
     func waitUntilAttached() async throws {
         for _ in 0..<200 {
-            if self.state.withLock({ $0.attached }) { return }
+            if self.state.withLockedValue({ $0.attached }) { return }
             try await Task.sleep(for: .milliseconds(50))
         }
         throw SoakFailure("the agent did not attach")
     }
 
     func stop() {
-        let connection = self.state.withLock {
+        let connection = self.state.withLockedValue {
             $0.stopping = true
             return $0.connection
         }
@@ -362,7 +362,7 @@ final class SoakAgent: Sendable {
     private func run() {
         do {
             let connection = try UnixSocketConnection(path: self.socketPath, timeoutSeconds: 3600)
-            self.state.withLock { $0.connection = connection }
+            self.state.withLockedValue { $0.connection = connection }
             try connection.send("GET /v1/agent HTTP/1.1\r\nHost: x\r\n\r\n")
             while try !connection.readLine().isEmpty {}
             var pending: [UInt8] = []
@@ -378,7 +378,7 @@ final class SoakAgent: Sendable {
                     switch event["event"] as? String {
                     case "attached":
                         agentID = event["agent"] as? String ?? ""
-                        self.state.withLock { $0.attached = true }
+                        self.state.withLockedValue { $0.attached = true }
                     case "challenge":
                         guard let id = (event["challenge"] as? [String: Any])?["id"] as? String else { continue }
                         self.answer(agent: agentID, challenge: id)
@@ -388,7 +388,7 @@ final class SoakAgent: Sendable {
                 }
             }
         } catch {
-            if !self.state.withLock({ $0.stopping }) { self.tally.agentError("\(error)") }
+            if !self.state.withLockedValue({ $0.stopping }) { self.tally.agentError("\(error)") }
         }
     }
 
@@ -419,10 +419,10 @@ final class Tally: Sendable {
         var agentAnswers = 0
         var agentErrors: [String] = []
     }
-    private let state = Mutex(Snapshot())
+    private let state = NIOLockedValueBox(Snapshot())
 
     func record(_ kind: Kind, seconds: Double, failure: String?) {
-        self.state.withLock { state in
+        self.state.withLockedValue { state in
             if let failure {
                 state.failures[kind, default: []].append(failure)
             } else {
@@ -432,11 +432,11 @@ final class Tally: Sendable {
     }
 
     /// Requests completed so far, by kind.
-    func completedCounts() -> [Kind: Int] { self.state.withLock { $0.latencies.mapValues(\.count) } }
+    func completedCounts() -> [Kind: Int] { self.state.withLockedValue { $0.latencies.mapValues(\.count) } }
 
-    func agentAnswered() { self.state.withLock { $0.agentAnswers += 1 } }
-    func agentError(_ text: String) { self.state.withLock { $0.agentErrors.append(text) } }
-    func snapshot() -> Snapshot { self.state.withLock { $0 } }
+    func agentAnswered() { self.state.withLockedValue { $0.agentAnswers += 1 } }
+    func agentError(_ text: String) { self.state.withLockedValue { $0.agentErrors.append(text) } }
+    func snapshot() -> Snapshot { self.state.withLockedValue { $0 } }
 }
 
 struct Sample: Sendable {
@@ -448,7 +448,7 @@ struct Sample: Sendable {
 }
 
 final class Samples: Sendable {
-    private let state = Mutex<[Sample]>([])
-    func add(_ sample: Sample) { self.state.withLock { $0.append(sample) } }
-    func snapshot() -> [Sample] { self.state.withLock { $0 } }
+    private let state = NIOLockedValueBox<[Sample]>([])
+    func add(_ sample: Sample) { self.state.withLockedValue { $0.append(sample) } }
+    func snapshot() -> [Sample] { self.state.withLockedValue { $0 } }
 }

@@ -1,6 +1,6 @@
 import Foundation
 import Logging
-import Synchronization
+import NIOConcurrencyHelpers
 import Testing
 
 @testable import AuthBrokerPAM
@@ -108,9 +108,9 @@ enum PAMFixture {
 
 /// Collects every log line (message and metadata) so tests can search them.
 final class LogCapture: Sendable {
-    private let lines = Mutex<[String]>([])
+    private let lines = NIOLockedValueBox<[String]>([])
 
-    var text: String { self.lines.withLock { $0.joined(separator: "\n") } }
+    var text: String { self.lines.withLockedValue { $0.joined(separator: "\n") } }
 
     var logger: Logger {
         var logger = Logger(label: "test.pam") { _ in CapturingLogHandler(capture: self) }
@@ -119,7 +119,7 @@ final class LogCapture: Sendable {
     }
 
     fileprivate func append(_ line: String) {
-        self.lines.withLock { $0.append(line) }
+        self.lines.withLockedValue { $0.append(line) }
     }
 }
 
@@ -141,7 +141,7 @@ private struct CapturingLogHandler: LogHandler {
 
 /// Records the prompts a responder was given.
 final class PromptLog: Sendable {
-    private let prompts = Mutex<[PAMPrompt]>([])
-    var all: [PAMPrompt] { self.prompts.withLock { $0 } }
-    func append(_ prompt: PAMPrompt) { self.prompts.withLock { $0.append(prompt) } }
+    private let prompts = NIOLockedValueBox<[PAMPrompt]>([])
+    var all: [PAMPrompt] { self.prompts.withLockedValue { $0 } }
+    func append(_ prompt: PAMPrompt) { self.prompts.withLockedValue { $0.append(prompt) } }
 }

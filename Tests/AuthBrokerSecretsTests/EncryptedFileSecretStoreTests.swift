@@ -1,6 +1,6 @@
 import AuthBrokerSecrets
 import Foundation
-import Synchronization
+import NIOConcurrencyHelpers
 import Testing
 
 #if canImport(Glibc)
@@ -182,7 +182,7 @@ final class EncryptedFileSecretStoreTests {
 
     @Test func concurrentWritersOnSeparateThreadsLoseNoUpdate() throws {
         let perThread = 200
-        let failures = Mutex<[String]>([])
+        let failures = NIOLockedValueBox<[String]>([])
         let done = DispatchGroup()
         let path = self.path
         let keyPath = self.keyPath
@@ -200,7 +200,7 @@ final class EncryptedFileSecretStoreTests {
                             secret: SecretValue("secret \(thread) \(index)")
                         )
                     } catch {
-                        failures.withLock { $0.append(error.message) }
+                        failures.withLockedValue { $0.append(error.message) }
                     }
                 }
                 done.leave()
@@ -208,7 +208,7 @@ final class EncryptedFileSecretStoreTests {
             worker.start()
         }
         done.wait()
-        #expect(failures.withLock { $0 } == [])
+        #expect(failures.withLockedValue { $0 } == [])
         let store = self.makeStore()
         #expect(try store.list(kind: .password, matching: [:]).count == 2 * perThread)
         #expect(try store.lookup(kind: .password, attributes: ["server": "t1.example.org", "user": "u199"])?.stringValue() == "secret 1 199")

@@ -1,7 +1,7 @@
 import AuthBrokerCore
 import AuthBrokerTrust
 import Foundation
-import Synchronization
+import NIOConcurrencyHelpers
 import TestSupport
 import Testing
 
@@ -13,10 +13,10 @@ struct TrustStoreConcurrencyTests {
     final class HeldSave: Sendable {
         let reached = DispatchSemaphore(value: 0)
         let release = DispatchSemaphore(value: 0)
-        private let held = Mutex(false)
+        private let held = NIOLockedValueBox(false)
 
         func hook() {
-            let first = self.held.withLock { held in
+            let first = self.held.withLockedValue { held in
                 defer { held = true }
                 return !held
             }
@@ -44,13 +44,13 @@ struct TrustStoreConcurrencyTests {
         let store = try TrustStore(path: directory.file("trust.json"), willSave: { held.hook() })
         let ca = try TestPKI.makeCA(commonName: "Held Save CA")
         let generation = store.generation
-        let failure = Mutex<String?>(nil)
+        let failure = NIOLockedValueBox<String?>(nil)
 
         let saved = Self.onThread {
             do {
                 try store.addAnchors(pem: ca.pem, hosts: [])
             } catch {
-                failure.withLock { $0 = "\(error)" }
+                failure.withLockedValue { $0 = "\(error)" }
             }
         }
         held.reached.wait()
@@ -68,7 +68,7 @@ struct TrustStoreConcurrencyTests {
         held.release.signal()
         saved.wait()
 
-        #expect(failure.withLock { $0 } == nil)
+        #expect(failure.withLockedValue { $0 } == nil)
         #expect(store.anchors().count == 1)
         #expect(store.exceptions().session == [once], "the change's publication dropped a session exception made meanwhile")
         #expect(store.generation > generation)
@@ -83,7 +83,7 @@ struct TrustStoreConcurrencyTests {
         let digest = String(repeating: "A", count: 43) + "="
         let threads = 6
         let perThread = 5
-        let failures = Mutex<[String]>([])
+        let failures = NIOLockedValueBox<[String]>([])
         let done = (0..<threads).map { thread in
             Self.onThread {
                 for index in 0..<perThread {
@@ -94,14 +94,14 @@ struct TrustStoreConcurrencyTests {
                         }
                         _ = store.pins()
                     } catch {
-                        failures.withLock { $0.append("\(error)") }
+                        failures.withLockedValue { $0.append("\(error)") }
                     }
                 }
             }
         }
         done.forEach { $0.wait() }
 
-        #expect(failures.withLock { $0 } == [])
+        #expect(failures.withLockedValue { $0 } == [])
         let expected = Set(
             try (0..<threads).flatMap { thread in
                 try (0..<perThread).filter { $0 % 2 == 0 }.map { try pattern("t\(thread)-\($0).example.test") }

@@ -1,6 +1,6 @@
 import Crypto
 import Foundation
-import Synchronization
+import NIOConcurrencyHelpers
 
 #if canImport(Glibc)
 import Glibc
@@ -303,7 +303,7 @@ package func freeLoopbackPort() throws -> Int {
 final class SpawnedProcess: Sendable {
     let pid: pid_t
     /// The wait status once reaped.
-    private let reaped = Mutex<Int32?>(nil)
+    private let reaped = NIOLockedValueBox<Int32?>(nil)
 
     init(executable: String, arguments: [String], stderrPath: String) throws {
         var actions = posix_spawn_file_actions_t()
@@ -344,7 +344,7 @@ final class SpawnedProcess: Sendable {
 
     /// nil while running; otherwise how it ended ("exited with 1", "killed by signal 9").
     var exitStatus: String? {
-        self.reaped.withLock { reaped -> Int32? in
+        self.reaped.withLockedValue { reaped -> Int32? in
             if reaped == nil {
                 var status: Int32 = 0
                 let result = waitpid(self.pid, &status, WNOHANG)
@@ -380,7 +380,7 @@ final class SpawnedProcess: Sendable {
         // The group is the child's own (POSIX_SPAWN_SETPGROUP with 0): its id is the child's pid.
         guard self.pid > 1 else { return }
         Glibc.kill(-self.pid, SIGKILL)
-        self.reaped.withLock { reaped in
+        self.reaped.withLockedValue { reaped in
             guard reaped == nil else { return }
             var status: Int32 = 0
             reaped = waitpid(self.pid, &status, 0) == self.pid ? status : -1

@@ -1,5 +1,5 @@
 import Foundation
-import Synchronization
+import NIOConcurrencyHelpers
 
 /// Runs a program to completion and collects its output: for curl, htpasswd and the like.
 package enum ExternalCommand {
@@ -56,7 +56,7 @@ private final class ErrorCollector: Sendable {
 
 /// The data the reading thread collected.
 private final class DataBox: Sendable {
-    private let data = Mutex(Data())
-    func set(_ data: Data) { self.data.withLock { $0 = data } }
-    func get() -> Data { self.data.withLock { $0 } }
+    private let data = NIOLockedValueBox(Data())
+    func set(_ data: Data) { self.data.withLockedValue { $0 = data } }
+    func get() -> Data { self.data.withLockedValue { $0 } }
 }

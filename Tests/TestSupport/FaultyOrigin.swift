@@ -2,7 +2,7 @@ import Foundation
 import NIOCore
 import NIOPosix
 import NIOSSL
-import Synchronization
+import NIOConcurrencyHelpers
 
 #if canImport(Glibc)
 import Glibc
@@ -62,11 +62,11 @@ package final class FaultyOrigin: Sendable {
     }
 
     /// Connections accepted so far.
-    package var acceptedConnections: Int { self.counts.value.withLock { $0.accepted } }
+    package var acceptedConnections: Int { self.counts.value.withLockedValue { $0.accepted } }
     /// Connections open now (so a test sees the daemon close its side).
-    package var openConnections: Int { self.counts.value.withLock { $0.open } }
+    package var openConnections: Int { self.counts.value.withLockedValue { $0.open } }
     /// CONNECT requests that carried the expected `Proxy-Authorization`.
-    package var authorizedConnects: Int { self.counts.value.withLock { $0.authorizedConnects } }
+    package var authorizedConnects: Int { self.counts.value.withLockedValue { $0.authorizedConnects } }
 
     /// Starts the server: TLS with `identity` when given, raw TCP otherwise.
     package static func start(identity: TestIdentity? = nil, handshakeFault: HandshakeFault? = nil) async throws -> FaultyOrigin {
@@ -112,7 +112,7 @@ package final class FaultyOrigin: Sendable {
 
 /// Connections a `FaultyOrigin` accepted, and how many are open now.
 private final class ConnectionCounts: Sendable {
-    let value = Mutex((accepted: 0, open: 0, authorizedConnects: 0))
+    let value = NIOLockedValueBox((accepted: 0, open: 0, authorizedConnects: 0))
 }
 
 /// Reads requests as bytes and answers each by the fault its path names.
@@ -140,7 +140,7 @@ private final class FaultHandler: ChannelInboundHandler {
     }
 
     func channelActive(context: ChannelHandlerContext) {
-        self.counts.value.withLock {
+        self.counts.value.withLockedValue {
             $0.accepted += 1
             $0.open += 1
         }
@@ -148,7 +148,7 @@ private final class FaultHandler: ChannelInboundHandler {
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        self.counts.value.withLock { $0.open -= 1 }
+        self.counts.value.withLockedValue { $0.open -= 1 }
         context.fireChannelInactive()
     }
 
@@ -245,7 +245,7 @@ private final class FaultHandler: ChannelInboundHandler {
     private func respondToConnect(context: ChannelHandlerContext) {
         let expected = "proxy-authorization: basic " + Data("alice:s3cret".utf8).base64EncodedString().lowercased()
         if self.requestLines.contains(where: { $0.lowercased() == expected }) {
-            self.counts.value.withLock { $0.authorizedConnects += 1 }
+            self.counts.value.withLockedValue { $0.authorizedConnects += 1 }
             self.takenOver = true
             self.writeThenClose(context: context, "HTTP/1.1 200 Connection established\r\n\r\n")
         } else {

@@ -1,6 +1,6 @@
 import NIOCore
 import NIOPosix
-import Synchronization
+import NIOConcurrencyHelpers
 
 /// An origin that answers with exactly the bytes a test gives it, for framing tests: plain TCP on
 /// 127.0.0.1, port 0. It records every byte each connection sent, so a test can check what the
@@ -52,7 +52,7 @@ package final class RawOrigin: Sendable {
             .childChannelOption(.allowRemoteHalfClosure, value: true)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    let index = record.connections.withLock { connections in
+                    let index = record.connections.withLockedValue { connections in
                         connections.append(Connection(received: [], open: true))
                         return connections.count - 1
                     }
@@ -67,16 +67,16 @@ package final class RawOrigin: Sendable {
     }
 
     /// What each connection sent so far, in the order they were accepted.
-    package var received: [[UInt8]] { self.record.connections.withLock { $0.map(\.received) } }
+    package var received: [[UInt8]] { self.record.connections.withLockedValue { $0.map(\.received) } }
 
     /// What all connections sent, as text (for `contains` checks).
     package var receivedText: String { String(decoding: self.received.joined(), as: UTF8.self) }
 
     /// Connections open now.
-    package var openConnections: Int { self.record.connections.withLock { $0.filter(\.open).count } }
+    package var openConnections: Int { self.record.connections.withLockedValue { $0.filter(\.open).count } }
 
     /// Connections accepted so far.
-    package var acceptedConnections: Int { self.record.connections.withLock { $0.count } }
+    package var acceptedConnections: Int { self.record.connections.withLockedValue { $0.count } }
 
     /// Waits (up to `seconds`) until no connection is open; returns whether none is.
     package func waitUntilNoConnectionIsOpen(seconds: Int = 10) async -> Bool {
@@ -99,7 +99,7 @@ package final class RawOrigin: Sendable {
     }
 
     fileprivate final class Record: Sendable {
-        let connections = Mutex<[Connection]>([])
+        let connections = NIOLockedValueBox<[Connection]>([])
     }
 }
 
@@ -120,7 +120,7 @@ private final class RawReplyHandler: ChannelInboundHandler {
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let buffer = self.unwrapInboundIn(data)
-        let received = self.record.connections.withLock { connections in
+        let received = self.record.connections.withLockedValue { connections in
             connections[self.index].received += buffer.readableBytesView
             return connections[self.index].received
         }
@@ -140,7 +140,7 @@ private final class RawReplyHandler: ChannelInboundHandler {
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        self.record.connections.withLock { $0[self.index].open = false }
+        self.record.connections.withLockedValue { $0[self.index].open = false }
         context.fireChannelInactive()
     }
 

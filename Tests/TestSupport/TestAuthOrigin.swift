@@ -4,7 +4,7 @@ import NIOCore
 import NIOHTTP1
 import NIOPosix
 import NIOSSL
-import Synchronization
+import NIOConcurrencyHelpers
 
 /// What a `TestAuthOrigin` does beyond plain verification: set at start, with `setBehaviour`,
 /// or through its `/control` route.
@@ -248,20 +248,20 @@ final class AuthOriginCore: Sendable {
     private let user: String
     private let password: String
     private let opaque = AuthOriginCore.randomHex(bytes: 8)
-    private let state: Mutex<State>
+    private let state: NIOLockedValueBox<State>
 
     init(name: String, user: String, password: String, behaviour: TestAuthBehaviour) {
         self.name = name
         self.user = user
         self.password = password
-        self.state = Mutex(State(behaviour: behaviour))
+        self.state = NIOLockedValueBox(State(behaviour: behaviour))
     }
 
-    var stats: TestAuthStats { self.state.withLock { $0.stats } }
+    var stats: TestAuthStats { self.state.withLockedValue { $0.stats } }
 
     /// Counts what the connection handler saw beyond the routes' verdicts.
     func record(bodyBytes: Int = 0, expectation: Bool = false, continued: Bool = false, earlyAnswer: Bool = false) {
-        self.state.withLock { state in
+        self.state.withLockedValue { state in
             state.stats.bodyBytes += bodyBytes
             if expectation { state.stats.expectations += 1 }
             if continued { state.stats.continues += 1 }
@@ -279,11 +279,11 @@ final class AuthOriginCore: Sendable {
         default: return false
         }
     }
-    var behaviour: TestAuthBehaviour { self.state.withLock { $0.behaviour } }
-    var issuedNonceCount: Int { self.state.withLock { $0.issued } }
+    var behaviour: TestAuthBehaviour { self.state.withLockedValue { $0.behaviour } }
+    var issuedNonceCount: Int { self.state.withLockedValue { $0.issued } }
 
     func setBehaviour(_ behaviour: TestAuthBehaviour) {
-        self.state.withLock { $0.behaviour = behaviour }
+        self.state.withLockedValue { $0.behaviour = behaviour }
     }
 
     static func randomHex(bytes count: Int) -> String {
@@ -329,7 +329,7 @@ final class AuthOriginCore: Sendable {
     private func control(target: String) -> AuthOriginReply {
         let items = URLComponents(string: target)?.queryItems ?? []
         var invalid: [String] = []
-        let behaviour = self.state.withLock { state in
+        let behaviour = self.state.withLockedValue { state in
             for item in items {
                 let value = item.value ?? ""
                 let number = value == "none" ? nil : Int(value)
@@ -385,7 +385,7 @@ final class AuthOriginCore: Sendable {
 
     private func basic(authorization: [String]) -> AuthOriginReply {
         let outcome = self.verifyBasic(authorization: authorization)
-        self.state.withLock { self.count(outcome, in: &$0.stats) }
+        self.state.withLockedValue { self.count(outcome, in: &$0.stats) }
         guard outcome == .success else {
             return AuthOriginReply(
                 status: .unauthorized,
@@ -435,7 +435,7 @@ final class AuthOriginCore: Sendable {
 
     private func digest(route: DigestRoute, method: String, target: String, authorization: [String], body: [UInt8]) -> AuthOriginReply {
         let now = ContinuousClock.now
-        return self.state.withLock { state -> AuthOriginReply in
+        return self.state.withLockedValue { state -> AuthOriginReply in
             guard !authorization.isEmpty else {
                 self.count(.challenge, in: &state.stats)
                 return self.digestChallenge(route: route, stale: false, state: &state, now: now)

@@ -2,7 +2,7 @@ import Foundation
 import NIOCore
 import NIOHTTP1
 import NIOPosix
-import Synchronization
+import NIOConcurrencyHelpers
 
 /// What a `TestForwardProxy` has seen.
 package struct TestProxyStats: Sendable, Hashable {
@@ -20,8 +20,8 @@ package struct TestProxyStats: Sendable, Hashable {
 
 /// The stats behind a lock, shared by every connection of one proxy.
 private final class ProxyCounters: Sendable {
-    private let stats = Mutex(TestProxyStats())
-    func withLock<T: Sendable>(_ body: (inout TestProxyStats) -> T) -> T { self.stats.withLock { body(&$0) } }
+    private let stats = NIOLockedValueBox(TestProxyStats())
+    func withLock<T: Sendable>(_ body: (inout TestProxyStats) -> T) -> T { self.stats.withLockedValue { body(&$0) } }
 }
 
 /// An HTTP forward proxy for integration tests, on 127.0.0.1 at port 0: absolute-form requests
