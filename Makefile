@@ -22,12 +22,17 @@ run:
 ## Then once more under the thread sanitizer, from a build of its own (.build-tsan): every suite
 ## but the integration tests, which drive the daemon as a separate process (the client library's
 ## suites start the sanitized daemon too). A race report fails the run (TSan's exit code).
+## Each test run is bounded (TEST_TIMEOUT seconds; `timeout` kills its whole process group): a
+## test process that dies while something it started still holds SwiftPM's output pipe would
+## otherwise leave `swift test` waiting for ever. Both runs take minutes on 2 cores.
+TEST_TIMEOUT ?= 1800
 test:
 	scripts/install-deps test
 	$(SWIFT) build --build-tests
-	scripts/with-test-keyring $(SWIFT) test --skip-build --no-parallel
+	timeout --kill-after=30 $(TEST_TIMEOUT) scripts/with-test-keyring $(SWIFT) test --skip-build --no-parallel
 	$(SWIFT) build --build-tests --sanitize=thread --scratch-path .build-tsan
-	scripts/with-test-keyring $(SWIFT) test --skip-build --sanitize=thread --scratch-path .build-tsan --no-parallel \
+	timeout --kill-after=30 $(TEST_TIMEOUT) scripts/with-test-keyring \
+		$(SWIFT) test --skip-build --sanitize=thread --scratch-path .build-tsan --no-parallel \
 		--skip AuthBrokerIntegrationTests
 	scripts/fuzz $(FUZZ_CI_SECONDS)
 
