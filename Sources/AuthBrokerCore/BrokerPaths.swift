@@ -96,6 +96,20 @@ package struct BrokerPaths: Sendable {
         return join(fallbackDirectory(uid: uid, environment: environment), "data")
     }
 
+    /// The HTTP cache's directory: `configured` (`[cache] directory`) > `$XDG_CACHE_HOME/authbroker/http`
+    /// > `$HOME/.cache/authbroker/http` > the state directory's fallback. What is kept there can
+    /// be lost without harm (XDG Base Directory: "non-essential data").
+    package static func cacheDirectory(configured: String?, environment: [String: String], uid: UInt32) -> String {
+        if let configured = nonEmpty(configured) { return configured }
+        if let cacheHome = xdgDirectory("XDG_CACHE_HOME", in: environment) {
+            return join(cacheHome, applicationDirectoryName, "http")
+        }
+        if let home = xdgDirectory("HOME", in: environment) {
+            return join(home, ".cache", applicationDirectoryName, "http")
+        }
+        return join(fallbackDirectory(uid: uid, environment: environment), "http-cache")
+    }
+
     /// `$TMPDIR/authbroker-<uid>` (`/tmp/authbroker-<uid>` without an absolute `$TMPDIR`): the
     /// per-user directory used when the XDG directories are missing. Everything in it must be
     /// private to the user (`PrivateFiles`), because other users can create names beside it.

@@ -94,7 +94,7 @@ struct BrokerSettingsTests {
     @Test func sampleFileDocumentsEachDefaultCorrectly() throws {
         let (text, keys) = Self.uncommented(try Self.sampleText())
         // Every setting with a default value shows it; the ones without one show an example.
-        #expect(Set(keys) == Self.allKeys.subtracting(["socket_path", "state_dir", "pam_config_dir", "proxy", "listen", "tls_key_log"]))
+        #expect(Set(keys) == Self.allKeys.subtracting(["socket_path", "state_dir", "pam_config_dir", "proxy", "listen", "tls_key_log", "directory"]))
         #expect(keys.count == Set(keys).count)
         #expect(try BrokerSettings.parse(text, file: "uncommented sample") == .defaults)
     }
@@ -164,6 +164,12 @@ struct BrokerSettingsTests {
             bodies = true
             max_body_bytes = 1
             mask_headers = ["X-Api-Key", "x-token"]
+
+            [cache]
+            enabled = true
+            max_size_mb = 64
+            hosts = ["*.corp.example", "repo.example"]
+            directory = "/var/cache/ab"
             """
         var expected = BrokerSettings()
         expected.daemon.socketPath = "/run/user/1000/ab.sock"
@@ -198,6 +204,10 @@ struct BrokerSettingsTests {
         expected.flows.bodies = true
         expected.flows.maxBodyBytes = 1
         expected.flows.maskHeaders = ["X-Api-Key", "x-token"]
+        expected.cache.enabled = true
+        expected.cache.maxSizeMegabytes = 64
+        expected.cache.hosts = [try HostPattern(parsing: "*.corp.example"), try HostPattern(parsing: "repo.example")]
+        expected.cache.directory = "/var/cache/ab"
         let settings = try BrokerSettings.parse(text, file: Self.file)
         #expect(settings == expected)
         #expect(settings.daemon.shutdownGrace == .milliseconds(2500))
@@ -335,6 +345,10 @@ struct BrokerSettingsTests {
         BadCase("[flows]\nrecord = \"sometimes\"", .invalidValue, line: 2, key: "flows.record", "use \"on_demand\""),
         BadCase("[flows]\nmax_body_bytes = 0", .outOfRange, line: 2, key: "flows.max_body_bytes", "use 1 to 16777216 bytes"),
         BadCase("[flows]\nmask_headers = \"X-Api-Key\"", .wrongType, line: 2, key: "flows.mask_headers", "an array of header field names"),
+        BadCase("[cache]\nenabled = 1", .wrongType, line: 2, key: "cache.enabled", "expected true or false"),
+        BadCase("[cache]\nmax_size_mb = 0", .outOfRange, line: 2, key: "cache.max_size_mb", "use 1 to 16777216 MiB"),
+        BadCase("[cache]\nhosts = [\"a b\"]", .invalidValue, line: 2, key: "cache.hosts", "contains white space"),
+        BadCase("[cache]\ndirectory = \"cache\"", .invalidValue, line: 2, key: "cache.directory", "relative path"),
         BadCase("[flows]\nmask_headers = [\"ok\", \"Bad Name\"]", .invalidValue, line: 2, key: "flows.mask_headers", "entry 2: \"Bad Name\" is not a header field name"),
         BadCase("[flows]\nmask_headers = [\"\"]", .invalidValue, line: 2, key: "flows.mask_headers", "entry 1"),
         // Found by fuzz-config: the refused value is shown escaped, so the message stays one line.

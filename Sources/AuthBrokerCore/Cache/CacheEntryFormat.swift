@@ -78,16 +78,27 @@ package enum CacheEntryFormat {
     }
 
     /// The bytes that go before the body.
-    package static func encodeHead(_ head: Head) -> [UInt8] {
+    /// - Parameter paddedTo: the JSON's length at least, made up with spaces (which JSON allows
+    ///   after a value): a writer that learns the body's length only at its end reserves
+    ///   `reservedHeadBytes` up front and writes the final head over the reserved one.
+    package static func encodeHead(_ head: Head, paddedTo jsonLength: Int = 0) -> [UInt8] {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
         // A Head holds strings and integers only, which JSONEncoder always encodes.
-        let json = (try? encoder.encode(head)).map(Array.init) ?? []
+        var json = (try? encoder.encode(head)).map(Array.init) ?? []
+        if json.count < jsonLength { json.append(contentsOf: repeatElement(UInt8(ascii: " "), count: jsonLength - json.count)) }
         var bytes = Self.magic
         bytes.append(contentsOf: Self.bigEndian(UInt32(json.count)))
         bytes.append(contentsOf: json)
         bytes.append(contentsOf: Self.bigEndian(CRC32.checksum(json)))
         return bytes
+    }
+
+    /// The JSON length to pad `head` to so that the same head with any body length fits.
+    package static func reservedJSONLength(for head: Head) -> Int {
+        var longest = head
+        longest.bodyLength = Int64.max
+        return Self.encodeHead(longest).count - Self.prefixBytes - 4
     }
 
     /// How many bytes to read first: enough for the prefix, then `headBytesNeeded` says the rest.

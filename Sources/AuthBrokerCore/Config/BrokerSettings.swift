@@ -209,7 +209,36 @@ package struct BrokerSettings: Sendable, Equatable {
         package init() {}
     }
 
+    /// `[cache]`: the HTTP cache (RFC 9111) every app of the user shares.
+    package struct Cache: Sendable, Equatable {
+        /// `enabled`: off by default. A cache changes what apps see (a stored response instead
+        /// of the origin's latest), and it keeps the user's responses on disk; both are the
+        /// user's choice to make.
+        package var enabled = false
+        /// `max_size_mb`: the most the stored responses may take on disk, in MiB; the least
+        /// recently used go first.
+        package var maxSizeMegabytes = 1024
+        /// `hosts`: the origins cached (host patterns as for anchors); empty: all.
+        package var hosts: [HostPattern] = []
+        /// `directory`: where entries live; nil: `BrokerPaths.cacheDirectory`.
+        package var directory: String? = nil
+
+        package var maxBytes: Int64 { Int64(self.maxSizeMegabytes) << 20 }
+
+        /// What the storage policy needs of these settings. One response may fill the cache.
+        package var policy: CachePolicy.Settings {
+            var policy = CachePolicy.Settings()
+            policy.enabled = self.enabled
+            policy.hosts = self.hosts
+            policy.maxObjectBytes = Int(clamping: self.maxBytes)
+            return policy
+        }
+
+        package init() {}
+    }
+
     package var daemon = Daemon()
+    package var cache = Cache()
     package var proxy = Proxy()
     package var debug = Debug()
     package var flows = Flows()
@@ -258,6 +287,7 @@ package struct BrokerSettings: Sendable, Equatable {
         "secrets": ["store"],
         "debug": ["tls_key_log", "tls_key_log_scope"],
         "flows": ["keep", "record", "bodies", "max_body_bytes", "mask_headers"],
+        "cache": ["enabled", "max_size_mb", "hosts", "directory"],
     ]
 
     /// The arrays of tables the file may contain (`[[route]]`), and their keys.
@@ -413,6 +443,16 @@ package struct BrokerSettings: Sendable, Equatable {
             }
             settings.debug.tlsKeyLogScope = scope
         }
+
+        let cache = TableReader(file: file, table: "cache", document: document)
+        if let value = try cache.boolean("enabled") { settings.cache.enabled = value }
+        if let value = try cache.integer(
+            "max_size_mb", in: 1...(1 << 24), unit: ValueUnit(expected: "an integer number of MiB", plural: "MiB")
+        ) {
+            settings.cache.maxSizeMegabytes = value
+        }
+        if let value = try cache.hostPatterns("hosts") { settings.cache.hosts = value }
+        if let value = try cache.path("directory") { settings.cache.directory = value }
 
         let flows = TableReader(file: file, table: "flows", document: document)
         if let value = try flows.integer("keep", in: 0...100_000, unit: count, note: " (0 turns the flow log off)") {

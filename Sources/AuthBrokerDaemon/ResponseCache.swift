@@ -1,0 +1,515 @@
+import AuthBrokerCore
+import Foundation
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The broker's HTTP cache on disk: one file per stored response (`CacheEntryFormat`), an index
+/// in memory rebuilt from the files' heads at start, least-recently-used eviction under a size
+/// limit. What to store and when to reuse it is `CachePolicy`'s; this type only keeps entries.
+///
+/// Every change to the directory's names (the rename that installs an entry, the unlinks of
+/// eviction and invalidation) happens under the index lock, on `NIOThreadPool` threads: the
+/// index never names a file another change has just replaced. Readers open a file and check
+/// its size against the head before serving it; an unlinked file stays readable to whoever has
+/// it open.
+package final class ResponseCache: Sendable {
+    /// One stored response, as the index knows it.
+    package struct Entry: Sendable {
+        package let head: CacheEntryFormat.Head
+        package let headers: HTTPHeaders
+        package let fileName: String
+        package let bodyOffset: Int
+
+        package var fileBytes: Int64 { Int64(self.bodyOffset) + self.head.bodyLength }
+    }
+
+    package typealias Counters = CacheCounters
+
+    package enum Event: Sendable {
+        case hit, miss, revalidated, servedStale
+    }
+
+    private struct State {
+        /// By canonical URL: the variants stored for it (`Vary`).
+        var byURL: [String: [Entry]] = [:]
+        /// File name → the tick of its last use (LRU).
+        var lastUse: [String: UInt64] = [:]
+        var tick: UInt64 = 0
+        var counters = Counters()
+    }
+
+    package let directory: String
+    package let settings: BrokerSettings.Cache
+    private let state: NIOLockedValueBox<State>
+    private let logger: Logger
+    /// Bodies up to this size are read in one go; larger ones in chunks of it.
+    package static let readChunkBytes = 256 * 1024
+
+    private init(directory: String, settings: BrokerSettings.Cache, state: State, logger: Logger) {
+        self.directory = directory
+        self.settings = settings
+        self.state = NIOLockedValueBox(state)
+        self.logger = logger
+    }
+
+    /// Opens (creating it, mode 0700) the cache directory and indexes what it holds: temporary
+    /// files of unfinished writes and files that are not whole entries are removed.
+    package static func open(
+        directory: String, settings: BrokerSettings.Cache, fallbackRoot: String?, logger: Logger
+    ) async throws -> ResponseCache {
+        try await NIOThreadPool.singleton.runIfActive {
+            try PrivateFiles.ensureDirectory(directory, what: "the HTTP cache directory", fallbackRoot: fallbackRoot)
+            var state = State()
+            state.counters.maxBytes = settings.maxBytes
+            var found: [(entry: Entry, modified: Int)] = []
+            var dropped = 0
+            for name in (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? [] {
+                let path = directory + "/" + name
+                if name.hasPrefix(".tmp-") {
+                    unlink(path)
+                    dropped += 1
+                    continue
+                }
+                guard name.hasSuffix(".entry") else { continue }
+                switch Self.readEntry(path: path, fileName: name) {
+                case .success(let read):
+                    found.append(read)
+                case .failure:
+                    unlink(path)
+                    dropped += 1
+                }
+            }
+            // The oldest first, so the ticks follow the files' ages.
+            for (entry, _) in found.sorted(by: { $0.modified < $1.modified }) {
+                state.tick += 1
+                state.byURL[entry.head.url, default: []].append(entry)
+                state.lastUse[entry.fileName] = state.tick
+                state.counters.entries += 1
+                state.counters.bytes += entry.fileBytes
+            }
+            let cache = ResponseCache(directory: directory, settings: settings, state: state, logger: logger)
+            cache.state.withLockedValue { cache.evict(&$0, beyond: settings.maxBytes) }
+            if dropped > 0 {
+                logger.notice("removed unusable files from the HTTP cache", metadata: ["count": "\(dropped)", "directory": "\(directory)"])
+            }
+            return cache
+        }
+    }
+
+    /// Reads and checks one entry's head; the body's length must match the file's size.
+    private static func readEntry(path: String, fileName: String) -> Result<(entry: Entry, modified: Int), CacheEntryFormat.Failure> {
+        CacheEntryFile.readHead(path).map { head, bodyOffset, modified in
+            let headers = HTTPHeaders(head.fields.map { ($0.name, $0.value) })
+            return (Entry(head: head, headers: headers, fileName: fileName, bodyOffset: bodyOffset), modified)
+        }
+    }
+
+    // MARK: Looking up
+
+    /// Whether responses from `host` are cached at all.
+    package func covers(host: String) -> Bool {
+        self.settings.enabled && (self.settings.hosts.isEmpty || self.settings.hosts.contains { $0.matches(host) })
+    }
+
+    /// The stored response for a GET (or HEAD) of `url` whose variant matches the request's
+    /// fields, marked as used.
+    package func lookup(url: String, requestHeaders: HTTPHeaders) -> Entry? {
+        self.state.withLockedValue { state in
+            guard let variants = state.byURL[url] else { return nil }
+            guard
+                let entry = variants.first(where: {
+                    CachePolicy.variantKey(varyingOn: $0.head.varyFields, request: requestHeaders) == $0.head.variantKey
+                })
+            else { return nil }
+            state.tick += 1
+            state.lastUse[entry.fileName] = state.tick
+            return entry
+        }
+    }
+
+    package func count(_ event: Event) {
+        self.state.withLockedValue { state in
+            switch event {
+            case .hit: state.counters.hits += 1
+            case .miss: state.counters.misses += 1
+            case .revalidated: state.counters.revalidations += 1
+            case .servedStale: state.counters.servedStale += 1
+            }
+        }
+    }
+
+    package var counters: Counters { self.state.withLockedValue { $0.counters } }
+
+    /// `authbrokerctl offline on`: every request answered from the cache, none from the network.
+    package var isOffline: Bool { self.state.withLockedValue { $0.counters.offline } }
+
+    package func setOffline(_ offline: Bool) {
+        self.state.withLockedValue { $0.counters.offline = offline }
+    }
+
+    /// Every entry, most recently used first (`authbrokerctl cache list`).
+    package func entries() -> [(entry: Entry, lastUse: UInt64)] {
+        self.state.withLockedValue { state in
+            state.byURL.values.flatMap { $0 }.map { ($0, state.lastUse[$0.fileName] ?? 0) }.sorted { $0.1 > $1.1 }
+        }
+    }
+
+    // MARK: Removing
+
+    /// Removes what is stored for these URLs (every variant); returns how many entries went.
+    @discardableResult
+    package func remove(urls: [String]) async -> Int {
+        guard !urls.isEmpty else { return 0 }
+        return (try? await NIOThreadPool.singleton.runIfActive {
+            self.state.withLockedValue { state in
+                var removed = 0
+                for url in urls {
+                    for entry in state.byURL[url] ?? [] {
+                        self.drop(entry, from: &state)
+                        removed += 1
+                    }
+                }
+                return removed
+            }
+        }) ?? 0
+    }
+
+    /// Removes one entry found unusable when read (a torn or altered file).
+    package func discard(_ entry: Entry) async {
+        _ = try? await NIOThreadPool.singleton.runIfActive {
+            self.state.withLockedValue { state in
+                guard state.byURL[entry.head.url]?.contains(where: { $0.fileName == entry.fileName }) == true else { return }
+                self.drop(entry, from: &state)
+            }
+        }
+        self.logger.warning("dropped a cache entry that did not match its head", metadata: ["file": "\(entry.fileName)"])
+    }
+
+    /// Removes every entry; returns how many there were.
+    @discardableResult
+    package func clear() async -> Int {
+        (try? await NIOThreadPool.singleton.runIfActive {
+            self.state.withLockedValue { state in
+                let all = state.byURL.values.flatMap { $0 }
+                for entry in all { self.drop(entry, from: &state) }
+                return all.count
+            }
+        }) ?? 0
+    }
+
+    /// Under the lock: unlinks the entry's file and forgets it.
+    private func drop(_ entry: Entry, from state: inout State) {
+        unlink(self.directory + "/" + entry.fileName)
+        state.byURL[entry.head.url]?.removeAll { $0.fileName == entry.fileName }
+        if state.byURL[entry.head.url]?.isEmpty == true { state.byURL[entry.head.url] = nil }
+        state.lastUse[entry.fileName] = nil
+        state.counters.entries -= 1
+        state.counters.bytes -= entry.fileBytes
+    }
+
+    /// Under the lock: drops the least recently used entries until `limit` holds.
+    private func evict(_ state: inout State, beyond limit: Int64, keeping kept: String? = nil) {
+        while state.counters.bytes > limit {
+            guard
+                let victim = state.lastUse.filter({ $0.key != kept }).min(by: { $0.value < $1.value })?.key,
+                let entry = state.byURL.values.lazy.flatMap({ $0 }).first(where: { $0.fileName == victim })
+            else { return }
+            self.drop(entry, from: &state)
+            state.counters.evictions += 1
+        }
+    }
+
+    // MARK: Reading
+
+    /// A stored body, opened and checked against its head: nil when the file is gone or not
+    /// the size its head says (then the entry is dropped and the request is a miss).
+    package func openBody(_ entry: Entry) async -> StoredBody? {
+        let path = self.directory + "/" + entry.fileName
+        let opened: StoredBody? = try? await NIOThreadPool.singleton.runIfActive {
+            guard let (fd, _, _) = CacheEntryFile.openForReading(path, expectedSize: entry.fileBytes) else { return nil }
+            let body = StoredBody(fd: fd, offset: Int64(entry.bodyOffset), length: entry.head.bodyLength)
+            // Most bodies are small: read them now, in the same trip to the thread pool.
+            if entry.head.bodyLength <= Self.readChunkBytes { body.readAheadOnThisThread() }
+            return body
+        }
+        if opened == nil { await self.discard(entry) }
+        return opened
+    }
+
+    /// A stored response ready to be served: its body opened and checked (none when empty);
+    /// nil when the entry turns out unusable (it is dropped, and the request goes to the origin).
+    package func open(_ entry: Entry) async -> OpenedCacheEntry? {
+        guard entry.head.bodyLength > 0 else { return OpenedCacheEntry(entry: entry, body: nil) }
+        guard let body = await self.openBody(entry) else { return nil }
+        return OpenedCacheEntry(entry: entry, body: body)
+    }
+
+    // MARK: Writing
+
+    /// Starts storing a response whose head is `head` (its `bodyLength` is filled in at the
+    /// end); nil when the file cannot be created (the response still goes to the client).
+    package func startEntry(_ head: CacheEntryFormat.Head) async -> CacheEntryWriter? {
+        let reserved = CacheEntryFormat.reservedJSONLength(for: head)
+        let bytes = CacheEntryFormat.encodeHead(head, paddedTo: reserved)
+        let temporary = self.directory + "/.tmp-" + String(UInt64.random(in: .min ... .max), radix: 16)
+        let fd: CInt? = try? await NIOThreadPool.singleton.runIfActive {
+            let fd = Glibc.open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600)
+            guard fd >= 0 else { return nil }
+            guard CacheEntryFile.write(fd, bytes, at: 0) else {
+                close(fd)
+                unlink(temporary)
+                return nil
+            }
+            return fd
+        }
+        guard let fd else {
+            self.logger.debug("cannot create a cache entry", metadata: ["directory": "\(self.directory)"])
+            return nil
+        }
+        return CacheEntryWriter(
+            cache: self, fd: fd, temporaryPath: temporary, head: head, reservedJSONLength: reserved, bodyOffset: bytes.count
+        )
+    }
+
+    /// Installs a written entry under its final name (replacing whatever had that name), then
+    /// evicts down to the size limit. Runs on the thread pool.
+    fileprivate func install(temporaryPath: String, entry: Entry) -> Bool {
+        self.state.withLockedValue { state in
+            guard rename(temporaryPath, self.directory + "/" + entry.fileName) == 0 else {
+                unlink(temporaryPath)
+                return false
+            }
+            // The file of any entry of that name is gone now; so is its index entry.
+            for variants in state.byURL.values {
+                for old in variants where old.fileName == entry.fileName {
+                    state.byURL[old.head.url]?.removeAll { $0.fileName == old.fileName }
+                    if state.byURL[old.head.url]?.isEmpty == true { state.byURL[old.head.url] = nil }
+                    state.counters.entries -= 1
+                    state.counters.bytes -= old.fileBytes
+                }
+            }
+            state.byURL[entry.head.url, default: []].append(entry)
+            state.tick += 1
+            state.lastUse[entry.fileName] = state.tick
+            state.counters.entries += 1
+            state.counters.bytes += entry.fileBytes
+            state.counters.stores += 1
+            self.evict(&state, beyond: self.settings.maxBytes, keeping: entry.fileName)
+            if state.counters.bytes > self.settings.maxBytes {
+                // Larger than the whole cache by itself: not kept after all.
+                self.drop(entry, from: &state)
+                return false
+            }
+            return true
+        }
+    }
+
+    /// Writes `entry`'s stored headers anew (a 304 updated them, RFC 9111 §4.3.4), copying its
+    /// body into the new file. Runs on the thread pool; a failure leaves the old entry.
+    package func replaceHeaders(of entry: Entry, with headers: HTTPHeaders, timing: CachePolicy.Timing) async {
+        var head = entry.head
+        head.headers = headers.map { [$0.name, $0.value] }
+        head.requestTimeMilliseconds = Int64((timing.requestTime.timeIntervalSince1970 * 1000).rounded(.down))
+        head.responseTimeMilliseconds = Int64((timing.responseTime.timeIntervalSince1970 * 1000).rounded(.down))
+        guard let writer = await self.startEntry(head) else { return }
+        let source = self.directory + "/" + entry.fileName
+        let copied: Bool =
+            (try? await NIOThreadPool.singleton.runIfActive {
+                guard let (input, _, _) = CacheEntryFile.openForReading(source, expectedSize: entry.fileBytes) else { return false }
+                defer { close(input) }
+                return CacheEntryFile.copy(
+                    from: input, at: Int64(entry.bodyOffset), to: writer.fd, at: Int64(writer.bodyOffset), count: entry.head.bodyLength
+                )
+            }) ?? false
+        if copied {
+            writer.bodyCopied(entry.head.bodyLength)
+            await writer.commit()
+        } else {
+            await writer.discard()
+        }
+    }
+
+    fileprivate func makeEntry(head: CacheEntryFormat.Head, bodyOffset: Int) -> Entry {
+        let fileName = CacheEntryFormat.fileName(method: head.method, url: head.url, variantKey: head.variantKey)
+        return Entry(head: head, headers: HTTPHeaders(head.fields.map { ($0.name, $0.value) }), fileName: fileName, bodyOffset: bodyOffset)
+    }
+}
+
+/// A stored response about to be served.
+package struct OpenedCacheEntry: Sendable {
+    package var entry: ResponseCache.Entry
+    package var body: StoredBody?
+}
+
+/// A stored body being read: from an open descriptor (the file may be unlinked meanwhile).
+/// Used by one task at a time.
+package final class StoredBody: @unchecked Sendable {  // one reading task; `readAhead` is set before it is handed over
+    private let fd: CInt
+    private var offset: Int64
+    private var left: Int64
+    private var readAhead: ByteBuffer?
+    private var closed = false
+
+    fileprivate init(fd: CInt, offset: Int64, length: Int64) {
+        self.fd = fd
+        self.offset = offset
+        self.left = length
+    }
+
+    deinit { if !self.closed { close(self.fd) } }
+
+    package var length: Int64 { self.left + Int64(self.readAhead?.readableBytes ?? 0) }
+
+    fileprivate func readAheadOnThisThread() {
+        self.readAhead = self.readChunk()
+    }
+
+    /// The next part of the body, or nil at its end; throws when the file is shorter than its
+    /// head said (it changed under the reader).
+    package func next() async throws -> ByteBuffer? {
+        if let buffer = self.readAhead {
+            self.readAhead = nil
+            return buffer
+        }
+        guard self.left > 0 else { return nil }
+        return try await NIOThreadPool.singleton.runIfActive { try self.readChunkOrThrow() }
+    }
+
+    private func readChunkOrThrow() throws -> ByteBuffer {
+        guard let buffer = self.readChunk() else { throw StoredBodyTruncated() }
+        return buffer
+    }
+
+    private func readChunk() -> ByteBuffer? {
+        let count = Int(min(self.left, Int64(ResponseCache.readChunkBytes)))
+        guard count > 0 else { return ByteBuffer() }
+        var buffer = ByteBufferAllocator().buffer(capacity: count)
+        let read = buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: count) { pointer in
+            max(0, pread(self.fd, pointer.baseAddress, count, off_t(self.offset)))
+        }
+        guard read == count else { return nil }
+        self.offset += Int64(count)
+        self.left -= Int64(count)
+        if self.left == 0 {
+            close(self.fd)
+            self.closed = true
+        }
+        return buffer
+    }
+}
+
+package struct StoredBodyTruncated: Error {}
+
+/// A response being stored: the body goes to a temporary file as it passes, and the entry is
+/// installed only when the response ended whole. Used by the one task that pumps the response.
+package final class CacheEntryWriter: @unchecked Sendable {  // one pumping task; the thread-pool closures run one at a time, awaited
+    private let cache: ResponseCache
+    fileprivate let fd: CInt
+    private let temporaryPath: String
+    private var head: CacheEntryFormat.Head
+    private let reservedJSONLength: Int
+    fileprivate let bodyOffset: Int
+    private var written: Int64 = 0
+    private var pending: [ByteBuffer] = []
+    private var pendingBytes = 0
+    private var finished = false
+    /// Body bytes are written in batches of at least this many (one thread-pool trip each).
+    static let batchBytes = 256 * 1024
+
+    fileprivate init(cache: ResponseCache, fd: CInt, temporaryPath: String, head: CacheEntryFormat.Head, reservedJSONLength: Int, bodyOffset: Int) {
+        self.cache = cache
+        self.fd = fd
+        self.temporaryPath = temporaryPath
+        self.head = head
+        self.reservedJSONLength = reservedJSONLength
+        self.bodyOffset = bodyOffset
+    }
+
+    deinit {
+        // Neither committed nor discarded (the pump was cancelled): nothing half-written stays.
+        if !self.finished {
+            close(self.fd)
+            unlink(self.temporaryPath)
+        }
+    }
+
+    /// Whether the response is still being stored (a write failed or the body outgrew the cache).
+    package var isActive: Bool { !self.finished }
+
+    fileprivate func bodyCopied(_ bytes: Int64) { self.written = bytes }
+
+    package func append(_ buffer: ByteBuffer) async {
+        guard !self.finished else { return }
+        self.pending.append(buffer)
+        self.pendingBytes += buffer.readableBytes
+        if Int64(self.pendingBytes) + self.written > self.cache.settings.maxBytes {
+            await self.discard()
+            return
+        }
+        if self.pendingBytes >= Self.batchBytes, !(await self.flush()) { await self.discard() }
+    }
+
+    /// Writes the pending body bytes at the end of the file.
+    private func flush() async -> Bool {
+        guard !self.pending.isEmpty else { return true }
+        let (batch, fd, offset) = (self.pending, self.fd, Int64(self.bodyOffset) + self.written)
+        let count = self.pendingBytes
+        self.pending = []
+        self.pendingBytes = 0
+        let ok =
+            (try? await NIOThreadPool.singleton.runIfActive {
+                var position = offset
+                for buffer in batch {
+                    guard buffer.withUnsafeReadableBytes({ CacheEntryFile.write(fd, $0, at: position) }) else { return false }
+                    position += Int64(buffer.readableBytes)
+                }
+                return true
+            }) ?? false
+        if ok { self.written += Int64(count) }
+        return ok
+    }
+
+    /// The response ended whole: the head gets the body's length, and the entry is installed.
+    @discardableResult
+    package func commit() async -> Bool {
+        guard !self.finished else { return false }
+        guard await self.flush() else {
+            await self.discard()
+            return false
+        }
+        self.finished = true
+        self.head.bodyLength = self.written
+        let bytes = CacheEntryFormat.encodeHead(self.head, paddedTo: self.reservedJSONLength)
+        let (fd, path, cache) = (self.fd, self.temporaryPath, self.cache)
+        let entry = cache.makeEntry(head: self.head, bodyOffset: bytes.count)
+        return
+            (try? await NIOThreadPool.singleton.runIfActive {
+                let wrote = CacheEntryFile.write(fd, bytes, at: 0)
+                close(fd)
+                guard wrote else {
+                    unlink(path)
+                    return false
+                }
+                return cache.install(temporaryPath: path, entry: entry)
+            }) ?? false
+    }
+
+    /// The response did not end whole (or is not to be kept after all): nothing is stored.
+    package func discard() async {
+        guard !self.finished else { return }
+        self.finished = true
+        self.pending = []
+        let (fd, path) = (self.fd, self.temporaryPath)
+        _ = try? await NIOThreadPool.singleton.runIfActive {
+            close(fd)
+            unlink(path)
+        }
+    }
+}

@@ -1,0 +1,196 @@
+import AuthBrokerCore
+import AuthBrokerDaemon
+import Foundation
+import Logging
+import NIOCore
+import NIOHTTP1
+import Testing
+
+/// The cache's store on real files in a scratch directory: entries written and read back,
+/// variants, the size limit, and a directory of torn and foreign files at start.
+@Suite("HTTP cache store")
+struct ResponseCacheTests {
+    static let logger = Logger(label: "test")
+
+    static func settings(maxMegabytes: Int = 16) -> BrokerSettings.Cache {
+        var settings = BrokerSettings.Cache()
+        settings.enabled = true
+        settings.maxSizeMegabytes = maxMegabytes
+        return settings
+    }
+
+    static func scratch() throws -> String {
+        let path = NSTemporaryDirectory() + "authbroker-cache-test-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+        return path
+    }
+
+    static func head(_ url: String, vary: [String] = [], variantKey: String = "", headers: [(String, String)] = []) -> CacheEntryFormat.Head {
+        CacheEntryFormat.Head(
+            method: "GET", url: url, variantKey: variantKey, varyFields: vary, status: 200,
+            headers: [("Cache-Control", "max-age=600")] + headers, requestTime: Date(), responseTime: Date(), bodyLength: 0
+        )
+    }
+
+    /// Stores `body` (in `parts` pieces) as the response for `head`.
+    @discardableResult
+    static func store(_ cache: ResponseCache, _ head: CacheEntryFormat.Head, body: [UInt8], parts: Int = 1) async throws -> Bool {
+        let writer = try #require(await cache.startEntry(head))
+        let size = max(1, (body.count + parts - 1) / parts)
+        var offset = 0
+        while offset < body.count {
+            await writer.append(ByteBuffer(bytes: body[offset..<min(body.count, offset + size)]))
+            offset += size
+        }
+        return await writer.commit()
+    }
+
+    static func readBody(_ cache: ResponseCache, _ entry: ResponseCache.Entry) async throws -> [UInt8]? {
+        guard let opened = await cache.open(entry) else { return nil }
+        var bytes: [UInt8] = []
+        while let chunk = try await opened.body?.next() { bytes += chunk.readableBytesView }
+        return bytes
+    }
+
+    @Test("an entry is written in parts, read back whole, and found again after a restart")
+    func roundTrip() async throws {
+        let directory = try Self.scratch()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let cache = try await ResponseCache.open(directory: directory, settings: Self.settings(), fallbackRoot: nil, logger: Self.logger)
+        // Larger than one read chunk and one write batch, and not a multiple of either.
+        let body = (0..<(600 * 1024 + 7)).map { UInt8(truncatingIfNeeded: $0 &* 31) }
+        #expect(try await Self.store(cache, Self.head("https://a.test/x", headers: [("ETag", "\"1\"")]), body: body, parts: 13))
+        let entry = try #require(cache.lookup(url: "https://a.test/x", requestHeaders: [:]))
+        #expect(entry.head.bodyLength == Int64(body.count))
+        #expect(entry.headers.first(name: "etag") == "\"1\"")
+        #expect(try await Self.readBody(cache, entry) == body)
+        #expect(cache.lookup(url: "https://a.test/y", requestHeaders: [:]) == nil)
+        #expect(cache.counters.entries == 1 && cache.counters.stores == 1)
+        // Files are the user's alone, and nothing temporary is left.
+        let names = try FileManager.default.contentsOfDirectory(atPath: directory)
+        #expect(names == [entry.fileName])
+        let mode = try FileManager.default.attributesOfItem(atPath: directory + "/" + entry.fileName)[.posixPermissions] as? Int
+        #expect(mode == 0o600)
+
+        let reopened = try await ResponseCache.open(directory: directory, settings: Self.settings(), fallbackRoot: nil, logger: Self.logger)
+        let again = try #require(reopened.lookup(url: "https://a.test/x", requestHeaders: [:]))
+        #expect(try await Self.readBody(reopened, again) == body)
+    }
+
+    @Test("variants by Vary are told apart by the request's fields")
+    func variants() async throws {
+        let directory = try Self.scratch()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let cache = try await ResponseCache.open(directory: directory, settings: Self.settings(), fallbackRoot: nil, logger: Self.logger)
+        for language in ["en", "de"] {
+            let request: HTTPHeaders = ["Accept-Language": language]
+            let key = CachePolicy.variantKey(varyingOn: ["accept-language"], request: request)
+            try await Self.store(cache, Self.head("https://a.test/v", vary: ["accept-language"], variantKey: key), body: Array(language.utf8))
+        }
+        for language in ["en", "de"] {
+            let entry = try #require(cache.lookup(url: "https://a.test/v", requestHeaders: ["Accept-Language": language]))
+            #expect(try await Self.readBody(cache, entry) == Array(language.utf8))
+        }
+        #expect(cache.lookup(url: "https://a.test/v", requestHeaders: ["Accept-Language": "fr"]) == nil)
+        #expect(await cache.remove(urls: ["https://a.test/v"]) == 2)
+        #expect(cache.lookup(url: "https://a.test/v", requestHeaders: ["Accept-Language": "en"]) == nil)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory).isEmpty)
+    }
+
+    @Test("past the size limit the least recently used entries go; one larger than the cache is not kept")
+    func leastRecentlyUsedEviction() async throws {
+        let directory = try Self.scratch()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let cache = try await ResponseCache.open(directory: directory, settings: Self.settings(maxMegabytes: 1), fallbackRoot: nil, logger: Self.logger)
+        let body = [UInt8](repeating: 7, count: 300 * 1024)
+        for name in ["a", "b", "c"] { try await Self.store(cache, Self.head("https://a.test/\(name)"), body: body) }
+        // "a" used last: "b" is the least recently used when "d" comes.
+        _ = cache.lookup(url: "https://a.test/a", requestHeaders: [:])
+        try await Self.store(cache, Self.head("https://a.test/d"), body: body)
+        #expect(cache.lookup(url: "https://a.test/b", requestHeaders: [:]) == nil)
+        for name in ["a", "c", "d"] { #expect(cache.lookup(url: "https://a.test/\(name)", requestHeaders: [:]) != nil, "\(name)") }
+        #expect(cache.counters.evictions == 1)
+        #expect(cache.counters.bytes <= 1 << 20)
+
+        let huge = [UInt8](repeating: 1, count: (1 << 20) + 1)
+        #expect(try await Self.store(cache, Self.head("https://a.test/huge"), body: huge, parts: 8) == false)
+        #expect(cache.lookup(url: "https://a.test/huge", requestHeaders: [:]) == nil)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory).filter { $0.hasPrefix(".tmp-") }.isEmpty)
+    }
+
+    @Test("at start, temporary files, foreign files and torn entries are removed; whole entries stay")
+    func recoversFromGarbage() async throws {
+        let directory = try Self.scratch()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let first = try await ResponseCache.open(directory: directory, settings: Self.settings(), fallbackRoot: nil, logger: Self.logger)
+        try await Self.store(first, Self.head("https://a.test/whole"), body: Array("whole".utf8))
+        try await Self.store(first, Self.head("https://a.test/torn"), body: [UInt8](repeating: 9, count: 4096))
+        let torn = try #require(first.lookup(url: "https://a.test/torn", requestHeaders: [:]))
+        // A body cut short, as a crash might leave it; a stranger's file; an unfinished write;
+        // a head whose bytes were altered.
+        let tornPath = directory + "/" + torn.fileName
+        let tornBytes = try Data(contentsOf: URL(fileURLWithPath: tornPath))
+        try tornBytes.prefix(tornBytes.count - 100).write(to: URL(fileURLWithPath: tornPath))
+        try Data((0..<5000).map { _ in UInt8.random(in: 0...255) }).write(to: URL(fileURLWithPath: directory + "/0123456789abcdef.entry"))
+        try Data("half".utf8).write(to: URL(fileURLWithPath: directory + "/.tmp-42"))
+        var altered = CacheEntryFormat.encodeHead(Self.head("https://a.test/altered"))
+        altered[CacheEntryFormat.prefixBytes + 3] ^= 0x20
+        try Data(altered).write(to: URL(fileURLWithPath: directory + "/fedcba9876543210.entry"))
+
+        let cache = try await ResponseCache.open(directory: directory, settings: Self.settings(), fallbackRoot: nil, logger: Self.logger)
+        #expect(cache.lookup(url: "https://a.test/torn", requestHeaders: [:]) == nil)
+        let whole = try #require(cache.lookup(url: "https://a.test/whole", requestHeaders: [:]))
+        #expect(try await Self.readBody(cache, whole) == Array("whole".utf8))
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory) == [whole.fileName])
+        #expect(cache.counters.entries == 1)
+    }
+
+    @Test("a file changed under the index is not served: the entry is dropped")
+    func changedFileIsDropped() async throws {
+        let directory = try Self.scratch()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let cache = try await ResponseCache.open(directory: directory, settings: Self.settings(), fallbackRoot: nil, logger: Self.logger)
+        try await Self.store(cache, Self.head("https://a.test/x"), body: Array("original".utf8))
+        let entry = try #require(cache.lookup(url: "https://a.test/x", requestHeaders: [:]))
+        let handle = try #require(FileHandle(forWritingAtPath: directory + "/" + entry.fileName))
+        try handle.seekToEnd()
+        try handle.write(contentsOf: Data("more".utf8))
+        try handle.close()
+        #expect(await cache.open(entry) == nil)
+        #expect(cache.lookup(url: "https://a.test/x", requestHeaders: [:]) == nil)
+        #expect(cache.counters.entries == 0)
+    }
+
+    @Test("new headers from a 304 replace the stored ones; the body stays")
+    func replacesHeaders() async throws {
+        let directory = try Self.scratch()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let cache = try await ResponseCache.open(directory: directory, settings: Self.settings(), fallbackRoot: nil, logger: Self.logger)
+        let body = [UInt8](repeating: 5, count: 70_000)
+        try await Self.store(cache, Self.head("https://a.test/x", headers: [("ETag", "\"1\"")]), body: body)
+        let entry = try #require(cache.lookup(url: "https://a.test/x", requestHeaders: [:]))
+        var updated = entry.headers
+        updated.replaceOrAdd(name: "Cache-Control", value: "max-age=60")
+        await cache.replaceHeaders(of: entry, with: updated, timing: .init(requestTime: Date(), responseTime: Date()))
+        let replaced = try #require(cache.lookup(url: "https://a.test/x", requestHeaders: [:]))
+        #expect(replaced.headers.first(name: "cache-control") == "max-age=60")
+        #expect(try await Self.readBody(cache, replaced) == body)
+        #expect(cache.counters.entries == 1)
+    }
+
+    @Test("a response not stored whole (discarded, or its writer dropped) leaves nothing behind")
+    func discardedWritesLeaveNothing() async throws {
+        let directory = try Self.scratch()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let cache = try await ResponseCache.open(directory: directory, settings: Self.settings(), fallbackRoot: nil, logger: Self.logger)
+        let discarded = try #require(await cache.startEntry(Self.head("https://a.test/1")))
+        await discarded.append(ByteBuffer(bytes: [1, 2, 3]))
+        await discarded.discard()
+        do {
+            let dropped = try #require(await cache.startEntry(Self.head("https://a.test/2")))
+            await dropped.append(ByteBuffer(bytes: [1, 2, 3]))
+        }
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory).isEmpty)
+        #expect(cache.lookup(url: "https://a.test/1", requestHeaders: [:]) == nil)
+    }
+}
