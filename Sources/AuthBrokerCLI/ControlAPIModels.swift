@@ -35,9 +35,11 @@ package struct StatusReport: Codable, Sendable, Equatable {
     package var secretStore: SecretStoreStatus?
     package var identities: Int?
     package var warnings: [String]?
+    /// The HTTP cache's counters; nil when it is off (or the daemon predates it).
+    package var cache: CacheCounters?
 
     enum CodingKeys: String, CodingKey {
-        case version, pid, socket, counters, pins, identities, warnings
+        case version, pid, socket, counters, pins, identities, warnings, cache
         case secretStore = "secret_store"
         case userAnchors = "user_anchors"
         case startedAt = "started_at"
@@ -420,6 +422,41 @@ package struct LocalCARecord: Codable, Sendable, Equatable {
 }
 
 /// `POST /v1/reload`.
+/// `GET /v1/cache`: whether the cache is on, where, and its counters.
+package struct CacheStatusRecord: Decodable, Sendable, Equatable {
+    package var enabled: Bool
+    package var directory: String?
+    package var counters: CacheCounters?
+
+    enum CodingKeys: String, CodingKey { case enabled, directory }
+
+    package init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        self.enabled = try container.decode(Bool.self, forKey: .enabled)
+        self.directory = try container.decodeIfPresent(String.self, forKey: .directory)
+        // The counters sit beside `enabled`, when the cache is on.
+        self.counters = self.enabled ? try CacheCounters(from: decoder) : nil
+    }
+}
+
+/// One entry of `GET /v1/cache/entries`.
+package struct CacheEntryRecord: Codable, Sendable, Equatable {
+    package var url: String
+    package var status: Int
+    package var bodyBytes: Int64
+    package var storedAt: Date?
+    package var ageSeconds: Int
+    package var fresh: Bool
+    package var vary: [String]?
+
+    enum CodingKeys: String, CodingKey {
+        case url, status, fresh, vary
+        case bodyBytes = "body_bytes"
+        case storedAt = "stored_at"
+        case ageSeconds = "age_seconds"
+    }
+}
+
 package struct ReloadRecord: Codable, Sendable, Equatable {
     package var routes: Int
     package var responses: Int

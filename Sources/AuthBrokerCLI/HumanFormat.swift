@@ -269,6 +269,9 @@ package enum HumanFormat {
         if let store = report.secretStore {
             fields.append(("secret store", "\(sanitized(store.backend)): \(sanitized(store.reason))"))
         }
+        if let cache = report.cache {
+            fields.append(("http cache", Self.cacheSummary(cache)))
+        }
         let width = fields.map(\.0.count).max() ?? 0
         for (label, value) in fields {
             lines.append("\(label):" + String(repeating: " ", count: width - label.count + 1) + value)
@@ -286,6 +289,17 @@ package enum HumanFormat {
             }
         }
         return lines.joined(separator: "\n")
+    }
+
+    /// `412 entries, 31.2 MiB of 1024 MiB; 1200 hits, 310 misses, 42 revalidated (offline)`.
+    package static func cacheSummary(_ cache: CacheCounters) -> String {
+        let megabytes = { (bytes: Int64) in String(format: "%.1f MiB", Double(bytes) / 1_048_576) }
+        var text = "\(cache.entries) entries, \(megabytes(cache.bytes)) of \(cache.maxBytes >> 20) MiB; "
+        text += "\(cache.hits) hits, \(cache.misses) misses, \(cache.revalidations) revalidated"
+        if cache.servedStale > 0 { text += ", \(cache.servedStale) served stale" }
+        if cache.evictions > 0 { text += ", \(cache.evictions) evicted" }
+        if cache.offline { text += " (offline)" }
+        return text
     }
 
     /// The documented counters in their documented order, any others after them by name.

@@ -12,6 +12,17 @@ package struct BrokerDirectives: Sendable, Equatable {
     package static let interactiveField = "authbroker-interactive"
     package static let persistField = "authbroker-persist"
     package static let debugField = "authbroker-debug"
+    package static let cacheField = "authbroker-cache"
+
+    /// `Authbroker-Cache`: how this one request uses the broker's HTTP cache.
+    package enum CacheUse: String, Sendable, Equatable {
+        /// Answer from the cache or fail; never the network (as `only-if-cached`, RFC 9111 §5.2.1.7).
+        case onlyIfCached = "only-if-cached"
+        /// Neither read nor store: the origin answers, and nothing is kept.
+        case noStore = "no-store"
+        /// Ask the origin (stored or not), and store what it answers.
+        case refresh
+    }
 
     /// `Authbroker-Identity`: the client identity to present, as sent; the trust store decides
     /// whether it exists and fits the host.
@@ -24,12 +35,18 @@ package struct BrokerDirectives: Sendable, Equatable {
     /// `Authbroker-Debug: keylog` (a comma-separated list; other tokens are ignored): with
     /// `[debug] tls_key_log_scope = "marked"`, the request's upstream TLS keys are logged.
     package var keyLog: Bool
+    /// `Authbroker-Cache`; nil: the cache works as HTTP says.
+    package var cache: CacheUse?
 
-    package init(identity: String? = nil, interactiveWait: Duration? = nil, persist: String? = nil, keyLog: Bool = false) {
+    package init(
+        identity: String? = nil, interactiveWait: Duration? = nil, persist: String? = nil, keyLog: Bool = false,
+        cache: CacheUse? = nil
+    ) {
         self.identity = identity
         self.interactiveWait = interactiveWait
         self.persist = persist
         self.keyLog = keyLog
+        self.cache = cache
     }
 
     package init(headers: HTTPHeaders) {
@@ -39,6 +56,7 @@ package struct BrokerDirectives: Sendable, Equatable {
             case Self.identityField: directives.identity = value
             case Self.interactiveField: directives.interactiveWait = Self.interactiveWait(value)
             case Self.persistField: directives.persist = value.lowercased()
+            case Self.cacheField: directives.cache = CacheUse(rawValue: value.filter { $0 != " " && $0 != "\t" }.lowercased())
             case Self.debugField:
                 directives.keyLog = value.split(separator: ",").contains {
                     $0.filter { $0 != " " && $0 != "\t" }.lowercased() == "keylog"

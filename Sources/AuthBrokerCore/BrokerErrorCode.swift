@@ -93,6 +93,14 @@ package enum BrokerErrorCode: String, CaseIterable, Sendable, Codable, CustomStr
     /// Too many requests already wait for a connection to this server.
     case connectionLimitReached = "connection_limit_reached"
 
+    // MARK: Data plane: the cache
+
+    /// The request may be answered only from the cache (`only-if-cached`, `Authbroker-Cache:
+    /// only-if-cached`, or offline mode), and nothing usable is stored for it.
+    case notCached = "not_cached"
+    /// Offline mode (`authbrokerctl offline on`) and a request the cache cannot answer (a POST).
+    case offline = "offline"
+
     // MARK: Data plane: the upstream proxy
 
     /// The upstream proxy answered `CONNECT` with a status other than 2xx (or an answerable 407).
@@ -118,6 +126,8 @@ package enum BrokerErrorCode: String, CaseIterable, Sendable, Codable, CustomStr
     case invalidParameter = "invalid_parameter"
     /// `GET /v1/flows`: the flow log is off (`[flows] keep = 0`).
     case flowLogOff = "flow_log_off"
+    /// `/v1/cache/...`: the HTTP cache is off (`[cache] enabled = false`).
+    case cacheOff = "cache_off"
     /// A URL in a control request is not a usable http(s) URL (or not https where certificates are asked for).
     case invalidURL = "invalid_url"
     /// A host pattern in a control request does not parse.

@@ -129,6 +129,25 @@ package enum BrokerDaemon {
         } catch {
             throw StartupError(description: "authbrokerd: \(error)", exitCode: 1)
         }
+        // The HTTP cache, when enabled; one that cannot be opened leaves the daemon running
+        // without it (nothing depends on it), and `status` says why.
+        let (cache, cacheProblem): (ResponseCache?, String?)
+        if settings.cache.enabled {
+            let directory = BrokerPaths.cacheDirectory(configured: settings.cache.directory, environment: environment, uid: uid)
+            do {
+                cache = try await ResponseCache.open(
+                    directory: directory, settings: settings.cache,
+                    fallbackRoot: BrokerPaths.fallbackDirectory(uid: uid, environment: environment), logger: logger
+                )
+                cacheProblem = nil
+            } catch {
+                cache = nil
+                cacheProblem = "The HTTP cache is off: \(error). Fix the directory (or [cache] directory in config.toml) and restart the daemon."
+                logger.error("cannot open the HTTP cache", metadata: ["directory": "\(directory)", "error": "\(error)"])
+            }
+        } else {
+            (cache, cacheProblem) = (nil, nil)
+        }
         let challenges = AgentChallenges(
             vault: vault, store: store, evaluator: evaluator, agentEventBuffer: settings.limits.agentEventBuffer, logger: logger
         )
@@ -194,7 +213,7 @@ package enum BrokerDaemon {
         let flows = FlowLog(settings: settings.flows, limits: settings.limits)
         let control = ControlAPI(
             store: store, vault: vault, reauth: reauth, challenges: challenges, identities: identities, localCA: localCA,
-            reloader: reloader, flows: flows, publicSuffixes: publicSuffixes,
+            reloader: reloader, flows: flows, cache: cache, publicSuffixes: publicSuffixes,
             status: {
                 StatusReport(
                     version: AuthBrokerVersion.current, pid: Int(getpid()), startedAt: startedAt,
@@ -207,6 +226,8 @@ package enum BrokerDaemon {
                     identities: store.identities().count,
                     warnings: StatusReport.warnings(identities: store.identities(), failedPasswords: vault.failedCount, now: Date())
                         + (keyLog.map { [$0.warning(scope: settings.debug.tlsKeyLogScope)] } ?? [])
+                        + (cacheProblem.map { [$0] } ?? []) + (cache?.isOffline == true ? [StatusReport.offlineWarning] : []),
+                    cache: cache?.counters
                 )
             },
             inspect: { origin in try await connector.inspect(origin: origin) }
@@ -216,7 +237,7 @@ package enum BrokerDaemon {
             interceptor: Interceptor(
                 pool: pool, settings: settings, rules: rules, counters: counters, store: store,
                 trustGeneration: { connector.trustGeneration }, authenticator: authenticator, audit: audit,
-                challenges: challenges, flows: flows
+                challenges: challenges, flows: flows, cache: cache
             ),
             control: control, registry: registry, counters: counters, settings: settings, logger: logger,
             openTunnel: { origin, eventLoop in try await connector.openBlindTunnel(to: origin, on: eventLoop) },

@@ -153,6 +153,27 @@ extension BrokerError {
         )
     }
 
+    /// Only the cache may answer, and it holds nothing usable for the request (RFC 9111
+    /// §5.2.1.7: 504).
+    package static func notCached(url: String, offline: Bool) -> BrokerError {
+        BrokerError(
+            code: .notCached, status: .gatewayTimeout, title: "Not in the cache",
+            detail: offline
+                ? "The broker is offline (authbrokerctl offline on) and has no stored response for \(url) that may be served. Turn offline mode off with `authbrokerctl offline off` to fetch it."
+                : "The request asked to be answered from the cache only (only-if-cached), and no stored response for \(url) may be served. Send it without only-if-cached to fetch it.",
+            fix: offline ? ["authbrokerctl offline off"] : nil
+        )
+    }
+
+    /// Offline mode, and a request only the network could answer.
+    package static func offline(method: String, url: String) -> BrokerError {
+        BrokerError(
+            code: .offline, status: .serviceUnavailable, title: "The broker is offline",
+            detail: "Offline mode (authbrokerctl offline on) answers from the cache only, and a \(method) to \(url) cannot be answered from it. Turn offline mode off with `authbrokerctl offline off`.",
+            fix: ["authbrokerctl offline off"]
+        )
+    }
+
     package static func shuttingDown() -> BrokerError {
         BrokerError(
             code: .shuttingDown, status: .serviceUnavailable, title: "authbrokerd is shutting down",

@@ -489,7 +489,7 @@ package struct ClientConnectionServer: Sendable {
                         }
                         logger.debug("a [[rewrite]] rule applies", metadata: ["line": "\(rule.line)", "to": "\(origin)"])
                     }
-                    outcome = await self.interceptor.proxy(
+                    outcome = await self.interceptor.fetch(
                         head: head, origin: origin, pathAndQuery: pathAndQuery, adopted: exchange, client: client,
                         requests: &requests
                     )

@@ -50,6 +50,10 @@ package struct StatusReport: Codable, Sendable {
     package var identities: Int
     /// Things the user should act on: identities expired or expiring within 30 days, passwords refused.
     package var warnings: [String]
+    /// The HTTP cache's counters; nil when it is off.
+    package var cache: ResponseCache.Counters?
+
+    package static let offlineWarning = "Offline mode is on: requests are answered from the cache only (`authbrokerctl offline off` ends it)."
 
     package static func warnings(identities: [ClientIdentity], failedPasswords: Int, now: Date) -> [String] {
         var warnings: [String] = []
@@ -70,8 +74,10 @@ package struct StatusReport: Codable, Sendable {
     package init(
         version: String, pid: Int, startedAt: Date, uptimeSeconds: Double, socket: String, proxyPort: [String] = [], configFile: String,
         configLoaded: Bool, stateDirectory: String, systemAnchors: SystemAnchors, userAnchors: Int, pins: Int,
-        counters: [String: Int], secretStore: SecretStoreStatus? = nil, identities: Int = 0, warnings: [String] = []
+        counters: [String: Int], secretStore: SecretStoreStatus? = nil, identities: Int = 0, warnings: [String] = [],
+        cache: ResponseCache.Counters? = nil
     ) {
+        self.cache = cache
         self.secretStore = secretStore
         self.identities = identities
         self.warnings = warnings
@@ -91,7 +97,7 @@ package struct StatusReport: Codable, Sendable {
     }
 
     enum CodingKeys: String, CodingKey {
-        case version, pid, socket, counters, pins, identities, warnings
+        case version, pid, socket, counters, pins, identities, warnings, cache
         case secretStore = "secret_store"
         case startedAt = "started_at"
         case uptimeSeconds = "uptime_seconds"
@@ -132,11 +138,13 @@ package struct ControlAPI: Sendable {
     package let reloader: RulesReloader?
     /// The recent flows; nil in tests of the router alone.
     package let flows: FlowLog?
+    /// The HTTP cache; nil when it is off.
+    package let cache: ResponseCache?
 
     package init(
         store: TrustStore, vault: PasswordVault, reauth: ReauthService? = nil, challenges: AgentChallenges? = nil,
         identities: ClientIdentities? = nil, localCA: LocalCA? = nil, reloader: RulesReloader? = nil, flows: FlowLog? = nil,
-        publicSuffixes: PublicSuffixList = .defaultRuleOnly,
+        cache: ResponseCache? = nil, publicSuffixes: PublicSuffixList = .defaultRuleOnly,
         status: @escaping @Sendable () -> StatusReport,
         inspect: @escaping @Sendable (CanonicalOrigin) async throws -> Inspection
     ) {
@@ -149,6 +157,7 @@ package struct ControlAPI: Sendable {
         self.localCA = localCA
         self.reloader = reloader
         self.flows = flows
+        self.cache = cache
         self.status = status
         self.inspect = inspect
     }
@@ -294,6 +303,33 @@ package struct ControlAPI: Sendable {
                 flows: flows.recent(last), masking: reveal ? nil : flows.masking, creatorVersion: AuthBrokerVersion.current
             )
             return Self.json(.ok, data: try archive.encoded())
+
+        case (.GET, ["v1", "cache"]):
+            return try Self.json(.ok, CacheStatusJSON(self.cache))
+        case (.DELETE, ["v1", "cache"]):
+            let removed = await (try self.cacheOn()).clear()
+            return try Self.json(.ok, ["removed": removed])
+        case (.GET, ["v1", "cache", "entries"]):
+            let cache = try self.cacheOn()
+            let now = Date()
+            return try Self.json(.ok, ["entries": cache.entries().map { CacheEntryJSON($0.entry, now: now) }])
+        case (.DELETE, ["v1", "cache", "entries"]):
+            let cache = try self.cacheOn()
+            guard let text = Self.queryParameters(query)["url"], !text.isEmpty else {
+                throw BrokerError.badRequest(code: .missingParameter, detail: "Name the URL to remove: DELETE /v1/cache/entries?url=https://host/path.")
+            }
+            let url: String
+            switch RequestTarget.parse(method: "GET", uri: text) {
+            case .success(.absolute(let origin, let pathAndQuery)): url = origin.description + pathAndQuery
+            default:
+                throw BrokerError.badRequest(code: .invalidURL, detail: "\(text.prefix(200)) is not an http:// or https:// URL.")
+            }
+            return try Self.json(.ok, ["removed": await cache.remove(urls: [url])])
+        case (.PUT, ["v1", "cache", "offline"]):
+            let cache = try self.cacheOn()
+            let request = try Self.decode(OfflineRequest.self, from: body)
+            cache.setOffline(request.offline)
+            return try Self.json(.ok, CacheStatusJSON(cache))
 
         case (.GET, ["v1", "challenges"]):
             let pending = await (try self.agentsAvailable()).pendingChallenges()
@@ -472,6 +508,8 @@ package struct ControlAPI: Sendable {
         case let s where s.count == 4 && s[0] == "v1" && s[1] == "agent" && s[3] == "answer": ["POST"]
         case let s where s.count == 3 && s[0] == "v1" && s[1] == "reauth": ["POST"]
         case ["v1", "inspect"]: ["POST"]
+        case ["v1", "cache"], ["v1", "cache", "entries"]: ["GET", "DELETE"]
+        case ["v1", "cache", "offline"]: ["PUT"]
         default: []
         }
     }
@@ -492,6 +530,16 @@ package struct ControlAPI: Sendable {
                 }
             throw BrokerError(code: BrokerErrorCode(error.kind), status: status, title: "Trust store request failed", detail: error.description)
         }
+    }
+
+    func cacheOn() throws -> ResponseCache {
+        guard let cache = self.cache else {
+            throw BrokerError(
+                code: .cacheOff, status: .conflict, title: "The HTTP cache is off",
+                detail: "This daemon caches nothing ([cache] enabled = false, the default). Set enabled = true under [cache] in config.toml and restart the daemon."
+            )
+        }
+        return cache
     }
 
     func flowLogOn() throws -> FlowLog {
@@ -977,6 +1025,62 @@ struct AnchorJSON: Encodable {
         case id, hosts, pem, certificate
         case addedAt = "added_at"
     }
+}
+
+/// `GET /v1/cache`: the cache's settings and counters.
+struct CacheStatusJSON: Encodable {
+    var enabled: Bool
+    var directory: String?
+    var counters: ResponseCache.Counters?
+
+    init(_ cache: ResponseCache?) {
+        self.enabled = cache != nil
+        self.directory = cache?.directory
+        self.counters = cache?.counters
+    }
+
+    func encode(to encoder: any Encoder) throws {
+        // The counters sit beside `enabled` and `directory`, not under a key of their own.
+        try self.counters?.encode(to: encoder)
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(self.enabled, forKey: .enabled)
+        try container.encodeIfPresent(self.directory, forKey: .directory)
+    }
+
+    enum CodingKeys: String, CodingKey { case enabled, directory }
+}
+
+/// One entry of `GET /v1/cache/entries`.
+struct CacheEntryJSON: Encodable {
+    var url: String
+    var status: Int
+    var bodyBytes: Int64
+    var storedAt: Date
+    var ageSeconds: Int
+    var fresh: Bool
+    var vary: [String]
+
+    init(_ entry: ResponseCache.Entry, now: Date) {
+        self.url = entry.head.url
+        self.status = entry.head.status
+        self.bodyBytes = entry.head.bodyLength
+        self.storedAt = entry.head.timing.responseTime
+        self.ageSeconds = CachePolicy.currentAge(headers: entry.headers, timing: entry.head.timing, now: now)
+        self.fresh = self.ageSeconds < CachePolicy.freshnessLifetime(status: entry.head.status, headers: entry.headers, timing: entry.head.timing).seconds
+        self.vary = entry.head.varyFields
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case url, status, fresh, vary
+        case bodyBytes = "body_bytes"
+        case storedAt = "stored_at"
+        case ageSeconds = "age_seconds"
+    }
+}
+
+/// `PUT /v1/cache/offline`.
+struct OfflineRequest: Decodable {
+    var offline: Bool
 }
 
 /// `GET /v1/flows`.

@@ -251,6 +251,8 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             !interceptor.authenticator.knowsSpaces(at: origin),
             // A [[respond]] or [[rewrite]] rule may apply: the full path decides.
             !interceptor.rules.cover(host: origin.host),
+            // The cache answers or stores (or a request invalidates what it holds): the full path.
+            interceptor.cache?.covers(host: origin.host) != true,
             self.relay.registry.startRequestUnlessDraining(self.registration)
         else { return nil }
         interceptor.counters.requestsInFlight.add(1)

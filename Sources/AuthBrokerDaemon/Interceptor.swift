@@ -41,6 +41,8 @@ package struct ClientSide: Sendable {
     package var gone: @Sendable () async -> Void
     /// The `[[rewrite]]` whose response header edits apply to what the client gets.
     package var rewrite: RewriteRule? = nil
+    /// The request's use of the HTTP cache, when the cache covers its origin.
+    var cache: CacheExchange? = nil
 
     package init(
         requestID: String, peer: ConnectionPeer?, logger: Logger, writer: ClientResponseWriter,
@@ -81,6 +83,8 @@ package struct Interceptor: Sendable {
     package var challenges: AgentChallenges? = nil
     /// The flow log (`authbrokerctl flows`); nil in tests that do without.
     package var flows: FlowLog? = nil
+    /// The HTTP cache (`[cache]`); nil when it is off.
+    package var cache: ResponseCache? = nil
 
     /// Attempts per request at most: a stale pooled connection, a challenge, a stale nonce, and
     /// through a proxy its challenge and stale nonce too.
@@ -268,6 +272,12 @@ package struct Interceptor: Sendable {
                 switch cause {
                 case .leaseFailed:
                     error = leaseError ?? .connectionClosedEarly(origin: origin)
+                    // The origin cannot be reached: a stored response that may be served stale answers.
+                    if let cache = client.cache, let outcome = await self.serveFallback(
+                        cache, error: error, head: head, client: client, requests: &requests, requestEnded: requestEnded
+                    ) {
+                        return outcome
+                    }
                 case .tlsAlertOnSend:
                     error = closingTLSError.map { .tlsHandshakeFailed(origin: origin, underlying: $0, identity: route.clientIdentity) }
                         ?? .connectionClosedEarly(origin: origin)
@@ -349,7 +359,7 @@ package struct Interceptor: Sendable {
                 exchange.responseParts, route: route, connection: lease.connection, requestID: client.requestID,
                 logger: client.logger, writer: writer, gate: gate, brokerAddedExpect: brokerAddedExpect,
                 clientWantsKeepAlive: clientWantsKeepAlive, state: state, auth: context, closeClient: client.close,
-                draining: client.draining, rewrite: client.rewrite,
+                draining: client.draining, rewrite: client.rewrite, cache: client.cache, client: client,
                 retryAllowed: attempt.mayRetryClosedConnection
             )
         }
@@ -609,7 +619,7 @@ package struct Interceptor: Sendable {
         requestID: String, logger: Logger,
         writer: ClientResponseWriter, gate: ContinueGate, brokerAddedExpect: Bool, clientWantsKeepAlive: Bool,
         state: ExchangeState, auth: AuthContext, closeClient: @Sendable () -> Void, draining: @Sendable () -> Bool,
-        rewrite: RewriteRule?, retryAllowed: Bool
+        rewrite: RewriteRule?, cache: CacheExchange?, client: ClientSide, retryAllowed: Bool
     ) async -> ResponsePumpResult {
         var status = 0
         var bytes = 0
@@ -665,6 +675,23 @@ package struct Interceptor: Sendable {
                     }
                     status = Int(head.status.code)
                     upstreamKeepAlive = head.isKeepAlive
+                    if let cache {
+                        let carriedCredentials = auth.head.headers.contains(name: "authorization") || auth.state.withLockedValue { $0.authorization } != nil
+                        if case .serveStored(let opened, let updated, let age) = await cache.finalHead(head, requestCarriedCredentials: carriedCredentials) {
+                            // The origin's 304 to the broker's own validation: the stored response answers.
+                            let readToEnd = await Self.readAway(&iterator)
+                            let served = await self.writeStored(
+                                opened, headers: updated, age: age, cacheStatus: CacheStatusField.revalidated(), proxyStatus: nil,
+                                head: auth.head, client: client, drained: .ended
+                            )
+                            return .completed(
+                                .init(
+                                    status: served.status, bytes: served.bytes, upstreamKeepAlive: readToEnd && head.isKeepAlive,
+                                    clientKeepAlive: served.disposition == ConnectionDisposition.keepAlive && clientKeepAlive, requestComplete: state.requestComplete
+                                )
+                            )
+                        }
+                    }
                     var headers = ProxyHeaders.clientResponseHeaders(head.headers, requestID: requestID)
                     if fromProxy {
                         // The broker is the client's proxy: the upstream proxy's challenges are the
@@ -684,7 +711,10 @@ package struct Interceptor: Sendable {
                     bytes += buffer.readableBytes
                     self.counters.bytesFromUpstream.add(buffer.readableBytes)
                     output.write(.body(.byteBuffer(buffer)))
+                    await cache?.body(buffer)
                 case .end:
+                    // Stored before the client sees the end: its next request finds the entry.
+                    await cache?.ended()
                     output.write(.end(nil))
                     try await output.flush()
                     // A response that ends before its request body did: give the rest of the

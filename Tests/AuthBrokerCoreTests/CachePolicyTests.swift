@@ -70,6 +70,10 @@ struct CachePolicyTests {
                 response: [("Cache-Control", "private=\"Set-Cookie\", max-age=60"), ("Set-Cookie", "sid=1")],
                 expected: .store(omitting: ["set-cookie"]), note: "a qualified private drops its fields"
             ),
+            StorageCase(
+                response: [("Cache-Control", "max-age=60"), ("Set-Cookie", "sid=1")],
+                expected: .store(omitting: ["set-cookie"]), note: "a cookie set for one app is never served to another"
+            ),
         ]
     }()
 

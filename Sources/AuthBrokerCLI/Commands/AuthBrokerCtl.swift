@@ -26,7 +26,7 @@ package struct AuthBrokerCtl: AsyncParsableCommand {
             fetch --fail, 64 bad command line, 127 run could not start the program.
             """,
         version: AuthBrokerVersion.current,
-        subcommands: [Status.self, Fetch.self, Env.self, Run.self, Anchors.self, Pins.self, Exceptions.self, Passwords.self, Identities.self, LocalCACommand.self, Reload.self, Flows.self, Challenges.self, Agent.self]
+        subcommands: [Status.self, Fetch.self, Env.self, Run.self, Anchors.self, Pins.self, Exceptions.self, Passwords.self, Identities.self, LocalCACommand.self, Reload.self, Flows.self, CacheCommand.self, Offline.self, Challenges.self, Agent.self]
     )
 
     package init() {}

@@ -98,6 +98,9 @@ package enum CachePolicy {
         }
         var omitted = Set(directives.privateFields).union(ProxyHeaders.connectionOptions(responseHeaders))
         omitted.formUnion(Self.hopByHop)
+        // A cookie the origin set for the app that asked is that app's: another app served
+        // from the cache does not get it (as a shared cache would not hand it to another user).
+        omitted.insert("set-cookie")
         return .store(omitting: omitted.filter { !$0.isEmpty && responseHeaders.contains(name: $0) }.sorted())
     }
 

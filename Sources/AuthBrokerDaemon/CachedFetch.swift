@@ -1,0 +1,280 @@
+import AuthBrokerCore
+import Foundation
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOHTTP1
+
+/// One request's use of the HTTP cache, from the lookup to the stored response: what the
+/// response pump asks when the final response head arrives (store it? is it the 304 to the
+/// broker's own validation?), and where its body goes.
+///
+/// Touched by the request's task and then its response pump, one after the other.
+final class CacheExchange: Sendable {
+    let cache: ResponseCache
+    /// The canonical URL: the key with the method.
+    let url: String
+    let method: HTTPMethod
+    let origin: CanonicalOrigin
+    let pathAndQuery: String
+    /// The client's request fields (what `Vary` selects on).
+    let requestHeaders: HTTPHeaders
+    /// The stored response this request validates with the conditional fields the broker added;
+    /// a 304 that selects it is answered from it.
+    let validating: ResponseCache.Entry?
+    /// A stored response that may be served if the origin cannot be reached.
+    let fallback: ResponseCache.Entry?
+    /// Whether a response may be stored (`Authbroker-Cache: no-store` says not).
+    let mayStore: Bool
+    private let requestTime = Date()
+    private let writer = NIOLockedValueBox<CacheEntryWriter?>(nil)
+
+    init(
+        cache: ResponseCache, method: HTTPMethod, origin: CanonicalOrigin, pathAndQuery: String, requestHeaders: HTTPHeaders,
+        validating: ResponseCache.Entry?, fallback: ResponseCache.Entry?, mayStore: Bool
+    ) {
+        self.cache = cache
+        self.url = origin.description + pathAndQuery
+        self.method = method
+        self.origin = origin
+        self.pathAndQuery = pathAndQuery
+        self.requestHeaders = requestHeaders
+        self.validating = validating
+        self.fallback = fallback
+        self.mayStore = mayStore
+    }
+
+    enum HeadDecision {
+        /// The origin's response goes to the client (stored on the way, or not).
+        case forward
+        /// The origin said the stored response is still good (304): it goes to the client, with
+        /// these updated fields.
+        case serveStored(OpenedCacheEntry, HTTPHeaders, age: Int)
+    }
+
+    /// The origin's final response head: unsafe methods invalidate (§4.4), a 304 to the
+    /// broker's validation refreshes the stored response (§4.3.4), anything storable starts
+    /// being stored.
+    func finalHead(_ head: HTTPResponseHead, requestCarriedCredentials: Bool) async -> HeadDecision {
+        let status = Int(head.status.code)
+        let invalidated = CachePolicy.invalidatedURLs(
+            method: self.method.rawValue, status: status, origin: self.origin, pathAndQuery: self.pathAndQuery,
+            responseHeaders: head.headers
+        )
+        if !invalidated.isEmpty {
+            await self.cache.remove(urls: invalidated)
+            return .forward
+        }
+        if status == 304, let stored = self.validating,
+            CachePolicy.notModifiedSelects(storedHeaders: stored.headers, notModified: head.headers)
+        {
+            // Opened before its file is replaced by one with the new head (the descriptor keeps
+            // the old file). A file gone meanwhile leaves the 304 to the client, as sent.
+            guard let opened = await self.cache.open(stored) else { return .forward }
+            let updated = CachePolicy.updatedHeaders(stored: stored.headers, from: head.headers)
+            let timing = CachePolicy.Timing(requestTime: self.requestTime, responseTime: Date())
+            await self.cache.replaceHeaders(of: stored, with: updated, timing: timing)
+            self.cache.count(.revalidated)
+            return .serveStored(opened, updated, age: CachePolicy.currentAge(headers: updated, timing: timing, now: Date()))
+        }
+        guard self.mayStore else { return .forward }
+        let decision = CachePolicy.storage(
+            method: self.method.rawValue, host: self.origin.host, requestHeaders: self.requestHeaders,
+            requestCarriedCredentials: requestCarriedCredentials, status: status, responseHeaders: head.headers,
+            settings: self.cache.settings.policy
+        )
+        guard case .store(let omitting) = decision, let vary = CachePolicy.varyFields(head.headers) else { return .forward }
+        let stored = CachePolicy.storedHeaders(head.headers, omitting: omitting)
+        let entryHead = CacheEntryFormat.Head(
+            method: self.method.rawValue, url: self.url,
+            variantKey: CachePolicy.variantKey(varyingOn: vary, request: self.requestHeaders), varyFields: vary, status: status,
+            headers: stored.map { ($0.name, $0.value) }, requestTime: self.requestTime, responseTime: Date(), bodyLength: 0
+        )
+        let writer = await self.cache.startEntry(entryHead)
+        self.writer.withLockedValue { $0 = writer }
+        return .forward
+    }
+
+    /// A part of the body going to the client; it goes to the entry being written too.
+    func body(_ buffer: ByteBuffer) async {
+        guard let writer = self.writer.withLockedValue({ $0 }) else { return }
+        await writer.append(buffer)
+    }
+
+    /// The response ended whole: the entry is installed.
+    func ended() async {
+        guard let writer = self.writer.withLockedValue({ state in defer { state = nil }; return state }) else { return }
+        await writer.commit()
+    }
+}
+
+/// `Cache-Status` (RFC 9211) members the broker adds to what it serves.
+enum CacheStatusField {
+    static let name = "Cache-Status"
+    static func hit() -> String { "\(ProxyStatusField.proxyName); hit" }
+    static func revalidated() -> String { "\(ProxyStatusField.proxyName); fwd=stale; fwd-status=304" }
+    static func servedStale(offline: Bool) -> String {
+        "\(ProxyStatusField.proxyName); hit; detail=\"\(offline ? "offline" : "origin-unreachable")\""
+    }
+    static func miss(stored: Bool) -> String { "\(ProxyStatusField.proxyName); fwd=miss\(stored ? "; stored" : "")" }
+}
+
+extension Interceptor {
+    /// Fetches one absolute-form request, through the HTTP cache where it covers the origin;
+    /// otherwise (and for whatever the cache does not answer) `proxy` does the work.
+    package func fetch(
+        head: HTTPRequestHead, origin: CanonicalOrigin, pathAndQuery: String, adopted: AdoptedExchange? = nil,
+        client: ClientSide, requests: inout ClientRequestIterator
+    ) async -> RequestOutcome {
+        guard let cache = self.cache, adopted == nil, cache.covers(host: origin.host) else {
+            return await self.proxy(head: head, origin: origin, pathAndQuery: pathAndQuery, adopted: adopted, client: client, requests: &requests)
+        }
+        let use = BrokerDirectives(headers: head.headers).cache
+        let url = origin.description + pathAndQuery
+        let offline = cache.isOffline
+        var client = client
+        let readsCache = (head.method == .GET || head.method == .HEAD) && RequestBodyFraming(head) == .none
+        guard readsCache else {
+            if offline {
+                return await self.respondWithError(
+                    .offline(method: head.method.rawValue, url: url), requestID: client.requestID, logger: client.logger,
+                    requests: &requests, writer: client.writer, clientWantsKeepAlive: head.isKeepAlive
+                )
+            }
+            // An unsafe method's answer invalidates what is stored for its target.
+            client.cache = CacheExchange(
+                cache: cache, method: head.method, origin: origin, pathAndQuery: pathAndQuery, requestHeaders: head.headers,
+                validating: nil, fallback: nil, mayStore: false
+            )
+            return await self.proxy(head: head, origin: origin, pathAndQuery: pathAndQuery, client: client, requests: &requests)
+        }
+        if use == .noStore, !offline {
+            return await self.proxy(head: head, origin: origin, pathAndQuery: pathAndQuery, client: client, requests: &requests)
+        }
+        let requestDirectives = CacheControl(fieldValues: head.headers["cache-control"])
+        let onlyIfCached = offline || use == .onlyIfCached || requestDirectives.onlyIfCached
+        // The client's own conditional or range request is its to validate: the origin answers
+        // it (a 200 may still be stored).
+        let clientConditional = ["if-none-match", "if-modified-since", "if-match", "if-unmodified-since", "if-range", "range"]
+            .contains { head.headers.contains(name: $0) }
+        let stored = use == .refresh || clientConditional ? nil : cache.lookup(url: url, requestHeaders: head.headers)
+        var validating: ResponseCache.Entry?
+        var upstreamHead = head
+        if let stored {
+            let reuse = CachePolicy.reuse(
+                requestHeaders: head.headers, status: stored.head.status, storedHeaders: stored.headers, timing: stored.head.timing,
+                now: Date()
+            )
+            switch reuse {
+            case .fresh(let age), .staleAllowed(let age):
+                if let opened = await cache.open(stored) {
+                    cache.count(.hit)
+                    let drained = await drainRequestBody(&requests)
+                    return await self.writeStored(
+                        opened, headers: stored.headers, age: age, cacheStatus: CacheStatusField.hit(), proxyStatus: nil, head: head,
+                        client: client, drained: drained
+                    )
+                }
+            case .validate(let fields):
+                if offline, CachePolicy.servableWhileDisconnected(storedHeaders: stored.headers) {
+                    if let opened = await cache.open(stored) {
+                        cache.count(.servedStale)
+                        let drained = await drainRequestBody(&requests)
+                        return await self.writeStored(
+                            opened, headers: stored.headers, age: CachePolicy.currentAge(headers: stored.headers, timing: stored.head.timing, now: Date()),
+                            cacheStatus: CacheStatusField.servedStale(offline: true), proxyStatus: nil, head: head, client: client,
+                            drained: drained
+                        )
+                    }
+                } else if !onlyIfCached {
+                    validating = stored
+                    for field in fields { upstreamHead.headers.replaceOrAdd(name: field.name, value: field.value) }
+                }
+            }
+        }
+        if onlyIfCached {
+            return await self.respondWithError(
+                .notCached(url: url, offline: offline), requestID: client.requestID, logger: client.logger, requests: &requests,
+                writer: client.writer, clientWantsKeepAlive: head.isKeepAlive
+            )
+        }
+        if validating == nil { cache.count(.miss) }
+        let fallback = stored.flatMap { CachePolicy.servableWhileDisconnected(storedHeaders: $0.headers) ? $0 : nil }
+        client.cache = CacheExchange(
+            cache: cache, method: head.method, origin: origin, pathAndQuery: pathAndQuery, requestHeaders: head.headers,
+            validating: validating, fallback: fallback, mayStore: use != .noStore
+        )
+        return await self.proxy(head: upstreamHead, origin: origin, pathAndQuery: pathAndQuery, client: client, requests: &requests)
+    }
+
+    /// When the origin cannot be reached (no DNS answer, no connection, no TLS session, no
+    /// answer in time): the stored response, if one may be served stale, marked with `Age`,
+    /// `Cache-Status` and a `Proxy-Status` that says why the origin was not asked.
+    func serveFallback(
+        _ exchange: CacheExchange, error: BrokerError, head: HTTPRequestHead, client: ClientSide,
+        requests: inout ClientRequestIterator, requestEnded: Bool
+    ) async -> RequestOutcome? {
+        guard let stored = exchange.fallback, let errorType = error.proxyErrorType,
+            error.code != .shuttingDown, error.code != .connectionLimitReached,
+            let opened = await exchange.cache.open(stored)
+        else { return nil }
+        exchange.cache.count(.servedStale)
+        client.logger.debug("the origin cannot be reached; serving a stored response", metadata: ["error": "\(error.code)"])
+        let drained: RequestBodyDrain = requestEnded ? .ended : await drainRequestBody(&requests)
+        return await self.writeStored(
+            opened, headers: stored.headers, age: CachePolicy.currentAge(headers: stored.headers, timing: stored.head.timing, now: Date()),
+            cacheStatus: CacheStatusField.servedStale(offline: false),
+            proxyStatus: ProxyStatusField.render(error: errorType, details: "served from the cache: \(error.title)"),
+            head: head, client: client, drained: drained
+        )
+    }
+
+    /// Answers from a stored response, once the request has been read to its end: its fields
+    /// (with `Age`, `Cache-Status`), then its body from the file.
+    func writeStored(
+        _ opened: OpenedCacheEntry, headers stored: HTTPHeaders, age: Int, cacheStatus: String, proxyStatus: String?,
+        head: HTTPRequestHead, client: ClientSide, drained: RequestBodyDrain
+    ) async -> RequestOutcome {
+        let (entry, body) = (opened.entry, opened.body)
+        let keepAlive = head.isKeepAlive && head.version == .http1_1 && drained == .ended && !client.draining()
+        let status = HTTPResponseStatus(statusCode: entry.head.status)
+        var headers = ProxyHeaders.clientResponseHeaders(stored, requestID: client.requestID)
+        Self.keepOnlyStandardChallenges(status: status, in: &headers, logger: client.logger)
+        headers.replaceOrAdd(name: "Age", value: String(age))
+        if entry.head.status != 204, entry.head.status != 304 {
+            headers.replaceOrAdd(name: "Content-Length", value: String(entry.head.bodyLength))
+        }
+        headers.add(name: CacheStatusField.name, value: cacheStatus)
+        if let proxyStatus { headers.add(name: "Proxy-Status", value: proxyStatus) }
+        client.rewrite?.editResponse(&headers)
+        if !keepAlive { headers.replaceOrAdd(name: "Connection", value: "close") }
+        let responseHead = HTTPResponseHead(version: .http1_1, status: status, headers: headers)
+        let capture = FlowCapture.current
+        capture?.responded(responseHead)
+        var bytes = 0
+        do {
+            guard head.method != .HEAD, let body else {
+                try await client.writer.write(contentsOf: [.head(responseHead), .end(nil)])
+                return RequestOutcome(status: entry.head.status, bytes: 0, brokerError: nil, disposition: keepAlive ? .keepAlive : .close)
+            }
+            // The head goes with the first piece, the end with the last: a small body is one write.
+            var parts: [HTTPServerResponsePart] = [.head(responseHead)]
+            while let chunk = try await body.next() {
+                bytes += chunk.readableBytes
+                capture?.responseBody(chunk)
+                parts.append(.body(.byteBuffer(chunk)))
+                if body.length == 0 { parts.append(.end(nil)) }
+                try await client.writer.write(contentsOf: parts)
+                parts = []
+            }
+            if bytes == 0 { try await client.writer.write(contentsOf: parts + [.end(nil)]) }
+        } catch {
+            // The file changed under the reader (or the client left): the response is cut, and
+            // the entry goes.
+            if error is StoredBodyTruncated { await self.cache?.discard(entry) }
+            client.abort()
+            return RequestOutcome(status: entry.head.status, bytes: bytes, brokerError: "aborted", disposition: .close)
+        }
+        return RequestOutcome(status: entry.head.status, bytes: bytes, brokerError: nil, disposition: keepAlive ? .keepAlive : .close)
+    }
+}

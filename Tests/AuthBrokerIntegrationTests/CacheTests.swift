@@ -1,0 +1,254 @@
+import Foundation
+import NIOConcurrencyHelpers
+import Testing
+import TestSupport
+
+/// The HTTP cache through the real daemon, against an origin that counts what reaches it.
+@Suite("HTTP cache", .serialized)
+struct CacheTests {
+    /// An origin that logs every request head and answers by path (one request per connection,
+    /// `Connection: close`), so a test can count what the cache let through.
+    final class CountingOrigin: Sendable {
+        let raw: RawOrigin
+        private let log: NIOLockedValueBox<[String]>
+
+        private init(raw: RawOrigin, log: NIOLockedValueBox<[String]>) {
+            self.raw = raw
+            self.log = log
+        }
+
+        var port: Int { self.raw.port }
+
+        static func start() async throws -> CountingOrigin {
+            let log = NIOLockedValueBox<[String]>([])
+            let raw = try await RawOrigin.start { received in
+                guard let end = RawOrigin.headEnd(in: received) else { return nil }
+                let head = String(decoding: received[..<end], as: UTF8.self)
+                let bodyLength = head.split(separator: "\r\n").first { $0.lowercased().hasPrefix("content-length:") }
+                    .flatMap { Int($0.split(separator: ":")[1].trimmingCharacters(in: .whitespaces)) } ?? 0
+                guard received.count >= end + 4 + bodyLength else { return nil }
+                let count = log.withLockedValue { log in
+                    log.append(head)
+                    let line = Self.requestLine(head)
+                    return log.filter { Self.requestLine($0) == line }.count
+                }
+                return RawOrigin.Reply(Self.answer(head, count: count), close: true)
+            }
+            return CountingOrigin(raw: raw, log: log)
+        }
+
+        /// `GET /path HTTP/1.1` (a String's "\r\n" is one Character: `prefix` would not stop at it).
+        static func requestLine(_ head: String) -> Substring { head.split(separator: "\r\n").first ?? "" }
+
+        /// The reply for one request; `count`: how many requests with this request line came.
+        static func answer(_ head: String, count: Int) -> String {
+            let lines = head.split(separator: "\r\n").map(String.init)
+            let parts = lines[0].split(separator: " ")
+            let (method, target) = (String(parts[0]), String(parts[1]))
+            let path = target.hasPrefix("http") ? "/" + target.split(separator: "/", maxSplits: 3).dropFirst(2).dropFirst().joined() : target
+            func field(_ name: String) -> String? {
+                lines.dropFirst().first { $0.lowercased().hasPrefix(name + ":") }.map { String($0.dropFirst(name.count + 1)).trimmingCharacters(in: .whitespaces) }
+            }
+            func reply(_ headers: [String], _ body: String, status: String = "200 OK") -> String {
+                (["HTTP/1.1 \(status)", "Content-Length: \(body.utf8.count)", "Connection: close"] + headers).joined(separator: "\r\n")
+                    + "\r\n\r\n" + body
+            }
+            switch (method, path) {
+            case ("GET", "/etag"):
+                if field("if-none-match") == "\"v1\"" { return "HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nCache-Control: max-age=0, x-updated\r\nConnection: close\r\n\r\n" }
+                return reply(["ETag: \"v1\"", "Cache-Control: max-age=0"], "etag #\(count)")
+            case ("GET", "/vary"):
+                return reply(["Cache-Control: max-age=600", "Vary: Accept-Language"], "lang=\(field("accept-language") ?? "-") #\(count)")
+            case ("POST", "/item"):
+                return reply(["Cache-Control: no-store"], "posted")
+            case ("GET", "/public"):
+                return reply(["Cache-Control: public, max-age=600"], "public #\(count)")
+            case ("GET", "/no-store"):
+                return reply(["Cache-Control: no-store"], "no-store #\(count)")
+            case ("GET", "/must-revalidate"):
+                return reply(["Cache-Control: max-age=0, must-revalidate"], "must #\(count)")
+            default:
+                return reply(["Cache-Control: max-age=600", "Content-Type: text/plain"], "\(path) #\(count)")
+            }
+        }
+
+        /// The request heads that reached the origin for `method path`.
+        func requests(_ method: String, _ path: String) -> [String] {
+            self.log.withLockedValue { log in
+                log.filter { head in
+                    Self.requestLine(head) == "\(method) \(path) HTTP/1.1"
+                }
+            }
+        }
+
+        func stop() async { await self.raw.stop() }
+    }
+
+    static func config(_ origin: CountingOrigin, cacheDirectory: String) -> String {
+        """
+        [upstream]
+        resolve = ["cache.test:\(origin.port):127.0.0.1"]
+
+        [cache]
+        enabled = true
+        directory = "\(cacheDirectory)"
+        """
+    }
+
+    static func get(_ daemon: DaemonProcess, _ url: String, _ headers: [(String, String)] = []) throws -> TestResponse {
+        try UnixSocketConnection(path: daemon.socketPath).request("GET", url, headers: headers)
+    }
+
+    @Test("fresh hits never reach the origin; stale ones are validated and a 304 refreshes them; Vary separates; unsafe methods invalidate")
+    func hitsValidationVaryAndInvalidation() async throws {
+        let origin = try await CountingOrigin.start()
+        defer { Task { await origin.stop() } }
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let base = "http://cache.test:\(origin.port)"
+        try await withDaemon(config: Self.config(origin, cacheDirectory: directory + "/cache")) { daemon in
+            // Fresh: the origin sees the first request only; hits say so and carry Age.
+            let first = try Self.get(daemon, base + "/fresh")
+            #expect(first.status == 200 && first.text == "/fresh #1")
+            #expect(first.header("Cache-Status") == nil)
+            for _ in 0..<3 {
+                let hit = try Self.get(daemon, base + "/fresh")
+                #expect(hit.status == 200 && hit.text == "/fresh #1")
+                #expect(hit.header("Cache-Status") == "authbrokerd; hit")
+                #expect(hit.header("Age").flatMap(Int.init) != nil)
+                #expect(hit.header("Content-Length") == "9" && hit.header("Content-Type") == "text/plain")
+                #expect(hit.header("Authbroker-Request-Id") != nil)
+            }
+            let head = try UnixSocketConnection(path: daemon.socketPath).request("HEAD", base + "/fresh")
+            #expect(head.status == 200 && head.body.isEmpty && head.header("Content-Length") == "9")
+            #expect(origin.requests("GET", "/fresh").count == 1 && origin.requests("HEAD", "/fresh").isEmpty)
+
+            // Stale at once: each reuse asks the origin with If-None-Match, and its 304 serves the stored body.
+            #expect(try Self.get(daemon, base + "/etag").text == "etag #1")
+            let validated = try Self.get(daemon, base + "/etag")
+            #expect(validated.status == 200 && validated.text == "etag #1")
+            #expect(validated.header("Cache-Status") == "authbrokerd; fwd=stale; fwd-status=304")
+            let etagRequests = origin.requests("GET", "/etag")
+            #expect(etagRequests.count == 2)
+            #expect(etagRequests.last?.lowercased().contains("if-none-match: \"v1\"") == true)
+            // The 304's fields replaced the stored ones.
+            #expect(validated.header("Cache-Control") == "max-age=0, x-updated")
+            // The client's own conditional request is the client's: the origin's 304 goes to it.
+            let conditional = try Self.get(daemon, base + "/etag", [("If-None-Match", "\"v1\"")])
+            #expect(conditional.status == 304)
+
+            // Vary: one stored response per language.
+            #expect(try Self.get(daemon, base + "/vary", [("Accept-Language", "en")]).text == "lang=en #1")
+            let de = try Self.get(daemon, base + "/vary", [("Accept-Language", "de")])
+            #expect(de.text == "lang=de #2", "\(de.text) \(de.headers)")
+            #expect(try Self.get(daemon, base + "/vary", [("Accept-Language", "en")]).text == "lang=en #1")
+            #expect(try Self.get(daemon, base + "/vary", [("Accept-Language", "de")]).text == "lang=de #2")
+            #expect(origin.requests("GET", "/vary").count == 2)
+
+            // An unsafe method's success removes what is stored for its target.
+            let item = try Self.get(daemon, base + "/item")
+            #expect(item.text == "/item #1", "\(item.status) \(item.text) \(item.headers) \(origin.requests("GET", "/item"))")
+            #expect(try Self.get(daemon, base + "/item").text == "/item #1")
+            let post = try UnixSocketConnection(path: daemon.socketPath).request("POST", base + "/item", body: Array("x".utf8))
+            #expect(post.status == 200 && post.text == "posted")
+            #expect(try Self.get(daemon, base + "/item").text == "/item #2")
+
+            // Credentials: the app's Authorization keeps a response out of the shared cache
+            // unless the origin says public.
+            let basic = [("Authorization", "Basic YWxpY2U6c2VjcmV0")]
+            #expect(try Self.get(daemon, base + "/private", basic).text == "/private #1")
+            #expect(try Self.get(daemon, base + "/private", basic).text == "/private #2")
+            #expect(try Self.get(daemon, base + "/public", basic).text == "public #1")
+            #expect(try Self.get(daemon, base + "/public", basic).text == "public #1")
+            #expect(try Self.get(daemon, base + "/no-store").text == "no-store #1")
+            #expect(try Self.get(daemon, base + "/no-store").text == "no-store #2")
+
+            // Per request: refresh asks the origin and stores; no-store neither reads nor
+            // stores; only-if-cached never reaches the network.
+            #expect(try Self.get(daemon, base + "/fresh", [("Authbroker-Cache", "refresh")]).text == "/fresh #2")
+            #expect(try Self.get(daemon, base + "/fresh").text == "/fresh #2")
+            #expect(try Self.get(daemon, base + "/fresh", [("Authbroker-Cache", "no-store")]).text == "/fresh #3")
+            #expect(try Self.get(daemon, base + "/fresh").text == "/fresh #2")
+            #expect(try Self.get(daemon, base + "/fresh", [("Cache-Control", "only-if-cached")]).text == "/fresh #2")
+            let notCached = try Self.get(daemon, base + "/never", [("Authbroker-Cache", "only-if-cached")])
+            #expect(notCached.status == 504 && notCached.header("Authbroker-Error") == "not_cached")
+            #expect(origin.requests("GET", "/never").isEmpty)
+            // The app asks for a validated response: without a validator, that is a new one.
+            let validated2 = try Self.get(daemon, base + "/item", [("Cache-Control", "no-cache")])
+            #expect(validated2.text == "/item #3", "\(validated2.text) \(validated2.headers)")
+            #expect(try Self.get(daemon, base + "/item").text == "/item #3")
+
+            // What status and the CLI report.
+            let status = try CLIAndClientsTests.ctl(daemon, ["cache", "status", "--json"])
+            #expect(status.status == 0, "\(status.stderr)")
+            let counters = try #require(try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [String: Any])
+            #expect(counters["enabled"] as? Bool == true)
+            #expect((counters["hits"] as? Int ?? 0) >= 10)
+            #expect(counters["revalidations"] as? Int == 1)
+            let list = try CLIAndClientsTests.ctl(daemon, ["cache", "list"])
+            #expect(list.status == 0 && list.stdout.contains(base + "/fresh") && list.stdout.contains("varies on accept-language"), "\(list.stdout)")
+            let purge = try CLIAndClientsTests.ctl(daemon, ["cache", "purge", base + "/fresh"])
+            #expect(purge.status == 0 && purge.stdout.contains("Removed 1"), "\(purge.stdout)")
+            #expect(try Self.get(daemon, base + "/fresh").text == "/fresh #4")
+            let clear = try CLIAndClientsTests.ctl(daemon, ["cache", "clear"])
+            #expect(clear.status == 0 && clear.stdout.contains("Removed"), "\(clear.stdout)")
+            #expect(try FileManager.default.contentsOfDirectory(atPath: directory + "/cache").isEmpty)
+        }
+    }
+
+    @Test("offline mode answers from the cache only; an unreachable origin's stored responses are served stale, marked")
+    func offlineAndUnreachable() async throws {
+        let origin = try await CountingOrigin.start()
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let base = "http://cache.test:\(origin.port)"
+        // A cache directory with a stranger's file and an unfinished write in it: both go.
+        try FileManager.default.createDirectory(atPath: directory + "/cache", withIntermediateDirectories: true)
+        try Data("garbage".utf8).write(to: URL(fileURLWithPath: directory + "/cache/00000000deadbeef.entry"))
+        try Data("half".utf8).write(to: URL(fileURLWithPath: directory + "/cache/.tmp-1"))
+        try await withDaemon(config: Self.config(origin, cacheDirectory: directory + "/cache")) { daemon in
+            #expect(!FileManager.default.fileExists(atPath: directory + "/cache/00000000deadbeef.entry"))
+            #expect(!FileManager.default.fileExists(atPath: directory + "/cache/.tmp-1"))
+            #expect(try Self.get(daemon, base + "/etag").text == "etag #1")
+            #expect(try Self.get(daemon, base + "/must-revalidate").text == "must #1")
+
+            let on = try CLIAndClientsTests.ctl(daemon, ["offline", "on"])
+            #expect(on.status == 0 && on.stdout.contains("Offline"), "\(on.stdout) \(on.stderr)")
+            let stale = try Self.get(daemon, base + "/etag")
+            #expect(stale.status == 200 && stale.text == "etag #1")
+            #expect(stale.header("Cache-Status") == "authbrokerd; hit; detail=\"offline\"")
+            let never = try Self.get(daemon, base + "/never")
+            #expect(never.status == 504 && never.header("Authbroker-Error") == "not_cached")
+            #expect(never.text.contains("authbrokerctl offline off"))
+            // must-revalidate: never served stale.
+            #expect(try Self.get(daemon, base + "/must-revalidate").header("Authbroker-Error") == "not_cached")
+            let post = try UnixSocketConnection(path: daemon.socketPath).request("POST", base + "/item", body: Array("x".utf8))
+            #expect(post.status == 503 && post.header("Authbroker-Error") == "offline")
+            #expect(origin.requests("GET", "/etag").count == 1 && origin.requests("POST", "/item").isEmpty)
+            let status = try CLIAndClientsTests.ctl(daemon, ["status"])
+            #expect(status.stdout.contains("Offline mode is on") && status.stdout.contains("(offline)"), "\(status.stdout)")
+            #expect(try CLIAndClientsTests.ctl(daemon, ["offline", "off"]).stdout.contains("Online"))
+
+            // The origin goes away: the stored response answers, saying why.
+            await origin.stop()
+            let fallback = try Self.get(daemon, base + "/etag")
+            #expect(fallback.status == 200 && fallback.text == "etag #1")
+            #expect(fallback.header("Cache-Status") == "authbrokerd; hit; detail=\"origin-unreachable\"")
+            #expect(fallback.header("Proxy-Status")?.hasPrefix("authbrokerd; error=connection_refused") == true)
+            #expect(fallback.header("Authbroker-Error") == nil)
+            // Nothing stored: the broker's error, as without a cache.
+            #expect(try Self.get(daemon, base + "/never").header("Authbroker-Error") == "connection_refused")
+            #expect(try Self.get(daemon, base + "/must-revalidate").header("Authbroker-Error") == "connection_refused")
+        }
+    }
+
+    @Test("with the cache off, the cache commands say how to turn it on")
+    func cacheOff() async throws {
+        try await withDaemon { daemon in
+            let status = try CLIAndClientsTests.ctl(daemon, ["cache"])
+            #expect(status.status == 0 && status.stdout.contains("enabled = true"), "\(status.stdout)")
+            let offline = try CLIAndClientsTests.ctl(daemon, ["offline", "on"])
+            #expect(offline.status != 0 && offline.stderr.contains("[cache]"), "\(offline.stderr)")
+        }
+    }
+}
