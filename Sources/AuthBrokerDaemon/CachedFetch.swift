@@ -26,13 +26,18 @@ final class CacheExchange: Sendable {
     let fallback: ResponseCache.Entry?
     /// Whether a response may be stored (`Authbroker-Cache: no-store` says not).
     let mayStore: Bool
+    /// This request claimed the fetching of its URL (`ResponseCache.claimFill`): later misses
+    /// wait for its response to be stored, or to turn out not to be.
+    let fills: Bool
     private let requestTime = Date()
     private let writer = NIOLockedValueBox<CacheEntryWriter?>(nil)
+    private let fillEnded = NIOLockedValueBox(false)
 
     init(
         cache: ResponseCache, method: HTTPMethod, origin: CanonicalOrigin, pathAndQuery: String, requestHeaders: HTTPHeaders,
-        validating: ResponseCache.Entry?, fallback: ResponseCache.Entry?, mayStore: Bool
+        validating: ResponseCache.Entry?, fallback: ResponseCache.Entry?, mayStore: Bool, fills: Bool = false
     ) {
+        self.fills = fills
         self.cache = cache
         self.url = origin.description + pathAndQuery
         self.method = method
@@ -77,13 +82,23 @@ final class CacheExchange: Sendable {
             self.cache.count(.revalidated)
             return .serveStored(opened, updated, age: CachePolicy.currentAge(headers: updated, timing: timing, now: Date()))
         }
-        guard self.mayStore else { return .forward }
+        guard self.mayStore else {
+            self.endFill()
+            return .forward
+        }
         let decision = CachePolicy.storage(
             method: self.method.rawValue, host: self.origin.host, requestHeaders: self.requestHeaders,
             requestCarriedCredentials: requestCarriedCredentials, status: status, responseHeaders: head.headers,
             settings: self.cache.settings.policy
         )
-        guard case .store(let omitting) = decision, let vary = CachePolicy.varyFields(head.headers) else { return .forward }
+        guard case .store(let omitting) = decision, let vary = CachePolicy.varyFields(head.headers) else {
+            self.endFill()
+            return .forward
+        }
+        // Requests waiting for this one wait for its whole body only when it is small; for a
+        // large or unknown one they go to the origin themselves now.
+        let small = head.headers.first(name: "content-length").flatMap { Int($0) }.map { $0 <= Self.collapsedBodyLimit } ?? false
+        if !small { self.endFill() }
         let stored = CachePolicy.storedHeaders(head.headers, omitting: omitting)
         let entryHead = CacheEntryFormat.Head(
             method: self.method.rawValue, url: self.url,
@@ -105,7 +120,20 @@ final class CacheExchange: Sendable {
     func ended() async {
         guard let writer = self.writer.withLockedValue({ state in defer { state = nil }; return state }) else { return }
         await writer.commit()
+        self.endFill()
     }
+
+    /// Requests waiting for this one's response (collapsed) look in the cache again. Once: a
+    /// later fill of the URL is another request's.
+    func endFill() {
+        guard self.fills, !self.fillEnded.withLockedValue({ ended in defer { ended = true }; return ended }) else { return }
+        self.cache.endFill(url: self.url)
+    }
+
+    /// The largest body requests for the same URL wait for, rather than each asking the origin.
+    static let collapsedBodyLimit = 8 << 20
+    /// How long a request waits for another one's response to the same URL at most.
+    static let collapsedWait: Duration = .seconds(10)
 }
 
 /// `Cache-Status` (RFC 9211) members the broker adds to what it serves.
@@ -167,24 +195,20 @@ extension Interceptor {
             )
             switch reuse {
             case .fresh(let age), .staleAllowed(let age):
-                if let opened = await cache.open(stored) {
-                    cache.count(.hit)
-                    let drained = await drainRequestBody(&requests)
-                    return await self.writeStored(
-                        opened, headers: stored.headers, age: age, cacheStatus: CacheStatusField.hit(), proxyStatus: nil, head: head,
-                        client: client, drained: drained
-                    )
+                if let outcome = await self.answer(
+                    from: cache, stored, age: age, counting: .hit, cacheStatus: CacheStatusField.hit(), head: head, client: client,
+                    requests: &requests
+                ) {
+                    return outcome
                 }
             case .validate(let fields):
                 if offline, CachePolicy.servableWhileDisconnected(storedHeaders: stored.headers) {
-                    if let opened = await cache.open(stored) {
-                        cache.count(.servedStale)
-                        let drained = await drainRequestBody(&requests)
-                        return await self.writeStored(
-                            opened, headers: stored.headers, age: CachePolicy.currentAge(headers: stored.headers, timing: stored.head.timing, now: Date()),
-                            cacheStatus: CacheStatusField.servedStale(offline: true), proxyStatus: nil, head: head, client: client,
-                            drained: drained
-                        )
+                    if let outcome = await self.answer(
+                        from: cache, stored, age: CachePolicy.currentAge(headers: stored.headers, timing: stored.head.timing, now: Date()),
+                        counting: .servedStale, cacheStatus: CacheStatusField.servedStale(offline: true), head: head, client: client,
+                        requests: &requests
+                    ) {
+                        return outcome
                     }
                 } else if !onlyIfCached {
                     validating = stored
@@ -198,12 +222,36 @@ extension Interceptor {
                 writer: client.writer, clientWantsKeepAlive: head.isKeepAlive
             )
         }
+        // Concurrent misses for one URL: the first asks the origin, the others wait for what it
+        // stores (RFC 9111 §4: a cache may collapse them) and are answered from it.
+        var fills = false
+        if stored == nil, use == nil, head.method == .GET, !clientConditional {
+            fills = cache.claimFill(url: url)
+            if !fills {
+                await cache.waitForFill(url: url, timeout: CacheExchange.collapsedWait)
+                if let entry = cache.lookup(url: url, requestHeaders: head.headers),
+                    case .fresh(let age) = CachePolicy.reuse(
+                        requestHeaders: head.headers, status: entry.head.status, storedHeaders: entry.headers,
+                        timing: entry.head.timing, now: Date()
+                    ),
+                    let outcome = await self.answer(
+                        from: cache, entry, age: age, counting: .hit, cacheStatus: CacheStatusField.hit(), head: head, client: client,
+                        requests: &requests
+                    )
+                {
+                    return outcome
+                }
+            }
+        }
         if validating == nil { cache.count(.miss) }
         let fallback = stored.flatMap { CachePolicy.servableWhileDisconnected(storedHeaders: $0.headers) ? $0 : nil }
-        client.cache = CacheExchange(
+        let exchange = CacheExchange(
             cache: cache, method: head.method, origin: origin, pathAndQuery: pathAndQuery, requestHeaders: head.headers,
-            validating: validating, fallback: fallback, mayStore: use != .noStore
+            validating: validating, fallback: fallback, mayStore: use != .noStore, fills: fills
         )
+        client.cache = exchange
+        // However the request ends (an error before any response, a client gone), its fill ends.
+        defer { exchange.endFill() }
         return await self.proxy(head: upstreamHead, origin: origin, pathAndQuery: pathAndQuery, client: client, requests: &requests)
     }
 
@@ -215,17 +263,30 @@ extension Interceptor {
         requests: inout ClientRequestIterator, requestEnded: Bool
     ) async -> RequestOutcome? {
         guard let stored = exchange.fallback, let errorType = error.proxyErrorType,
-            error.code != .shuttingDown, error.code != .connectionLimitReached,
-            let opened = await exchange.cache.open(stored)
+            error.code != .shuttingDown, error.code != .connectionLimitReached
         else { return nil }
-        exchange.cache.count(.servedStale)
         client.logger.debug("the origin cannot be reached; serving a stored response", metadata: ["error": "\(error.code)"])
+        return await self.answer(
+            from: exchange.cache, stored, age: CachePolicy.currentAge(headers: stored.headers, timing: stored.head.timing, now: Date()),
+            counting: .servedStale, cacheStatus: CacheStatusField.servedStale(offline: false),
+            proxyStatus: ProxyStatusField.render(error: errorType, details: "served from the cache: \(error.title)"),
+            head: head, client: client, requests: &requests, requestEnded: requestEnded
+        )
+    }
+
+    /// Answers from `entry` if its body can still be read (else nil: the request goes on),
+    /// once the request has been read to its end.
+    private func answer(
+        from cache: ResponseCache, _ entry: ResponseCache.Entry, age: Int, counting event: ResponseCache.Event, cacheStatus: String,
+        proxyStatus: String? = nil, head: HTTPRequestHead, client: ClientSide, requests: inout ClientRequestIterator,
+        requestEnded: Bool = false
+    ) async -> RequestOutcome? {
+        guard let opened = await cache.open(entry) else { return nil }
+        cache.count(event)
         let drained: RequestBodyDrain = requestEnded ? .ended : await drainRequestBody(&requests)
         return await self.writeStored(
-            opened, headers: stored.headers, age: CachePolicy.currentAge(headers: stored.headers, timing: stored.head.timing, now: Date()),
-            cacheStatus: CacheStatusField.servedStale(offline: false),
-            proxyStatus: ProxyStatusField.render(error: errorType, details: "served from the cache: \(error.title)"),
-            head: head, client: client, drained: drained
+            opened, headers: entry.headers, age: age, cacheStatus: cacheStatus, proxyStatus: proxyStatus, head: head, client: client,
+            drained: drained
         )
     }
 

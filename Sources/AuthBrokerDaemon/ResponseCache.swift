@@ -26,6 +26,9 @@ package final class ResponseCache: Sendable {
         package let headers: HTTPHeaders
         package let fileName: String
         package let bodyOffset: Int
+        /// The body, for a small entry held in memory too (`memoryEntryLimit`): a hit then
+        /// needs no trip to the thread pool.
+        package var memoryBody: ByteBuffer? = nil
 
         package var fileBytes: Int64 { Int64(self.bodyOffset) + self.head.bodyLength }
     }
@@ -43,6 +46,11 @@ package final class ResponseCache: Sendable {
         var lastUse: [String: UInt64] = [:]
         var tick: UInt64 = 0
         var counters = Counters()
+        /// URLs a request is fetching now, to be stored: later misses wait for it (`claimFill`).
+        var fills: [String: [UInt64: CheckedContinuation<Void, Never>]] = [:]
+        var nextWaiter: UInt64 = 0
+        /// The bodies held in memory, in bytes (at most `memoryBudget`).
+        var memoryBytes = 0
     }
 
     package let directory: String
@@ -51,6 +59,11 @@ package final class ResponseCache: Sendable {
     private let logger: Logger
     /// Bodies up to this size are read in one go; larger ones in chunks of it.
     package static let readChunkBytes = 256 * 1024
+    /// Bodies up to this size are held in memory too (while `memoryBudget` allows): the hits
+    /// that are most about per-request cost are served without touching the disk.
+    package static let memoryEntryLimit = 256 * 1024
+    /// The most all bodies held in memory take.
+    package static let memoryBudget = 64 << 20
 
     private init(directory: String, settings: BrokerSettings.Cache, state: State, logger: Logger) {
         self.directory = directory
@@ -161,6 +174,48 @@ package final class ResponseCache: Sendable {
         }
     }
 
+    // MARK: Collapsing concurrent misses
+
+    /// Claims the fetching of `url`: true when no other request is fetching it (the caller does,
+    /// and must `endFill` it); false when one is, and the caller may `waitForFill`.
+    package func claimFill(url: String) -> Bool {
+        self.state.withLockedValue { state in
+            guard state.fills[url] == nil else { return false }
+            state.fills[url] = [:]
+            return true
+        }
+    }
+
+    /// The request fetching `url` has stored its response, or will not: those waiting look again.
+    package func endFill(url: String) {
+        let waiters = self.state.withLockedValue { state in state.fills.removeValue(forKey: url) }
+        for waiter in (waiters ?? [:]).values { waiter.resume() }
+    }
+
+    /// Waits until the request fetching `url` ends its fill, at most `timeout`.
+    package func waitForFill(url: String, timeout: Duration) async {
+        let id = self.state.withLockedValue { state in
+            state.nextWaiter += 1
+            return state.nextWaiter
+        }
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let waiting = self.state.withLockedValue { state in
+                guard state.fills[url] != nil else { return false }
+                state.fills[url]?[id] = continuation
+                return true
+            }
+            guard waiting else {
+                continuation.resume()
+                return
+            }
+            Task {
+                try? await Task.sleep(for: timeout)
+                let timedOut = self.state.withLockedValue { state in state.fills[url]?.removeValue(forKey: id) }
+                timedOut?.resume()
+            }
+        }
+    }
+
     // MARK: Removing
 
     /// Removes what is stored for these URLs (every variant); returns how many entries went.
@@ -212,6 +267,7 @@ package final class ResponseCache: Sendable {
         state.lastUse[entry.fileName] = nil
         state.counters.entries -= 1
         state.counters.bytes -= entry.fileBytes
+        state.memoryBytes -= entry.memoryBody?.readableBytes ?? 0
     }
 
     /// Under the lock: drops the least recently used entries until `limit` holds.
@@ -231,6 +287,7 @@ package final class ResponseCache: Sendable {
     /// A stored body, opened and checked against its head: nil when the file is gone or not
     /// the size its head says (then the entry is dropped and the request is a miss).
     package func openBody(_ entry: Entry) async -> StoredBody? {
+        if let memory = entry.memoryBody { return StoredBody(memory: memory) }
         let path = self.directory + "/" + entry.fileName
         let opened: StoredBody? = try? await NIOThreadPool.singleton.runIfActive {
             guard let (fd, _, _) = CacheEntryFile.openForReading(path, expectedSize: entry.fileBytes) else { return nil }
@@ -239,8 +296,25 @@ package final class ResponseCache: Sendable {
             if entry.head.bodyLength <= Self.readChunkBytes { body.readAheadOnThisThread() }
             return body
         }
-        if opened == nil { await self.discard(entry) }
+        if opened == nil {
+            await self.discard(entry)
+        } else if let body = opened?.readAheadBody, body.readableBytes <= Self.memoryEntryLimit {
+            // Read from disk once (after a restart, say): held in memory from now on.
+            self.holdInMemory(entry, body: body)
+        }
         return opened
+    }
+
+    /// Keeps a small entry's body in memory too, if the budget allows.
+    private func holdInMemory(_ entry: Entry, body: ByteBuffer) {
+        self.state.withLockedValue { state in
+            guard state.memoryBytes + body.readableBytes <= Self.memoryBudget,
+                let index = state.byURL[entry.head.url]?.firstIndex(where: { $0.fileName == entry.fileName }),
+                state.byURL[entry.head.url]?[index].memoryBody == nil
+            else { return }
+            state.byURL[entry.head.url]?[index].memoryBody = body
+            state.memoryBytes += body.readableBytes
+        }
     }
 
     /// A stored response ready to be served: its body opened and checked (none when empty);
@@ -282,6 +356,7 @@ package final class ResponseCache: Sendable {
     /// evicts down to the size limit. Runs on the thread pool.
     fileprivate func install(temporaryPath: String, entry: Entry) -> Bool {
         self.state.withLockedValue { state in
+            var entry = entry
             guard rename(temporaryPath, self.directory + "/" + entry.fileName) == 0 else {
                 unlink(temporaryPath)
                 return false
@@ -293,6 +368,14 @@ package final class ResponseCache: Sendable {
                     if state.byURL[old.head.url]?.isEmpty == true { state.byURL[old.head.url] = nil }
                     state.counters.entries -= 1
                     state.counters.bytes -= old.fileBytes
+                    state.memoryBytes -= old.memoryBody?.readableBytes ?? 0
+                }
+            }
+            if let body = entry.memoryBody {
+                if state.memoryBytes + body.readableBytes <= Self.memoryBudget {
+                    state.memoryBytes += body.readableBytes
+                } else {
+                    entry.memoryBody = nil
                 }
             }
             state.byURL[entry.head.url, default: []].append(entry)
@@ -329,7 +412,7 @@ package final class ResponseCache: Sendable {
                 )
             }) ?? false
         if copied {
-            writer.bodyCopied(entry.head.bodyLength)
+            writer.bodyCopied(entry.head.bodyLength, memory: entry.memoryBody)
             await writer.commit()
         } else {
             await writer.discard()
@@ -362,6 +445,18 @@ package final class StoredBody: @unchecked Sendable {  // one reading task; `rea
         self.offset = offset
         self.left = length
     }
+
+    /// A body held in memory: no file.
+    fileprivate init(memory: ByteBuffer) {
+        self.fd = -1
+        self.offset = 0
+        self.left = 0
+        self.readAhead = memory
+        self.closed = true
+    }
+
+    /// The whole body, when it was read in one go and not yet handed out.
+    fileprivate var readAheadBody: ByteBuffer? { self.left == 0 ? self.readAhead : nil }
 
     deinit { if !self.closed { close(self.fd) } }
 
@@ -420,6 +515,8 @@ package final class CacheEntryWriter: @unchecked Sendable {  // one pumping task
     private var pending: [ByteBuffer] = []
     private var pendingBytes = 0
     private var finished = false
+    /// The whole body so far, while it is small enough to be held in memory.
+    private var kept: ByteBuffer? = ByteBuffer()
     /// Body bytes are written in batches of at least this many (one thread-pool trip each).
     static let batchBytes = 256 * 1024
 
@@ -443,12 +540,24 @@ package final class CacheEntryWriter: @unchecked Sendable {  // one pumping task
     /// Whether the response is still being stored (a write failed or the body outgrew the cache).
     package var isActive: Bool { !self.finished }
 
-    fileprivate func bodyCopied(_ bytes: Int64) { self.written = bytes }
+    /// The body was copied into the file by other means (a 304's new head over an old body).
+    fileprivate func bodyCopied(_ bytes: Int64, memory: ByteBuffer?) {
+        self.written = bytes
+        self.kept = memory
+    }
 
     package func append(_ buffer: ByteBuffer) async {
         guard !self.finished else { return }
         self.pending.append(buffer)
         self.pendingBytes += buffer.readableBytes
+        if var kept = self.kept {
+            self.kept = nil
+            if kept.readableBytes + buffer.readableBytes <= ResponseCache.memoryEntryLimit {
+                var copy = buffer
+                kept.writeBuffer(&copy)
+                self.kept = kept
+            }
+        }
         if Int64(self.pendingBytes) + self.written > self.cache.settings.maxBytes {
             await self.discard()
             return
@@ -488,7 +597,9 @@ package final class CacheEntryWriter: @unchecked Sendable {  // one pumping task
         self.head.bodyLength = self.written
         let bytes = CacheEntryFormat.encodeHead(self.head, paddedTo: self.reservedJSONLength)
         let (fd, path, cache) = (self.fd, self.temporaryPath, self.cache)
-        let entry = cache.makeEntry(head: self.head, bodyOffset: bytes.count)
+        var made = cache.makeEntry(head: self.head, bodyOffset: bytes.count)
+        made.memoryBody = self.kept
+        let entry = made
         return
             (try? await NIOThreadPool.singleton.runIfActive {
                 let wrote = CacheEntryFile.write(fd, bytes, at: 0)

@@ -145,13 +145,33 @@ struct ResponseCacheTests {
         #expect(cache.counters.entries == 1)
     }
 
+    @Test("a small body is held in memory as well: served without its file, and read into memory again after a restart")
+    func smallBodiesInMemory() async throws {
+        let directory = try Self.scratch()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let cache = try await ResponseCache.open(directory: directory, settings: Self.settings(), fallbackRoot: nil, logger: Self.logger)
+        try await Self.store(cache, Self.head("https://a.test/small"), body: Array("small".utf8))
+        let entry = try #require(cache.lookup(url: "https://a.test/small", requestHeaders: [:]))
+        #expect(entry.memoryBody.map { Array($0.readableBytesView) } == Array("small".utf8))
+
+        let reopened = try await ResponseCache.open(directory: directory, settings: Self.settings(), fallbackRoot: nil, logger: Self.logger)
+        let cold = try #require(reopened.lookup(url: "https://a.test/small", requestHeaders: [:]))
+        #expect(cold.memoryBody == nil)
+        #expect(try await Self.readBody(reopened, cold) == Array("small".utf8))
+        try FileManager.default.removeItem(atPath: directory + "/" + cold.fileName)
+        let warm = try #require(reopened.lookup(url: "https://a.test/small", requestHeaders: [:]))
+        #expect(try await Self.readBody(reopened, warm) == Array("small".utf8))
+    }
+
     @Test("a file changed under the index is not served: the entry is dropped")
     func changedFileIsDropped() async throws {
         let directory = try Self.scratch()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let cache = try await ResponseCache.open(directory: directory, settings: Self.settings(), fallbackRoot: nil, logger: Self.logger)
-        try await Self.store(cache, Self.head("https://a.test/x"), body: Array("original".utf8))
+        // Larger than what is held in memory: served from its file.
+        try await Self.store(cache, Self.head("https://a.test/x"), body: [UInt8](repeating: 1, count: ResponseCache.memoryEntryLimit + 1))
         let entry = try #require(cache.lookup(url: "https://a.test/x", requestHeaders: [:]))
+        #expect(entry.memoryBody == nil)
         let handle = try #require(FileHandle(forWritingAtPath: directory + "/" + entry.fileName))
         try handle.seekToEnd()
         try handle.write(contentsOf: Data("more".utf8))

@@ -1,5 +1,6 @@
 import Foundation
 import NIOConcurrencyHelpers
+import NIOCore
 import Testing
 import TestSupport
 
@@ -32,7 +33,9 @@ struct CacheTests {
                     let line = Self.requestLine(head)
                     return log.filter { Self.requestLine($0) == line }.count
                 }
-                return RawOrigin.Reply(Self.answer(head, count: count), close: true)
+                // /slow answers after a moment, so that requests for it overlap.
+                let slow = Self.requestLine(head).contains(" /slow")
+                return RawOrigin.Reply(Self.answer(head, count: count), close: true, delay: slow ? .milliseconds(300) : nil)
             }
             return CountingOrigin(raw: raw, log: log)
         }
@@ -63,7 +66,7 @@ struct CacheTests {
                 return reply(["Cache-Control: no-store"], "posted")
             case ("GET", "/public"):
                 return reply(["Cache-Control: public, max-age=600"], "public #\(count)")
-            case ("GET", "/no-store"):
+            case ("GET", "/no-store"), ("GET", "/slow-no-store"):
                 return reply(["Cache-Control: no-store"], "no-store #\(count)")
             case ("GET", "/must-revalidate"):
                 return reply(["Cache-Control: max-age=0, must-revalidate"], "must #\(count)")
@@ -239,6 +242,48 @@ struct CacheTests {
             // Nothing stored: the broker's error, as without a cache.
             #expect(try Self.get(daemon, base + "/never").header("Authbroker-Error") == "connection_refused")
             #expect(try Self.get(daemon, base + "/must-revalidate").header("Authbroker-Error") == "connection_refused")
+        }
+    }
+
+    @Test("concurrent requests for one missing URL reach the origin once; the others are answered from what it stored")
+    func collapsedMisses() async throws {
+        let origin = try await CountingOrigin.start()
+        defer { Task { await origin.stop() } }
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let base = "http://cache.test:\(origin.port)"
+        try await withDaemon(config: Self.config(origin, cacheDirectory: directory + "/cache")) { daemon in
+            for path in ["/slow", "/slow-no-store"] {
+                let lock = NSLock()
+                nonisolated(unsafe) var bodies: [String] = []  // guarded by `lock`
+                let done = DispatchGroup()
+                let socketPath = daemon.socketPath
+                for _ in 0..<8 {
+                    done.enter()
+                    // Threads, not tasks: the socket client blocks, and the requests must overlap.
+                    Thread.detachNewThread {
+                        defer { done.leave() }
+                        let text = (try? UnixSocketConnection(path: socketPath).request("GET", base + path).text) ?? "failed"
+                        lock.withLock { bodies.append(text) }
+                    }
+                }
+                await withCheckedContinuation { continuation in
+                    DispatchQueue.global().async {
+                        done.wait()
+                        continuation.resume()
+                    }
+                }
+                let got = lock.withLock { bodies }
+                if path == "/slow" {
+                    // One request went to the origin; the seven others waited and got what it stored.
+                    #expect(got == Array(repeating: "/slow #1", count: 8), "\(got)")
+                    #expect(origin.requests("GET", path).count == 1)
+                } else {
+                    // Not storable: those that waited go to the origin themselves, and all get an answer.
+                    #expect(got.count == 8 && got.allSatisfy { $0.hasPrefix("no-store #") }, "\(got)")
+                    #expect(origin.requests("GET", path).count == 8)
+                }
+            }
         }
     }
 

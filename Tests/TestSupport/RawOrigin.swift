@@ -14,14 +14,17 @@ package final class RawOrigin: Sendable {
         package var bytes: [UInt8]
         /// Close the connection (FIN) once the reply is written.
         package var close: Bool
+        /// How long to wait before replying (a slow origin).
+        package var delay: TimeAmount?
 
-        package init(_ bytes: [UInt8], close: Bool = false) {
+        package init(_ bytes: [UInt8], close: Bool = false, delay: TimeAmount? = nil) {
             self.bytes = bytes
             self.close = close
+            self.delay = delay
         }
 
-        package init(_ text: String, close: Bool = false) {
-            self.init(Array(text.utf8), close: close)
+        package init(_ text: String, close: Bool = false, delay: TimeAmount? = nil) {
+            self.init(Array(text.utf8), close: close, delay: delay)
         }
     }
 
@@ -127,8 +130,15 @@ private final class RawReplyHandler: ChannelInboundHandler {
         guard !self.replied, let reply = self.respond(received) else { return }
         self.replied = true
         let channel = context.channel
-        let written = context.writeAndFlush(self.wrapOutboundOut(ByteBuffer(bytes: reply.bytes)))
-        if reply.close { written.whenComplete { _ in channel.close(promise: nil) } }
+        let write: @Sendable () -> Void = {
+            let written = channel.writeAndFlush(ByteBuffer(bytes: reply.bytes))
+            if reply.close { written.whenComplete { _ in channel.close(promise: nil) } }
+        }
+        if let delay = reply.delay {
+            channel.eventLoop.scheduleTask(in: delay) { write() }
+        } else {
+            write()
+        }
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {

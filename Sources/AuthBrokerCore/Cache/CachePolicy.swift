@@ -224,7 +224,8 @@ package enum CachePolicy {
         let request = CacheControl(fieldValues: requestLines)
         // Pragma: no-cache counts only without Cache-Control (§5.4).
         let requestNoCache = request.noCache || (requestLines.isEmpty && requestHeaders["pragma"].contains { $0.lowercased().contains("no-cache") })
-        let validate = Reuse.validate(Self.conditionalFields(for: storedHeaders))
+        // Made only when needed: most reuses are fresh, and the validators are text to trim.
+        var validate: Reuse { .validate(Self.conditionalFields(for: storedHeaders)) }
         if requestNoCache || stored.noCache { return validate }
         let lifetime = Self.freshnessLifetime(status: status, headers: storedHeaders, timing: timing).seconds
         let age = Self.currentAge(headers: storedHeaders, timing: timing, now: now)
