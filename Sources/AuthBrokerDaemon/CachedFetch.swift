@@ -255,6 +255,27 @@ extension Interceptor {
         return await self.proxy(head: upstreamHead, origin: origin, pathAndQuery: pathAndQuery, client: client, requests: &requests)
     }
 
+    /// The head of a response from the cache: the stored fields as the client's (hop-by-hop
+    /// ones gone, the request id added, only standard challenges), with `Age`, the body's
+    /// length and `Cache-Status`.
+    static func storedResponseHead(
+        _ entry: ResponseCache.Entry, headers stored: HTTPHeaders, age: Int, cacheStatus: String, proxyStatus: String? = nil,
+        requestID: String, keepAlive: Bool, rewrite: RewriteRule?, logger: Logger
+    ) -> HTTPResponseHead {
+        let status = HTTPResponseStatus(statusCode: entry.head.status)
+        var headers = ProxyHeaders.clientResponseHeaders(stored, requestID: requestID)
+        Self.keepOnlyStandardChallenges(status: status, in: &headers, logger: logger)
+        headers.replaceOrAdd(name: "Age", value: String(age))
+        if entry.head.status != 204, entry.head.status != 304 {
+            headers.replaceOrAdd(name: "Content-Length", value: String(entry.head.bodyLength))
+        }
+        headers.add(name: CacheStatusField.name, value: cacheStatus)
+        if let proxyStatus { headers.add(name: "Proxy-Status", value: proxyStatus) }
+        rewrite?.editResponse(&headers)
+        if !keepAlive { headers.replaceOrAdd(name: "Connection", value: "close") }
+        return HTTPResponseHead(version: .http1_1, status: status, headers: headers)
+    }
+
     /// When the origin cannot be reached (no DNS answer, no connection, no TLS session, no
     /// answer in time): the stored response, if one may be served stale, marked with `Age`,
     /// `Cache-Status` and a `Proxy-Status` that says why the origin was not asked.
@@ -298,18 +319,10 @@ extension Interceptor {
     ) async -> RequestOutcome {
         let (entry, body) = (opened.entry, opened.body)
         let keepAlive = head.isKeepAlive && head.version == .http1_1 && drained == .ended && !client.draining()
-        let status = HTTPResponseStatus(statusCode: entry.head.status)
-        var headers = ProxyHeaders.clientResponseHeaders(stored, requestID: client.requestID)
-        Self.keepOnlyStandardChallenges(status: status, in: &headers, logger: client.logger)
-        headers.replaceOrAdd(name: "Age", value: String(age))
-        if entry.head.status != 204, entry.head.status != 304 {
-            headers.replaceOrAdd(name: "Content-Length", value: String(entry.head.bodyLength))
-        }
-        headers.add(name: CacheStatusField.name, value: cacheStatus)
-        if let proxyStatus { headers.add(name: "Proxy-Status", value: proxyStatus) }
-        client.rewrite?.editResponse(&headers)
-        if !keepAlive { headers.replaceOrAdd(name: "Connection", value: "close") }
-        let responseHead = HTTPResponseHead(version: .http1_1, status: status, headers: headers)
+        let responseHead = Self.storedResponseHead(
+            entry, headers: stored, age: age, cacheStatus: cacheStatus, proxyStatus: proxyStatus, requestID: client.requestID,
+            keepAlive: keepAlive, rewrite: client.rewrite, logger: client.logger
+        )
         let capture = FlowCapture.current
         capture?.responded(responseHead)
         var bytes = 0

@@ -246,13 +246,18 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             self.lastRoute = fresh
             route = fresh.route
         }
+        // Where the cache covers the origin, the relay answers fresh hits held in memory itself;
+        // the full path does everything else there (misses are stored, requests validated).
+        var cachedHit: (entry: ResponseCache.Entry, age: Int)?
+        if let cache = interceptor.cache, cache.covers(host: origin.host) {
+            guard let hit = cache.directHit(for: head, url: known.originDescription + pathAndQuery) else { return nil }
+            cachedHit = hit
+        }
         guard
             route.proxy == nil, route.clientIdentity == nil,
             !interceptor.authenticator.knowsSpaces(at: origin),
             // A [[respond]] or [[rewrite]] rule may apply: the full path decides.
             !interceptor.rules.cover(host: origin.host),
-            // The cache answers or stores (or a request invalidates what it holds): the full path.
-            interceptor.cache?.covers(host: origin.host) != true,
             self.relay.registry.startRequestUnlessDraining(self.registration)
         else { return nil }
         interceptor.counters.requestsInFlight.add(1)
@@ -263,6 +268,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
         if let flows = interceptor.flows, flows.isRecording {
             relayed.flow = RelayedFlow(url: known.originDescription + pathAndQuery, bodyLimit: flows.bodyLimit)
         }
+        relayed.cachedHit = cachedHit
         return relayed
     }
 
@@ -271,6 +277,10 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
     private func send(_ relayed: RelayedRequest, context: ChannelHandlerContext) {
         relayed.phase = .awaitingResponse
         let interceptor = self.relay.interceptor
+        if let hit = relayed.cachedHit {
+            self.answerFromCache(relayed, hit: hit, context: context)
+            return
+        }
         guard let lease = interceptor.pool.leaseIdle(relayed.route, on: context.eventLoop) else {
             self.handToFullPath(relayed, context: context)
             return
@@ -286,6 +296,27 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
         } catch {
             self.handToFullPath(relayed, context: context)
         }
+    }
+
+    /// Answers a fresh hit held in memory: head, body and end in one write.
+    private func answerFromCache(_ relayed: RelayedRequest, hit: (entry: ResponseCache.Entry, age: Int), context: ChannelHandlerContext) {
+        let interceptor = self.relay.interceptor
+        relayed.clientKeepAlive = !self.relay.registry.isDraining
+        let head = Interceptor.storedResponseHead(
+            hit.entry, headers: hit.entry.headers, age: hit.age, cacheStatus: CacheStatusField.hit(), requestID: relayed.requestID,
+            keepAlive: relayed.clientKeepAlive, rewrite: nil, logger: self.relay.logger
+        )
+        interceptor.cache?.count(.hit)
+        relayed.status = hit.entry.head.status
+        relayed.flow?.observed.responded(head)
+        context.write(self.wrapOutboundOut(.head(head)), promise: nil)
+        if relayed.head.method != .HEAD, let body = hit.entry.memoryBody, body.readableBytes > 0 {
+            relayed.bytes = body.readableBytes
+            relayed.flow?.observed.responseBody(body)
+            context.write(self.wrapOutboundOut(.body(.byteBuffer(body))), promise: nil)
+        }
+        context.writeAndFlush(self.wrapOutboundOut(.end(nil)), promise: nil)
+        self.finish(relayed, reusable: false, brokerError: nil, context: context)
     }
 
     /// Gives the request to the full path, which carries on with `adopted` when given, or else
@@ -503,6 +534,8 @@ final class RelayedRequest: UpstreamRelaySink {
     var paused = false
     /// What the flow log keeps of it; nil when the flow log is off.
     var flow: RelayedFlow?
+    /// A fresh response from the cache that answers it, with its age: no upstream at all.
+    var cachedHit: (entry: ResponseCache.Entry, age: Int)?
 
     init(
         handler: DirectRelayHandler, head: HTTPRequestHead, route: UpstreamRoute, originDescription: String,

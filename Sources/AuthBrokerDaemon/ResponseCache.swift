@@ -147,6 +147,25 @@ package final class ResponseCache: Sendable {
         }
     }
 
+    /// A hit the direct relay may answer by itself, with no task and no thread-pool trip: a
+    /// fresh entry whose body is in memory, for a request that asks nothing of the cache (no
+    /// `Cache-Control`, `Pragma`, conditional or range fields); nil sends the request to the
+    /// full path, which decides everything else.
+    package func directHit(for head: HTTPRequestHead, url: String) -> (entry: Entry, age: Int)? {
+        for name in Self.fieldsForTheFullPath where head.headers.contains(name: name) { return nil }
+        guard let entry = self.lookup(url: url, requestHeaders: head.headers), entry.head.bodyLength == 0 || entry.memoryBody != nil,
+            case .fresh(let age) = CachePolicy.reuse(
+                requestHeaders: head.headers, status: entry.head.status, storedHeaders: entry.headers, timing: entry.head.timing,
+                now: Date()
+            )
+        else { return nil }
+        return (entry, age)
+    }
+
+    private static let fieldsForTheFullPath = [
+        "cache-control", "pragma", "if-none-match", "if-modified-since", "if-match", "if-unmodified-since", "if-range", "range",
+    ]
+
     package func count(_ event: Event) {
         self.state.withLockedValue { state in
             switch event {

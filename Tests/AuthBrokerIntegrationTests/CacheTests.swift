@@ -122,6 +122,9 @@ struct CacheTests {
                 #expect(hit.header("Content-Length") == "9" && hit.header("Content-Type") == "text/plain")
                 #expect(hit.header("Authbroker-Request-Id") != nil)
             }
+            // Fresh hits held in memory are the direct relay's to answer (no task per request).
+            let statusCounters = try UnixSocketConnection(path: daemon.socketPath).request("GET", "/v1/status").json["counters"] as? [String: Any]
+            #expect((statusCounters?["requests_relayed_directly"] as? Int ?? 0) >= 3, "\(String(describing: statusCounters))")
             let head = try UnixSocketConnection(path: daemon.socketPath).request("HEAD", base + "/fresh")
             #expect(head.status == 200 && head.body.isEmpty && head.header("Content-Length") == "9")
             #expect(origin.requests("GET", "/fresh").count == 1 && origin.requests("HEAD", "/fresh").isEmpty)
