@@ -144,7 +144,6 @@ enum CacheStatusField {
     static func servedStale(offline: Bool) -> String {
         "\(ProxyStatusField.proxyName); hit; detail=\"\(offline ? "offline" : "origin-unreachable")\""
     }
-    static func miss(stored: Bool) -> String { "\(ProxyStatusField.proxyName); fwd=miss\(stored ? "; stored" : "")" }
 }
 
 extension Interceptor {

@@ -536,7 +536,7 @@ package struct ControlAPI: Sendable {
         guard let cache = self.cache else {
             throw BrokerError(
                 code: .cacheOff, status: .conflict, title: "The HTTP cache is off",
-                detail: "This daemon caches nothing ([cache] enabled = false, the default). Set enabled = true under [cache] in config.toml and restart the daemon."
+                detail: "This daemon caches nothing: [cache] enabled is false (the default), or its directory could not be opened (`authbrokerctl status` says why). Set enabled = true under [cache] in config.toml and restart the daemon."
             )
         }
         return cache

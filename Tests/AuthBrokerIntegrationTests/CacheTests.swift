@@ -98,18 +98,32 @@ struct CacheTests {
         """
     }
 
+    /// A daemon with its cache on, in a directory of its own, before a fresh counting origin;
+    /// `body` gets the daemon, the origin, its base URL and the cache directory. `prepare` may
+    /// put files in the cache directory before the daemon starts.
+    static func withCachingDaemon(
+        prepare: (String) throws -> Void = { _ in },
+        _ body: (DaemonProcess, CountingOrigin, String, String) async throws -> Void
+    ) async throws {
+        let origin = try await CountingOrigin.start()
+        defer { Task { await origin.stop() } }
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let cacheDirectory = directory + "/cache"
+        try FileManager.default.createDirectory(atPath: cacheDirectory, withIntermediateDirectories: true)
+        try prepare(cacheDirectory)
+        try await withDaemon(config: Self.config(origin, cacheDirectory: cacheDirectory)) { daemon in
+            try await body(daemon, origin, "http://cache.test:\(origin.port)", cacheDirectory)
+        }
+    }
+
     static func get(_ daemon: DaemonProcess, _ url: String, _ headers: [(String, String)] = []) throws -> TestResponse {
         try UnixSocketConnection(path: daemon.socketPath).request("GET", url, headers: headers)
     }
 
     @Test("fresh hits never reach the origin; stale ones are validated and a 304 refreshes them; Vary separates; unsafe methods invalidate")
     func hitsValidationVaryAndInvalidation() async throws {
-        let origin = try await CountingOrigin.start()
-        defer { Task { await origin.stop() } }
-        let directory = try DaemonProcess.makeTemporaryDirectory()
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let base = "http://cache.test:\(origin.port)"
-        try await withDaemon(config: Self.config(origin, cacheDirectory: directory + "/cache")) { daemon in
+        try await Self.withCachingDaemon { daemon, origin, base, cacheDirectory in
             // Fresh: the origin sees the first request only; hits say so and carry Age.
             let first = try Self.get(daemon, base + "/fresh")
             #expect(first.status == 200 && first.text == "/fresh #1")
@@ -198,23 +212,20 @@ struct CacheTests {
             #expect(try Self.get(daemon, base + "/fresh").text == "/fresh #4")
             let clear = try CLIAndClientsTests.ctl(daemon, ["cache", "clear"])
             #expect(clear.status == 0 && clear.stdout.contains("Removed"), "\(clear.stdout)")
-            #expect(try FileManager.default.contentsOfDirectory(atPath: directory + "/cache").isEmpty)
+            #expect(try FileManager.default.contentsOfDirectory(atPath: cacheDirectory).isEmpty)
         }
     }
 
     @Test("offline mode answers from the cache only; an unreachable origin's stored responses are served stale, marked")
     func offlineAndUnreachable() async throws {
-        let origin = try await CountingOrigin.start()
-        let directory = try DaemonProcess.makeTemporaryDirectory()
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let base = "http://cache.test:\(origin.port)"
         // A cache directory with a stranger's file and an unfinished write in it: both go.
-        try FileManager.default.createDirectory(atPath: directory + "/cache", withIntermediateDirectories: true)
-        try Data("garbage".utf8).write(to: URL(fileURLWithPath: directory + "/cache/00000000deadbeef.entry"))
-        try Data("half".utf8).write(to: URL(fileURLWithPath: directory + "/cache/.tmp-1"))
-        try await withDaemon(config: Self.config(origin, cacheDirectory: directory + "/cache")) { daemon in
-            #expect(!FileManager.default.fileExists(atPath: directory + "/cache/00000000deadbeef.entry"))
-            #expect(!FileManager.default.fileExists(atPath: directory + "/cache/.tmp-1"))
+        let prepare = { (cacheDirectory: String) throws in
+            try Data("garbage".utf8).write(to: URL(fileURLWithPath: cacheDirectory + "/00000000deadbeef.entry"))
+            try Data("half".utf8).write(to: URL(fileURLWithPath: cacheDirectory + "/.tmp-1"))
+        }
+        try await Self.withCachingDaemon(prepare: prepare) { daemon, origin, base, cacheDirectory in
+            #expect(!FileManager.default.fileExists(atPath: cacheDirectory + "/00000000deadbeef.entry"))
+            #expect(!FileManager.default.fileExists(atPath: cacheDirectory + "/.tmp-1"))
             #expect(try Self.get(daemon, base + "/etag").text == "etag #1")
             #expect(try Self.get(daemon, base + "/must-revalidate").text == "must #1")
 
@@ -250,12 +261,7 @@ struct CacheTests {
 
     @Test("concurrent requests for one missing URL reach the origin once; the others are answered from what it stored")
     func collapsedMisses() async throws {
-        let origin = try await CountingOrigin.start()
-        defer { Task { await origin.stop() } }
-        let directory = try DaemonProcess.makeTemporaryDirectory()
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let base = "http://cache.test:\(origin.port)"
-        try await withDaemon(config: Self.config(origin, cacheDirectory: directory + "/cache")) { daemon in
+        try await Self.withCachingDaemon { daemon, origin, base, _ in
             for path in ["/slow", "/slow-no-store"] {
                 let lock = NSLock()
                 nonisolated(unsafe) var bodies: [String] = []  // guarded by `lock`
