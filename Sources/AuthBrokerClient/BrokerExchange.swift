@@ -90,7 +90,11 @@ final class BrokerExchange: Sendable {
                             if case .failure(let error) = outcome, !(error is CancellationError) { sendError = error }
                         }
                         if !sawEnd {
-                            throw sendError ?? readError.map(classifyReadError) ?? BrokerClientError.connectionClosed
+                            let read = readError.map(classifyReadError)
+                            // An answer that is not HTTP says more than the write it made fail
+                            // (the decoder's error closes the connection under the request).
+                            if let protocolError = read as? BrokerClientError, case .protocolError = protocolError { throw protocolError }
+                            throw sendError.map(classifyReadError) ?? read ?? BrokerClientError.connectionClosed
                         }
                     }
                 }
