@@ -276,21 +276,21 @@ extension Interceptor {
     }
 
     /// When the origin cannot be reached (no DNS answer, no connection, no TLS session, no
-    /// answer in time): the stored response, if one may be served stale, marked with `Age`,
-    /// `Cache-Status` and a `Proxy-Status` that says why the origin was not asked.
-    func serveFallback(
-        _ exchange: CacheExchange, error: BrokerError, head: HTTPRequestHead, client: ClientSide,
-        requests: inout ClientRequestIterator, requestEnded: Bool
-    ) async -> RequestOutcome? {
+    /// answer in time) and the request has been read to its end: the stored response, if one
+    /// may be served stale, marked with `Age`, `Cache-Status` and a `Proxy-Status` that says
+    /// why the origin was not asked. Nil when there is none (the broker's error goes out).
+    func serveFallback(_ exchange: CacheExchange, error: BrokerError, head: HTTPRequestHead, client: ClientSide) async -> RequestOutcome? {
         guard let stored = exchange.fallback, let errorType = error.proxyErrorType,
-            error.code != .shuttingDown, error.code != .connectionLimitReached
+            error.code != .shuttingDown, error.code != .connectionLimitReached,
+            let opened = await exchange.cache.open(stored)
         else { return nil }
         client.logger.debug("the origin cannot be reached; serving a stored response", metadata: ["error": "\(error.code)"])
-        return await self.answer(
-            from: exchange.cache, stored, age: CachePolicy.currentAge(headers: stored.headers, timing: stored.head.timing, now: Date()),
-            counting: .servedStale, cacheStatus: CacheStatusField.servedStale(offline: false),
-            proxyStatus: ProxyStatusField.render(error: errorType, details: "served from the cache: \(error.title)"),
-            head: head, client: client, requests: &requests, requestEnded: requestEnded
+        exchange.cache.count(.servedStale)
+        return await self.writeStored(
+            opened, headers: stored.headers, age: CachePolicy.currentAge(headers: stored.headers, timing: stored.head.timing, now: Date()),
+            cacheStatus: CacheStatusField.servedStale(offline: false),
+            proxyStatus: ProxyStatusField.render(error: errorType, details: "served from the cache: \(error.title)"), head: head,
+            client: client, drained: .ended
         )
     }
 
@@ -298,14 +298,13 @@ extension Interceptor {
     /// once the request has been read to its end.
     private func answer(
         from cache: ResponseCache, _ entry: ResponseCache.Entry, age: Int, counting event: ResponseCache.Event, cacheStatus: String,
-        proxyStatus: String? = nil, head: HTTPRequestHead, client: ClientSide, requests: inout ClientRequestIterator,
-        requestEnded: Bool = false
+        head: HTTPRequestHead, client: ClientSide, requests: inout ClientRequestIterator
     ) async -> RequestOutcome? {
         guard let opened = await cache.open(entry) else { return nil }
         cache.count(event)
-        let drained: RequestBodyDrain = requestEnded ? .ended : await drainRequestBody(&requests)
+        let drained = await drainRequestBody(&requests)
         return await self.writeStored(
-            opened, headers: entry.headers, age: age, cacheStatus: cacheStatus, proxyStatus: proxyStatus, head: head, client: client,
+            opened, headers: entry.headers, age: age, cacheStatus: cacheStatus, proxyStatus: nil, head: head, client: client,
             drained: drained
         )
     }

@@ -273,9 +273,9 @@ package struct Interceptor: Sendable {
                 case .leaseFailed:
                     error = leaseError ?? .connectionClosedEarly(origin: origin)
                     // The origin cannot be reached: a stored response that may be served stale answers.
-                    if let cache = client.cache, let outcome = await self.serveFallback(
-                        cache, error: error, head: head, client: client, requests: &requests, requestEnded: requestEnded
-                    ) {
+                    if requestEnded, let cache = client.cache,
+                        let outcome = await self.serveFallback(cache, error: error, head: head, client: client)
+                    {
                         return outcome
                     }
                 case .tlsAlertOnSend:
@@ -296,6 +296,10 @@ package struct Interceptor: Sendable {
                     return RequestOutcome(status: 0, bytes: 0, brokerError: "internal_error", disposition: .close)
                 }
                 let brokerError = self.mapExchangeError(failure, route: route, connection: connection)
+                // Only a GET or HEAD without a body has a fallback, and its end was read before it was sent.
+                if let cache = client.cache, let outcome = await self.serveFallback(cache, error: brokerError, head: head, client: client) {
+                    return outcome
+                }
                 var (errorHead, body) = brokerError.response(requestID: requestID)
                 if !keepAlive { errorHead.headers.replaceOrAdd(name: "Connection", value: "close") }
                 FlowCapture.current?.responded(errorHead, body: body)
@@ -742,7 +746,7 @@ package struct Interceptor: Sendable {
             return await self.failBeforeHead(
                 .connectionClosed, route: route, connection: connection, requestID: requestID, writer: writer,
                 clientWantsKeepAlive: clientWantsKeepAlive, state: state, closeClient: closeClient,
-                draining: draining, retryAllowed: retryAllowed
+                draining: draining, retryAllowed: retryAllowed, cache: cache, client: client, requestHead: auth.head
             )
         } catch let error as UpstreamExchangeError {
             gate.exchangeFailed()
@@ -752,7 +756,7 @@ package struct Interceptor: Sendable {
             return await self.failBeforeHead(
                 error, route: route, connection: connection, requestID: requestID, writer: writer,
                 clientWantsKeepAlive: clientWantsKeepAlive, state: state, closeClient: closeClient,
-                draining: draining, retryAllowed: retryAllowed
+                draining: draining, retryAllowed: retryAllowed, cache: cache, client: client, requestHead: auth.head
             )
         } catch {
             // Writing to the client failed: it went away. Dropping the sequence closes upstream.
@@ -819,13 +823,22 @@ package struct Interceptor: Sendable {
     private func failBeforeHead(
         _ error: UpstreamExchangeError, route: UpstreamRoute, connection: UpstreamConnection, requestID: String,
         writer: ClientResponseWriter, clientWantsKeepAlive: Bool, state: ExchangeState, closeClient: @Sendable () -> Void,
-        draining: @Sendable () -> Bool, retryAllowed: Bool
+        draining: @Sendable () -> Bool, retryAllowed: Bool, cache: CacheExchange?, client: ClientSide, requestHead: HTTPRequestHead
     ) async -> ResponsePumpResult {
         if (retryAllowed && self.isConnectionClosed(error) && connection.closingTLSError == nil) || state.requestBodyBroken {
             return .failedBeforeHead(error)
         }
         let brokerError = self.mapExchangeError(error, route: route, connection: connection)
         let requestDone = state.requestComplete
+        // No answer in time (or none at all): a stored response that may be served stale answers.
+        if requestDone, let cache, let outcome = await self.serveFallback(cache, error: brokerError, head: requestHead, client: client) {
+            return .completed(
+                .init(
+                    status: outcome.status, bytes: outcome.bytes, upstreamKeepAlive: false,
+                    clientKeepAlive: outcome.disposition == ConnectionDisposition.keepAlive, requestComplete: true
+                )
+            )
+        }
         let keepAlive = requestDone && clientWantsKeepAlive && !draining()
         var (head, body) = brokerError.response(requestID: requestID)
         if !keepAlive { head.headers.replaceOrAdd(name: "Connection", value: "close") }

@@ -33,6 +33,8 @@ struct CacheTests {
                     let line = Self.requestLine(head)
                     return log.filter { Self.requestLine($0) == line }.count
                 }
+                // /hang-later answers once, then never again (an origin that stopped answering).
+                if Self.requestLine(head).contains(" /hang-later "), count > 1 { return nil }
                 // /slow answers after a moment, so that requests for it overlap.
                 let slow = Self.requestLine(head).contains(" /slow")
                 return RawOrigin.Reply(Self.answer(head, count: count), close: true, delay: slow ? .milliseconds(300) : nil)
@@ -68,6 +70,8 @@ struct CacheTests {
                 return reply(["Cache-Control: public, max-age=600"], "public #\(count)")
             case ("GET", "/no-store"), ("GET", "/slow-no-store"):
                 return reply(["Cache-Control: no-store"], "no-store #\(count)")
+            case ("GET", "/hang-later"):
+                return reply(["Cache-Control: max-age=0"], "hang-later #\(count)")
             case ("GET", "/must-revalidate"):
                 return reply(["Cache-Control: max-age=0, must-revalidate"], "must #\(count)")
             default:
@@ -91,6 +95,8 @@ struct CacheTests {
         """
         [upstream]
         resolve = ["cache.test:\(origin.port):127.0.0.1"]
+        # /hang-later stops answering: the broker gives up waiting for its head after this.
+        response_head_timeout_ms = 1000
 
         [cache]
         enabled = true
@@ -245,6 +251,13 @@ struct CacheTests {
             let status = try CLIAndClientsTests.ctl(daemon, ["status"])
             #expect(status.stdout.contains("Offline mode is on") && status.stdout.contains("(offline)"), "\(status.stdout)")
             #expect(try CLIAndClientsTests.ctl(daemon, ["offline", "off"]).stdout.contains("Online"))
+
+            // The origin stops answering: after the head timeout, the stored response answers.
+            #expect(try Self.get(daemon, base + "/hang-later").text == "hang-later #1")
+            let late = try Self.get(daemon, base + "/hang-later")
+            #expect(late.status == 200 && late.text == "hang-later #1", "\(late.status) \(late.text)")
+            #expect(late.header("Proxy-Status")?.hasPrefix("authbrokerd; error=http_response_timeout") == true, "\(late.headers)")
+            #expect(origin.requests("GET", "/hang-later").count == 2)
 
             // The origin goes away: the stored response answers, saying why.
             await origin.stop()
