@@ -136,9 +136,10 @@ package enum ProxyHeaders {
                 via.append(value)
                 continue
             }
-            if fieldName(name, is: "proxy-status") {
-                // Members naming this broker were not written by it (RFC 9209 §2: each proxy
-                // adds its own); the origin's or other proxies' members pass.
+            if fieldName(name, is: "proxy-status") || fieldName(name, is: "cache-status") {
+                // Members naming this broker were not written by it (RFC 9209 §2, RFC 9211 §2:
+                // each proxy or cache adds its own): an origin cannot claim a broker error or a
+                // cache hit. The origin's or other proxies' members pass.
                 let kept = ProxyStatusField.removingMembers(named: ProxyStatusField.proxyName, from: value)
                 if !kept.isEmpty { result.append((name, kept)) }
                 continue

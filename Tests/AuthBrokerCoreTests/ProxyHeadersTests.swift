@@ -158,7 +158,7 @@ struct ProxyHeadersTests {
         )
     }
 
-    @Test("an origin cannot pass for the broker: Authbroker-* fields and Proxy-Status members naming it are removed")
+    @Test("an origin cannot pass for the broker: Authbroker-* fields, and Proxy-Status and Cache-Status members naming it, are removed")
     func forgedBrokerMarks() {
         let input = HTTPHeaders([
             ("Authbroker-Error", "untrusted_server"),
@@ -166,12 +166,15 @@ struct ProxyHeadersTests {
             ("Proxy-Status", #"authbrokerd; error=tls_certificate_error; details="a, b", cdn; error=dns_error"#),
             ("Proxy-Status", #""authbrokerd"; error=dns_timeout"#),
             ("Proxy-Status", #"upstream-proxy; error=connection_refused; details="authbrokerd, said nobody""#),
+            ("Cache-Status", "authbrokerd; hit, origin-cache; fwd=miss"),
+            ("cache-status", "authbrokerd; fwd=stale; fwd-status=304"),
             ("Content-Type", "application/problem+json"),
         ])
         #expect(
             Self.pairs(ProxyHeaders.clientResponseHeaders(input, requestID: "r")) == [
                 "Proxy-Status: cdn; error=dns_error",
                 #"Proxy-Status: upstream-proxy; error=connection_refused; details="authbrokerd, said nobody""#,
+                "Cache-Status: origin-cache; fwd=miss",
                 "Content-Type: application/problem+json",
                 "Via: 1.1 authbrokerd",
                 "Authbroker-Request-Id: r",

@@ -75,7 +75,8 @@ struct CacheTests {
             case ("GET", "/must-revalidate"):
                 return reply(["Cache-Control: max-age=0, must-revalidate"], "must #\(count)")
             default:
-                return reply(["Cache-Control: max-age=600", "Content-Type: text/plain"], "\(path) #\(count)")
+                // A forged member naming the broker: never reaches the app, miss or hit.
+                return reply(["Cache-Control: max-age=600", "Content-Type: text/plain", "Cache-Status: authbrokerd; hit"], "\(path) #\(count)")
             }
         }
 
