@@ -182,8 +182,7 @@ extension Interceptor {
         let onlyIfCached = offline || use == .onlyIfCached || requestDirectives.onlyIfCached
         // The client's own conditional or range request is its to validate: the origin answers
         // it (a 200 may still be stored).
-        let clientConditional = ["if-none-match", "if-modified-since", "if-match", "if-unmodified-since", "if-range", "range"]
-            .contains { head.headers.contains(name: $0) }
+        let clientConditional = ResponseCache.appValidationFields.contains { head.headers.contains(name: $0) }
         let stored = use == .refresh || clientConditional ? nil : cache.lookup(url: url, requestHeaders: head.headers)
         var validating: ResponseCache.Entry?
         var upstreamHead = head

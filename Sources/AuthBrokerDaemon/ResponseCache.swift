@@ -31,6 +31,14 @@ package final class ResponseCache: Sendable {
         package var memoryBody: ByteBuffer? = nil
 
         package var fileBytes: Int64 { Int64(self.bodyOffset) + self.head.bodyLength }
+
+        /// `fileName`: where it is; by default the name its key gives (`CacheEntryFormat.fileName`).
+        init(head: CacheEntryFormat.Head, bodyOffset: Int, fileName: String? = nil) {
+            self.head = head
+            self.headers = HTTPHeaders(head.fields.map { ($0.name, $0.value) })
+            self.fileName = fileName ?? CacheEntryFormat.fileName(method: head.method, url: head.url, variantKey: head.variantKey)
+            self.bodyOffset = bodyOffset
+        }
     }
 
     package typealias Counters = CacheCounters
@@ -42,8 +50,8 @@ package final class ResponseCache: Sendable {
     private struct State {
         /// By canonical URL: the variants stored for it (`Vary`).
         var byURL: [String: [Entry]] = [:]
-        /// File name → the tick of its last use (LRU).
-        var lastUse: [String: UInt64] = [:]
+        /// File name → the URL it is stored under, and the tick of its last use (LRU).
+        var files: [String: (url: String, lastUse: UInt64)] = [:]
         var tick: UInt64 = 0
         var counters = Counters()
         /// URLs a request is fetching now, to be stored: later misses wait for it (`claimFill`).
@@ -100,15 +108,11 @@ package final class ResponseCache: Sendable {
                 }
             }
             // The oldest first, so the ticks follow the files' ages.
-            for (entry, _) in found.sorted(by: { $0.modified < $1.modified }) {
-                state.tick += 1
-                state.byURL[entry.head.url, default: []].append(entry)
-                state.lastUse[entry.fileName] = state.tick
-                state.counters.entries += 1
-                state.counters.bytes += entry.fileBytes
-            }
             let cache = ResponseCache(directory: directory, settings: settings, state: state, logger: logger)
-            cache.state.withLockedValue { cache.evict(&$0, beyond: settings.maxBytes) }
+            cache.state.withLockedValue { state in
+                for (entry, _) in found.sorted(by: { $0.modified < $1.modified }) { Self.remember(entry, in: &state) }
+                cache.evict(&state, beyond: settings.maxBytes)
+            }
             if dropped > 0 {
                 logger.notice("removed unusable files from the HTTP cache", metadata: ["count": "\(dropped)", "directory": "\(directory)"])
             }
@@ -119,8 +123,7 @@ package final class ResponseCache: Sendable {
     /// Reads and checks one entry's head; the body's length must match the file's size.
     private static func readEntry(path: String, fileName: String) -> Result<(entry: Entry, modified: Int), CacheEntryFormat.Failure> {
         CacheEntryFile.readHead(path).map { head, bodyOffset, modified in
-            let headers = HTTPHeaders(head.fields.map { ($0.name, $0.value) })
-            return (Entry(head: head, headers: headers, fileName: fileName, bodyOffset: bodyOffset), modified)
+            (Entry(head: head, bodyOffset: bodyOffset, fileName: fileName), modified)
         }
     }
 
@@ -142,7 +145,7 @@ package final class ResponseCache: Sendable {
                 })
             else { return nil }
             state.tick += 1
-            state.lastUse[entry.fileName] = state.tick
+            state.files[entry.fileName]?.lastUse = state.tick
             return entry
         }
     }
@@ -162,9 +165,9 @@ package final class ResponseCache: Sendable {
         return (entry, age)
     }
 
-    private static let fieldsForTheFullPath = [
-        "cache-control", "pragma", "if-none-match", "if-modified-since", "if-match", "if-unmodified-since", "if-range", "range",
-    ]
+    /// An app's own conditional or range request: the app validates, the origin answers.
+    static let appValidationFields = ["if-none-match", "if-modified-since", "if-match", "if-unmodified-since", "if-range", "range"]
+    private static let fieldsForTheFullPath = ["cache-control", "pragma"] + appValidationFields
 
     package func count(_ event: Event) {
         self.state.withLockedValue { state in
@@ -189,7 +192,7 @@ package final class ResponseCache: Sendable {
     /// Every entry, most recently used first (`authbrokerctl cache list`).
     package func entries() -> [(entry: Entry, lastUse: UInt64)] {
         self.state.withLockedValue { state in
-            state.byURL.values.flatMap { $0 }.map { ($0, state.lastUse[$0.fileName] ?? 0) }.sorted { $0.1 > $1.1 }
+            state.byURL.values.flatMap { $0 }.map { ($0, state.files[$0.fileName]?.lastUse ?? 0) }.sorted { $0.1 > $1.1 }
         }
     }
 
@@ -259,7 +262,7 @@ package final class ResponseCache: Sendable {
     package func discard(_ entry: Entry) async {
         _ = try? await NIOThreadPool.singleton.runIfActive {
             self.state.withLockedValue { state in
-                guard state.byURL[entry.head.url]?.contains(where: { $0.fileName == entry.fileName }) == true else { return }
+                guard Self.entry(named: entry.fileName, in: state) != nil else { return }
                 self.drop(entry, from: &state)
             }
         }
@@ -281,20 +284,40 @@ package final class ResponseCache: Sendable {
     /// Under the lock: unlinks the entry's file and forgets it.
     private func drop(_ entry: Entry, from state: inout State) {
         unlink(self.directory + "/" + entry.fileName)
+        Self.forget(entry, in: &state)
+    }
+
+    /// Under the lock: adds an entry to the index, as the most recently used.
+    private static func remember(_ entry: Entry, in state: inout State) {
+        state.byURL[entry.head.url, default: []].append(entry)
+        state.tick += 1
+        state.files[entry.fileName] = (entry.head.url, state.tick)
+        state.counters.entries += 1
+        state.counters.bytes += entry.fileBytes
+        state.memoryBytes += entry.memoryBody?.readableBytes ?? 0
+    }
+
+    /// Under the lock: takes an entry out of the index (its file is the caller's business).
+    private static func forget(_ entry: Entry, in state: inout State) {
         state.byURL[entry.head.url]?.removeAll { $0.fileName == entry.fileName }
         if state.byURL[entry.head.url]?.isEmpty == true { state.byURL[entry.head.url] = nil }
-        state.lastUse[entry.fileName] = nil
+        state.files[entry.fileName] = nil
         state.counters.entries -= 1
         state.counters.bytes -= entry.fileBytes
         state.memoryBytes -= entry.memoryBody?.readableBytes ?? 0
+    }
+
+    /// The indexed entry whose file has this name.
+    private static func entry(named fileName: String, in state: State) -> Entry? {
+        state.files[fileName].flatMap { file in state.byURL[file.url]?.first { $0.fileName == fileName } }
     }
 
     /// Under the lock: drops the least recently used entries until `limit` holds.
     private func evict(_ state: inout State, beyond limit: Int64, keeping kept: String? = nil) {
         while state.counters.bytes > limit {
             guard
-                let victim = state.lastUse.filter({ $0.key != kept }).min(by: { $0.value < $1.value })?.key,
-                let entry = state.byURL.values.lazy.flatMap({ $0 }).first(where: { $0.fileName == victim })
+                let victim = state.files.filter({ $0.key != kept }).min(by: { $0.value.lastUse < $1.value.lastUse })?.key,
+                let entry = Self.entry(named: victim, in: state)
             else { return }
             self.drop(entry, from: &state)
             state.counters.evictions += 1
@@ -381,27 +404,9 @@ package final class ResponseCache: Sendable {
                 return false
             }
             // The file of any entry of that name is gone now; so is its index entry.
-            for variants in state.byURL.values {
-                for old in variants where old.fileName == entry.fileName {
-                    state.byURL[old.head.url]?.removeAll { $0.fileName == old.fileName }
-                    if state.byURL[old.head.url]?.isEmpty == true { state.byURL[old.head.url] = nil }
-                    state.counters.entries -= 1
-                    state.counters.bytes -= old.fileBytes
-                    state.memoryBytes -= old.memoryBody?.readableBytes ?? 0
-                }
-            }
-            if let body = entry.memoryBody {
-                if state.memoryBytes + body.readableBytes <= Self.memoryBudget {
-                    state.memoryBytes += body.readableBytes
-                } else {
-                    entry.memoryBody = nil
-                }
-            }
-            state.byURL[entry.head.url, default: []].append(entry)
-            state.tick += 1
-            state.lastUse[entry.fileName] = state.tick
-            state.counters.entries += 1
-            state.counters.bytes += entry.fileBytes
+            if let old = Self.entry(named: entry.fileName, in: state) { Self.forget(old, in: &state) }
+            if let body = entry.memoryBody, state.memoryBytes + body.readableBytes > Self.memoryBudget { entry.memoryBody = nil }
+            Self.remember(entry, in: &state)
             state.counters.stores += 1
             self.evict(&state, beyond: self.settings.maxBytes, keeping: entry.fileName)
             if state.counters.bytes > self.settings.maxBytes {
@@ -438,10 +443,6 @@ package final class ResponseCache: Sendable {
         }
     }
 
-    fileprivate func makeEntry(head: CacheEntryFormat.Head, bodyOffset: Int) -> Entry {
-        let fileName = CacheEntryFormat.fileName(method: head.method, url: head.url, variantKey: head.variantKey)
-        return Entry(head: head, headers: HTTPHeaders(head.fields.map { ($0.name, $0.value) }), fileName: fileName, bodyOffset: bodyOffset)
-    }
 }
 
 /// A stored response about to be served.
@@ -616,7 +617,7 @@ package final class CacheEntryWriter: @unchecked Sendable {  // one pumping task
         self.head.bodyLength = self.written
         let bytes = CacheEntryFormat.encodeHead(self.head, paddedTo: self.reservedJSONLength)
         let (fd, path, cache) = (self.fd, self.temporaryPath, self.cache)
-        var made = cache.makeEntry(head: self.head, bodyOffset: bytes.count)
+        var made = ResponseCache.Entry(head: self.head, bodyOffset: bytes.count)
         made.memoryBody = self.kept
         let entry = made
         return

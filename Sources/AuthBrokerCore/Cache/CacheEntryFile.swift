@@ -49,7 +49,9 @@ package enum CacheEntryFile {
         while done < count {
             let wanted = Int(min(Int64(buffer.count), count - done))
             let got = buffer.withUnsafeMutableBytes { pread(input, $0.baseAddress, wanted, off_t(inputOffset + done)) }
-            guard got > 0, Self.write(output, Array(buffer[0..<got]), at: outputOffset + done) else { return false }
+            guard got > 0,
+                buffer.withUnsafeBytes({ Self.write(output, UnsafeRawBufferPointer(rebasing: $0[0..<got]), at: outputOffset + done) })
+            else { return false }
             done += Int64(got)
         }
         return true
