@@ -91,6 +91,22 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
+        // MIT Kerberos' GSS-API, through a shim of its macros and the few calls made.
+        .systemLibrary(
+            name: "CGSSAPI",
+            pkgConfig: "krb5-gssapi",
+            providers: [.apt(["libkrb5-dev"])]
+        ),
+        // HTTP Negotiate's Kerberos side: SPNEGO contexts and the user's credential, off the
+        // event loops (every call may block on the credential cache or the KDC).
+        .target(
+            name: "AuthBrokerKerberos",
+            dependencies: [
+                "CGSSAPI",
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+            ],
+            swiftSettings: strictSettings
+        ),
         // Linux calls Swift cannot reach cleanly (struct ucred needs _GNU_SOURCE).
         .target(name: "CAuthBrokerSystem"),
         // Linux-PAM's application API (libpam).
@@ -112,6 +128,7 @@ let package = Package(
                 "AuthBrokerCore",
                 "AuthBrokerTrust",
                 "AuthBrokerHTTPAuth",
+                "AuthBrokerKerberos",
                 "AuthBrokerPAM",
                 "AuthBrokerSecrets",
                 "CAuthBrokerSystem",

@@ -1,0 +1,151 @@
+import CGSSAPI
+import NIOConcurrencyHelpers
+
+/// One initiator's SPNEGO security context (RFC 4178 over Kerberos V5) for one request to one
+/// server: the token for `Authorization: Negotiate` (RFC 4559 §4), and then, when the server
+/// answers with a token of its own, the check that it holds the service key (mutual
+/// authentication).
+///
+/// Every call may block: reading the credential cache, and asking the KDC for a service ticket.
+/// Callers run them off the event loops (`KerberosNegotiator`).
+// @unchecked: the GSS handles are touched only under `lock`.
+package final class NegotiateContext: @unchecked Sendable {
+    /// What one step gave.
+    package struct Step: Sendable, Equatable {
+        /// The token to send (base64 in `Negotiate <token>`); nil when there is nothing to send.
+        package var token: [UInt8]?
+        /// The context is established: no more tokens are expected.
+        package var complete: Bool
+    }
+
+    /// `HTTP@host`: the host-based service name the ticket is for (RFC 4559 §4).
+    package let serviceName: String
+    private let flags: OM_uint32
+    private let lock = NIOLock()
+    private var context: gss_ctx_id_t?
+    private var target: gss_name_t?
+    private var established = false
+
+    /// - Parameters:
+    ///   - serviceHost: the server's host name, already canonicalised.
+    ///   - delegate: whether the server may act as the user (a forwardable ticket goes with it).
+    /// - Throws: when GSS-API cannot read the name.
+    package init(serviceHost: String, delegate: Bool) throws(KerberosFailure) {
+        self.serviceName = "HTTP@" + serviceHost
+        var flags = OM_uint32(GSS_C_MUTUAL_FLAG) | OM_uint32(GSS_C_SEQUENCE_FLAG)
+        if delegate { flags |= OM_uint32(GSS_C_DELEG_FLAG) }
+        self.flags = flags
+        var minor: OM_uint32 = 0
+        var name: gss_name_t?
+        let major = cgss_import_service_name(&minor, self.serviceName, &name)
+        guard cgss_is_error(major) == 0 else { throw KerberosFailure.from(major: major, minor: minor) }
+        self.target = name
+    }
+
+    deinit {
+        var minor: OM_uint32 = 0
+        if self.context != nil { gss_delete_sec_context(&minor, &self.context, nil) }
+        if self.target != nil { gss_release_name(&minor, &self.target) }
+    }
+
+    /// The user's principal the context speaks for (`user@REALM`), once a step has run.
+    package var initiator: String? {
+        self.lock.withLock {
+            guard let context = self.context else { return nil }
+            var minor: OM_uint32 = 0
+            var principal = gss_buffer_desc()
+            defer {
+                var ignored: OM_uint32 = 0
+                gss_release_buffer(&ignored, &principal)
+            }
+            guard cgss_is_error(cgss_context_initiator(&minor, context, &principal)) == 0, let bytes = principal.value, principal.length > 0
+            else { return nil }
+            return String(decoding: UnsafeRawBufferPointer(start: bytes, count: principal.length), as: UTF8.self)
+        }
+    }
+
+    /// Whether the context is established (the last step needed no more tokens).
+    package var isEstablished: Bool { self.lock.withLock { self.established } }
+
+    /// One step: the first (`serverToken` nil) makes the initial token; later ones take the
+    /// server's token. A step after the context is established checks a server's final token
+    /// and makes none.
+    /// - Throws: `KerberosFailure`, classified; a failed check of the server's token is
+    ///   `.mutualAuthenticationFailed`.
+    package func step(serverToken: [UInt8]?) throws(KerberosFailure) -> Step {
+        let result = self.lock.withLock { () -> Result<Step, KerberosFailure> in
+            if self.established {
+                // A token after the context is complete has nothing left to prove.
+                return .success(Step(token: nil, complete: true))
+            }
+            var minor: OM_uint32 = 0
+            var output = gss_buffer_desc()
+            var returnedFlags: OM_uint32 = 0
+            let major: OM_uint32
+            if let serverToken {
+                major = serverToken.withUnsafeBytes { bytes in
+                    cgss_init_step(
+                        &minor, &self.context, self.target, self.flags, bytes.baseAddress, bytes.count, &output, &returnedFlags
+                    )
+                }
+            } else {
+                major = cgss_init_step(&minor, &self.context, self.target, self.flags, nil, 0, &output, &returnedFlags)
+            }
+            defer {
+                var ignored: OM_uint32 = 0
+                gss_release_buffer(&ignored, &output)
+            }
+            if cgss_is_error(major) != 0 {
+                var failure = KerberosFailure.from(major: major, minor: minor)
+                if serverToken != nil, failure.kind == .other {
+                    failure.kind = .mutualAuthenticationFailed
+                }
+                return .failure(failure)
+            }
+            let token: [UInt8]? =
+                if let bytes = output.value, output.length > 0 {
+                    Array(UnsafeRawBufferPointer(start: bytes, count: output.length))
+                } else { nil }
+            let complete = cgss_continue_needed(major) == 0
+            self.established = complete
+            return .success(Step(token: token, complete: complete))
+        }
+        return try result.get()
+    }
+}
+
+/// The user's Kerberos credential as GSS-API finds it (the cache `klist` shows): whose it is
+/// and how long it lasts.
+package enum KerberosCredential {
+    package enum Status: Sendable, Equatable {
+        /// A ticket-granting ticket for `principal`, valid for `remainingSeconds` more.
+        case valid(principal: String, remainingSeconds: UInt32)
+        /// A credential cache for `principal` whose ticket-granting ticket has expired.
+        case expired(principal: String?)
+        /// No usable credential cache (`detail` says what GSS-API found).
+        case missing(detail: String)
+    }
+
+    /// The default credential now. Blocks briefly (it reads the credential cache).
+    package static func current() -> Status {
+        var minor: OM_uint32 = 0
+        var principal = gss_buffer_desc()
+        var lifetime: OM_uint32 = 0
+        let major = cgss_default_credential(&minor, &principal, &lifetime)
+        defer {
+            var ignored: OM_uint32 = 0
+            gss_release_buffer(&ignored, &principal)
+        }
+        let name: String? =
+            if let bytes = principal.value, principal.length > 0 {
+                String(decoding: UnsafeRawBufferPointer(start: bytes, count: principal.length), as: UTF8.self)
+            } else { nil }
+        if cgss_is_error(major) != 0 {
+            let failure = KerberosFailure.from(major: major, minor: minor)
+            if failure.kind == .ticketExpired { return .expired(principal: name) }
+            return .missing(detail: failure.detail)
+        }
+        guard let name else { return .missing(detail: "the credential has no principal name") }
+        return lifetime == 0 ? .expired(principal: name) : .valid(principal: name, remainingSeconds: lifetime)
+    }
+}
