@@ -170,6 +170,13 @@ struct BrokerSettingsTests {
             max_size_mb = 64
             hosts = ["*.corp.example", "repo.example"]
             directory = "/var/cache/ab"
+
+            [kerberos]
+            hosts = ["*.corp.example"]
+            proxy = true
+            delegate_hosts = ["files.corp.example"]
+            cname_lookup = false
+            kdc_timeout_ms = 2500
             """
         var expected = BrokerSettings()
         expected.daemon.socketPath = "/run/user/1000/ab.sock"
@@ -208,6 +215,11 @@ struct BrokerSettingsTests {
         expected.cache.maxSizeMegabytes = 64
         expected.cache.hosts = [try HostPattern(parsing: "*.corp.example"), try HostPattern(parsing: "repo.example")]
         expected.cache.directory = "/var/cache/ab"
+        expected.kerberos.hosts = [try HostPattern(parsing: "*.corp.example")]
+        expected.kerberos.proxy = true
+        expected.kerberos.delegateHosts = [try HostPattern(parsing: "files.corp.example")]
+        expected.kerberos.cnameLookup = false
+        expected.kerberos.kdcTimeoutMilliseconds = 2500
         let settings = try BrokerSettings.parse(text, file: Self.file)
         #expect(settings == expected)
         #expect(settings.daemon.shutdownGrace == .milliseconds(2500))
@@ -340,6 +352,10 @@ struct BrokerSettingsTests {
         BadCase("[trust]\nsystem_anchors = \"/etc/\\u0000x\"", .invalidValue, line: 2, key: "trust.system_anchors", "control character"),
         BadCase("[upstream]\nresolve = [\"nope\"]", .invalidValue, line: 2, key: "upstream.resolve", "entry 1: \"nope\": expected three parts"),
         BadCase("[upstream]\nresolve = [\"a:1:1.1.1.1\", \"A.:1:[::1]\"]", .invalidValue, line: 2, key: "upstream.resolve", "entries 1 and 2 both pin a:1; keep one"),
+        BadCase("[kerberos]\nkdc_timeout_ms = 0", .outOfRange, line: 2, key: "kerberos.kdc_timeout_ms", "use 100 to 120000 milliseconds"),
+        BadCase("[kerberos]\nproxy = \"yes\"", .wrongType, line: 2, key: "kerberos.proxy", "expected true or false"),
+        BadCase("[kerberos]\nhosts = \"corp.example\"", .wrongType, line: 2, key: "kerberos.hosts", "expected"),
+        BadCase("[kerberos]\ndelegate = [\"x\"]", .unknownKey, line: 2, key: "kerberos.delegate", "unknown setting"),
         BadCase("[flows]\nkeep = -1", .outOfRange, line: 2, key: "flows.keep", "use 0 to 100000 (0 turns the flow log off)"),
         BadCase("[flows]\nbodies = \"yes\"", .wrongType, line: 2, key: "flows.bodies", "expected true or false"),
         BadCase("[flows]\nrecord = \"sometimes\"", .invalidValue, line: 2, key: "flows.record", "use \"on_demand\""),

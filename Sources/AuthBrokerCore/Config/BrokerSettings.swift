@@ -237,8 +237,31 @@ package struct BrokerSettings: Sendable, Equatable {
         package init() {}
     }
 
+    /// `[kerberos]`: where the broker answers Negotiate (SPNEGO, RFC 4559) with the user's
+    /// Kerberos tickets. Nothing is sent anywhere until the user names hosts: a ticket proves
+    /// who the user is to whoever receives it.
+    package struct Kerberos: Sendable, Equatable {
+        /// `hosts`: origins that get a service ticket (host patterns as for anchors); empty: none.
+        package var hosts: [HostPattern] = []
+        /// `proxy`: whether the configured upstream proxy gets one when it asks (407).
+        package var proxy = false
+        /// `delegate_hosts`: origins that also get the user's forwardable ticket (delegation);
+        /// empty: none. Only hosts that get a ticket at all.
+        package var delegateHosts: [HostPattern] = []
+        /// `cname_lookup`: the service name uses the host's canonical name from a forward DNS
+        /// look-up, as browsers do by default; never a reverse look-up.
+        package var cnameLookup = true
+        /// `kdc_timeout_ms`: how long a request waits for the KDC (a service ticket) at most.
+        package var kdcTimeoutMilliseconds = 10_000
+
+        package var kdcTimeout: Duration { .milliseconds(self.kdcTimeoutMilliseconds) }
+
+        package init() {}
+    }
+
     package var daemon = Daemon()
     package var cache = Cache()
+    package var kerberos = Kerberos()
     package var proxy = Proxy()
     package var debug = Debug()
     package var flows = Flows()
@@ -288,6 +311,7 @@ package struct BrokerSettings: Sendable, Equatable {
         "debug": ["tls_key_log", "tls_key_log_scope"],
         "flows": ["keep", "record", "bodies", "max_body_bytes", "mask_headers"],
         "cache": ["enabled", "max_size_mb", "hosts", "directory"],
+        "kerberos": ["hosts", "proxy", "delegate_hosts", "cname_lookup", "kdc_timeout_ms"],
     ]
 
     /// The arrays of tables the file may contain (`[[route]]`), and their keys.
@@ -453,6 +477,15 @@ package struct BrokerSettings: Sendable, Equatable {
         }
         if let value = try cache.hostPatterns("hosts") { settings.cache.hosts = value }
         if let value = try cache.path("directory") { settings.cache.directory = value }
+
+        let kerberos = TableReader(file: file, table: "kerberos", document: document)
+        if let value = try kerberos.hostPatterns("hosts") { settings.kerberos.hosts = value }
+        if let value = try kerberos.boolean("proxy") { settings.kerberos.proxy = value }
+        if let value = try kerberos.hostPatterns("delegate_hosts") { settings.kerberos.delegateHosts = value }
+        if let value = try kerberos.boolean("cname_lookup") { settings.kerberos.cnameLookup = value }
+        if let value = try kerberos.integer("kdc_timeout_ms", in: 100...120_000, unit: milliseconds) {
+            settings.kerberos.kdcTimeoutMilliseconds = value
+        }
 
         let flows = TableReader(file: file, table: "flows", document: document)
         if let value = try flows.integer("keep", in: 0...100_000, unit: count, note: " (0 turns the flow log off)") {
