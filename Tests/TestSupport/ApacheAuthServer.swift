@@ -95,7 +95,7 @@ package final class ApacheAuthServer: Sendable {
     /// the config `configuration` makes (a port taken between choosing and binding it is retried
     /// with another, twice). The directory is removed if it fails.
     static func launchInNewDirectory(
-        prepare: (String) throws -> Void, configuration: @escaping (String, Int) -> String
+        environment: [String: String]? = nil, prepare: (String) throws -> Void, configuration: @escaping (String, Int) -> String
     ) async throws -> (directory: String, port: Int, process: SpawnedProcess) {
         let directory = try DaemonProcess.makeTemporaryDirectory()
         do {
@@ -104,7 +104,9 @@ package final class ApacheAuthServer: Sendable {
             for _ in 0..<3 {
                 let port = try freeLoopbackPort()
                 do {
-                    let process = try await launch(directory: directory, port: port) { configuration(directory, $0) }
+                    let process = try await launch(directory: directory, port: port, environment: environment) {
+                        configuration(directory, $0)
+                    }
                     return (directory, port, process)
                 } catch let error as LaunchError where error.portInUse {
                     lastError = error
@@ -117,9 +119,12 @@ package final class ApacheAuthServer: Sendable {
         }
     }
 
-    /// Starts `apache2 -DFOREGROUND` with the config `configuration` makes for `port`, and
-    /// waits (at most 10 s) until the port accepts connections.
-    static func launch(directory: String, port: Int, configuration: (Int) -> String) async throws -> SpawnedProcess {
+    /// Starts `apache2 -DFOREGROUND` with the config `configuration` makes for `port` (and
+    /// `environment` over the test's own), and waits (at most 10 s) until the port accepts
+    /// connections.
+    static func launch(
+        directory: String, port: Int, environment: [String: String]? = nil, configuration: (Int) -> String
+    ) async throws -> SpawnedProcess {
         let config = directory + "/httpd.conf"
         try configuration(port).write(toFile: config, atomically: true, encoding: .utf8)
         // Truncated per try, so that a retry's messages are its own.
@@ -128,7 +133,7 @@ package final class ApacheAuthServer: Sendable {
         // (not -X, which serves one connection at a time); -f: our config only.
         let process = try SpawnedProcess(
             executable: executable, arguments: ["-DFOREGROUND", "-f", config, "-d", directory],
-            stderrPath: directory + "/stderr.log"
+            stderrPath: directory + "/stderr.log", environment: environment
         )
         for _ in 0..<200 {
             if let status = process.exitStatus {
@@ -208,7 +213,7 @@ package final class ApacheAuthServer: Sendable {
     }
 
     /// The user and group a root-started Apache switches to: `www-data` on Debian, else `nobody`.
-    private static var runAs: (user: String, group: String) {
+    static var runAs: (user: String, group: String) {
         if getpwnam("www-data") != nil { return ("www-data", "www-data") }
         return ("nobody", getgrnam("nogroup") != nil ? "nogroup" : "nobody")
     }
@@ -305,7 +310,8 @@ final class SpawnedProcess: Sendable {
     /// The wait status once reaped.
     private let reaped = NIOLockedValueBox<Int32?>(nil)
 
-    init(executable: String, arguments: [String], stderrPath: String) throws {
+    /// - Parameter environment: laid over the test's own environment (nil: the test's own).
+    init(executable: String, arguments: [String], stderrPath: String, environment: [String: String]? = nil) throws {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
@@ -330,8 +336,19 @@ final class SpawnedProcess: Sendable {
 
         let argv: [UnsafeMutablePointer<CChar>?] = ([executable] + arguments).map { strdup($0) } + [nil]
         defer { for argument in argv { free(argument) } }
+        // nil: the test's own `environ`, as it is.
+        let envp: [UnsafeMutablePointer<CChar>?]? = environment.map { overrides in
+            ProcessInfo.processInfo.environment.merging(overrides) { _, new in new }
+                .map { strdup("\($0.key)=\($0.value)") } + [nil]
+        }
+        defer { for entry in envp ?? [] { free(entry) } }
         var pid = pid_t()
-        let result = posix_spawn(&pid, executable, &actions, &attributes, argv, environ)
+        let result =
+            if let envp {
+                posix_spawn(&pid, executable, &actions, &attributes, argv, envp)
+            } else {
+                posix_spawn(&pid, executable, &actions, &attributes, argv, environ)
+            }
         guard result == 0 else {
             throw TestSupportError("posix_spawn \(executable): \(String(cString: strerror(result)))")
         }

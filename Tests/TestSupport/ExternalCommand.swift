@@ -11,14 +11,35 @@ package enum ExternalCommand {
 
     /// Runs `executable` (an absolute path) with `arguments`, stdin empty.
     package static func run(_ executable: String, _ arguments: [String]) throws -> Result {
+        try self.run(executable, arguments, environment: nil, input: nil)
+    }
+
+    /// Runs `executable` with `arguments`, its environment the test's own with `environment`
+    /// laid over it (nil: the test's own), and `input` on its stdin (nil: empty), for Kerberos
+    /// tools that must read a realm's own krb5.conf and take a password on stdin.
+    package static func run(
+        _ executable: String, _ arguments: [String], environment: [String: String]?, input: String? = nil
+    ) throws -> Result {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: executable)
         process.arguments = arguments
+        if let environment {
+            process.environment = ProcessInfo.processInfo.environment.merging(environment) { _, new in new }
+        }
         let out = Pipe()
         let err = Pipe()
         process.standardOutput = out
         process.standardError = err
-        process.standardInput = FileHandle.nullDevice
+        if let input {
+            // Written before the child starts (a password or two fits the pipe's buffer), so a
+            // child that exits unread cannot make the write fail with EPIPE.
+            let inputPipe = Pipe()
+            try inputPipe.fileHandleForWriting.write(contentsOf: Data(input.utf8))
+            try inputPipe.fileHandleForWriting.close()
+            process.standardInput = inputPipe.fileHandleForReading
+        } else {
+            process.standardInput = FileHandle.nullDevice
+        }
         try process.run()
         // stderr is read on another thread so that neither pipe can fill and stall the child.
         let errorData = ErrorCollector(err.fileHandleForReading)
