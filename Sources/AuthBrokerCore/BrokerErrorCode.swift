@@ -101,6 +101,16 @@ package enum BrokerErrorCode: String, CaseIterable, Sendable, Codable, CustomStr
     /// Offline mode (`authbrokerctl offline on`) and a request the cache cannot answer (a POST).
     case offline = "offline"
 
+    // MARK: Data plane: Kerberos (Negotiate)
+
+    /// The server (or the upstream proxy) asks for Kerberos and the user has no valid ticket.
+    case kerberosTicketNeeded = "kerberos_ticket_needed"
+    /// A service ticket could not be had: the KDC did not answer, does not know the server, or
+    /// the clocks differ.
+    case kerberosFailed = "kerberos_failed"
+    /// The server's Negotiate token did not prove it holds the service key.
+    case kerberosMutualAuthFailed = "kerberos_mutual_auth_failed"
+
     // MARK: Data plane: the upstream proxy
 
     /// The upstream proxy answered `CONNECT` with a status other than 2xx (or an answerable 407).

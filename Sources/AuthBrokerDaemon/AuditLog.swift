@@ -15,6 +15,9 @@ package final class AuditLog: Sendable {
     package enum Event: Sendable {
         case credentialUsed(space: ProtectionSpace, user: String, requester: Requester?)
         case identityPresented(name: String, origin: CanonicalOrigin, requester: Requester?)
+        /// A Kerberos service ticket for `service` went to `challenger` (an origin, or with
+        /// `isProxy` the upstream proxy), as `principal`.
+        case ticketUsed(challenger: CanonicalOrigin, service: String, principal: String?, isProxy: Bool, delegated: Bool, requester: Requester?)
     }
 
     private struct Line: Encodable {
@@ -29,12 +32,15 @@ package final class AuditLog: Sendable {
         /// true when the credential went to the upstream proxy (a 407's space), absent otherwise.
         var proxy: Bool?
         var identity: String?
+        /// The Kerberos service a ticket was for (`HTTP@host`), and whether it was delegated.
+        var service: String?
+        var delegated: Bool?
         var pid: Int32?
         var uid: UInt32?
         var executable: String?
 
         enum CodingKeys: String, CodingKey {
-            case time, event, scheme, host, port, realm, user, proxy, identity, pid, uid, executable
+            case time, event, scheme, host, port, realm, user, proxy, identity, service, delegated, pid, uid, executable
             case authScheme = "auth_scheme"
         }
     }
@@ -77,6 +83,12 @@ package final class AuditLog: Sendable {
             line = Line(
                 time: Date(), event: "identity_presented", scheme: origin.scheme.rawValue, host: origin.host, port: origin.port,
                 identity: name, pid: requester?.pid, uid: requester?.uid, executable: requester?.executable
+            )
+        case .ticketUsed(let challenger, let service, let principal, let isProxy, let delegated, let requester):
+            line = Line(
+                time: Date(), event: "kerberos_ticket_used", scheme: challenger.scheme.rawValue, host: challenger.host,
+                port: challenger.port, authScheme: "negotiate", user: principal, proxy: isProxy ? true : nil, service: service,
+                delegated: delegated ? true : nil, pid: requester?.pid, uid: requester?.uid, executable: requester?.executable
             )
         }
         guard let bytes = try? BrokerJSON.encoder().encode(line) else { return }

@@ -151,8 +151,10 @@ package enum BrokerDaemon {
         let challenges = AgentChallenges(
             vault: vault, store: store, evaluator: evaluator, agentEventBuffer: settings.limits.agentEventBuffer, logger: logger
         )
+        let kerberos = KerberosNegotiator(settings: settings.kerberos, logger: logger)
         let authenticator = HTTPAuthenticator(
-            vault: vault, challenges: challenges, audit: audit, maxAuthSpaces: settings.limits.maxAuthSpaces, logger: logger
+            vault: vault, challenges: challenges, audit: audit, kerberos: kerberos, maxAuthSpaces: settings.limits.maxAuthSpaces,
+            logger: logger
         )
         // The daemon's own group, sized by `io_threads`, rather than NIO's singleton (one loop per
         // core): its size is a setting, and it is shut down with the daemon.
@@ -213,7 +215,7 @@ package enum BrokerDaemon {
         let flows = FlowLog(settings: settings.flows, limits: settings.limits)
         let control = ControlAPI(
             store: store, vault: vault, reauth: reauth, challenges: challenges, identities: identities, localCA: localCA,
-            reloader: reloader, flows: flows, cache: cache, publicSuffixes: publicSuffixes,
+            reloader: reloader, flows: flows, cache: cache, kerberos: kerberos, publicSuffixes: publicSuffixes,
             status: {
                 StatusReport(
                     version: AuthBrokerVersion.current, pid: Int(getpid()), startedAt: startedAt,

@@ -1,4 +1,5 @@
 import AuthBrokerCore
+import AuthBrokerKerberos
 import AuthBrokerPAM
 import AuthBrokerSecrets
 import AuthBrokerTrust
@@ -548,6 +549,46 @@ extension BrokerError {
                 "The upstream proxy \(proxy.hostHeader) did not answer CONNECT \(origin.authorityForm) properly (\(reason)). Check that [upstream] proxy names an HTTP proxy that allows CONNECT to port \(origin.port).",
             host: origin.hostHeader, nextHop: proxy.authorityForm
         )
+    }
+
+    /// A server (or, with `isProxy`, the upstream proxy) asked for Kerberos, which the user's
+    /// settings allow it, and no token could be made; what to do depends on why.
+    package static func kerberos(_ failure: KerberosFailure, challenger: CanonicalOrigin, isProxy: Bool, origin: CanonicalOrigin) -> BrokerError {
+        let who = isProxy ? "The upstream proxy \(challenger.hostHeader)" : challenger.hostHeader
+        let service = "HTTP/\(challenger.host)"
+        switch failure.kind {
+        case .noTicket, .ticketExpired:
+            let state = failure.kind == .noTicket ? "you have no Kerberos ticket" : "your Kerberos ticket has expired"
+            return BrokerError(
+                code: .kerberosTicketNeeded, status: .badGateway,
+                title: "A Kerberos ticket is needed",
+                detail:
+                    "\(who) asks for Kerberos (Negotiate), and \(state) (\(failure.detail)). Run `kinit` to get one, then send the request again; `authbrokerctl status` shows the ticket the daemon sees. If kinit puts the ticket where the daemon does not look, give the daemon the same KRB5CCNAME (see the README, Kerberos).",
+                host: origin.hostHeader, fix: ["kinit", "authbrokerctl status"], nextHop: isProxy ? challenger.authorityForm : nil
+            )
+        case .mutualAuthenticationFailed:
+            return BrokerError(
+                code: .kerberosMutualAuthFailed, status: .badGateway, proxyErrorType: .httpProtocolError,
+                title: "The server did not prove its Kerberos identity",
+                detail:
+                    "\(who) accepted the Kerberos ticket, but its answer token does not prove that it holds the key of \(service) (\(failure.detail)). The response was not passed on: something between you and the server may be impersonating it.",
+                host: origin.hostHeader, nextHop: isProxy ? challenger.authorityForm : nil
+            )
+        case .kdcUnreachable, .serverUnknown, .clockSkew, .other:
+            let advice =
+                switch failure.kind {
+                case .kdcUnreachable: "No KDC of your realm answered in time: check the network, or the KDCs your krb5.conf names."
+                case .serverUnknown: "Your KDC knows no service principal \(service): ask its administrator, or remove the host from [kerberos] hosts."
+                case .clockSkew: "This machine's clock differs too much from the KDC's or the server's: set the time (timedatectl)."
+                default: "Check `klist`, and run the request with KRB5_TRACE=/dev/stderr set for the daemon to see more."
+                }
+            return BrokerError(
+                code: .kerberosFailed, status: .badGateway,
+                title: "No Kerberos ticket could be had for the server",
+                detail: "\(who) asks for Kerberos (Negotiate), and no service ticket for \(service) could be had (\(failure.detail)). \(advice)",
+                host: origin.hostHeader, nextHop: isProxy ? challenger.authorityForm : nil
+            )
+        }
     }
 
     /// The proxy wants credentials for a tunnel and the broker has none it may send: the client

@@ -1,5 +1,6 @@
 import AuthBrokerCore
 import AuthBrokerHTTPAuth
+import AuthBrokerKerberos
 import Logging
 import NIOConcurrencyHelpers
 import NIOHTTP1
@@ -31,6 +32,14 @@ package struct RequestAuthState: Sendable {
     /// The Digest session started from this request's own fresh challenge, shared for preemptive
     /// answers only once the server accepted it.
     var freshDigestSession: DigestSession?
+    /// The SPNEGO context whose token the latest attempt carried (Negotiate, RFC 4559).
+    var negotiate: NegotiateContext?
+    /// That token was sent before any challenge (to a server that took one before).
+    var negotiatePreemptive = false
+    /// A fresh Negotiate answer of this request was refused: it makes no other.
+    var negotiateRefused = false
+    /// Why no Negotiate token could be made for this request's challenger, if one could not.
+    var negotiateFailure: KerberosFailure?
 
     /// The state for a request with these headers: whether the client authorised it itself,
     /// and whether it asked for its Basic credential to be kept (Digest answers cannot be: the
@@ -96,6 +105,10 @@ package final class HTTPAuthenticator: Sendable {
     /// The Basic space whose 401 last went to the client, per origin: a credential the client
     /// then sends with `Authbroker-Persist` is kept for that realm.
     private let offeredToClient: NIOLockedValueBox<BoundedTable<CanonicalOrigin, ProtectionSpace>>
+    /// Answers Negotiate where `[kerberos]` allows; nil: never (tests without Kerberos).
+    package let kerberos: KerberosNegotiator?
+    /// Challengers that accepted a Kerberos token: later requests carry one up front.
+    private let negotiateKnown: NIOLockedValueBox<BoundedTable<Authority, Bool>>
     private let audit: AuditLog?
     private let logger: Logger
 
@@ -103,9 +116,11 @@ package final class HTTPAuthenticator: Sendable {
     package static let defaultMaxAuthSpaces = BrokerSettings.Limits().maxAuthSpaces
 
     package init(
-        vault: PasswordVault, challenges: AgentChallenges, audit: AuditLog? = nil,
+        vault: PasswordVault, challenges: AgentChallenges, audit: AuditLog? = nil, kerberos: KerberosNegotiator? = nil,
         maxAuthSpaces: Int = HTTPAuthenticator.defaultMaxAuthSpaces, logger: Logger
     ) {
+        self.kerberos = kerberos
+        self.negotiateKnown = NIOLockedValueBox(BoundedTable(capacity: maxAuthSpaces))
         self.digestSessions = NIOLockedValueBox(BoundedTable(capacity: maxAuthSpaces))
         self.acceptances = NIOLockedValueBox(BoundedTable(capacity: maxAuthSpaces))
         self.knownSpaces = NIOLockedValueBox(BoundedTable(capacity: maxAuthSpaces))
@@ -162,6 +177,134 @@ package final class HTTPAuthenticator: Sendable {
     /// before): such requests need the full path, which adds it.
     package func knowsSpaces(at origin: CanonicalOrigin) -> Bool {
         self.knownSpaces.withLockedValue { known in known[Authority(origin: origin, isProxy: false)]?.isEmpty == false }
+            || self.knowsNegotiate(at: origin)
+    }
+
+    /// Whether `challenger` accepted a Kerberos token before (and still may get one).
+    package func knowsNegotiate(at challenger: CanonicalOrigin, isProxy: Bool = false) -> Bool {
+        self.kerberos != nil && self.negotiateKnown.withLockedValue { $0.peek(Authority(origin: challenger, isProxy: isProxy)) == true }
+    }
+
+    /// Sets `state.authorization` to a fresh Negotiate token when `challenger` accepted one
+    /// before: such a server would only answer 401 first. Runs the GSS-API step off the event
+    /// loops; a failure here only means no token up front (the 401 then says why).
+    package func negotiatePreemptively(
+        _ challenger: CanonicalOrigin, isProxy: Bool = false, requester: Requester?, state: inout RequestAuthState
+    ) async {
+        guard state.lastAttempt == .noCredentials, state.authorization == nil, let kerberos = self.kerberos,
+            self.knowsNegotiate(at: challenger, isProxy: isProxy),
+            case .answer(let delegate) = kerberos.policy.decide(challenger, isProxy: isProxy),
+            case .success(let started) = await kerberos.start(for: challenger, delegate: delegate)
+        else { return }
+        self.sendNegotiate(started, to: challenger, isProxy: isProxy, delegate: delegate, preemptive: true, requester: requester, state: &state)
+    }
+
+    private func sendNegotiate(
+        _ started: KerberosNegotiator.Started, to challenger: CanonicalOrigin, isProxy: Bool, delegate: Bool, preemptive: Bool,
+        requester: Requester?, state: inout RequestAuthState
+    ) {
+        state.authorization = started.authorization
+        state.negotiate = started.context
+        state.negotiatePreemptive = preemptive
+        state.negotiateFailure = nil
+        self.audit?.record(
+            .ticketUsed(
+                challenger: challenger, service: started.context.serviceName, principal: started.principal, isProxy: isProxy,
+                delegated: delegate, requester: requester
+            )
+        )
+    }
+
+    /// Answers a Negotiate challenge when `[kerberos]` allows the challenger: true to resend
+    /// with `state.authorization`; nil to go on with the Basic and Digest challenges (none was
+    /// made, and `state.negotiateFailure` may say why).
+    private func answerNegotiate(
+        _ challenges: [AuthChallenge], challenger: CanonicalOrigin, isProxy: Bool, requester: Requester?, state: inout RequestAuthState
+    ) async -> Bool? {
+        guard let kerberos = self.kerberos, let offer = NegotiatePolicy.offer(in: challenges) else { return nil }
+        let delegate: Bool
+        switch kerberos.policy.decide(challenger, isProxy: isProxy) {
+        case .answer(let delegating): delegate = delegating
+        case .refuse(let refusal):
+            self.logger.debug("Negotiate not answered", metadata: ["host": "\(challenger.host)", "reason": "\(refusal.rawValue)"])
+            return nil
+        }
+        if let context = state.negotiate {
+            // The challenge answers the token this request sent: a multi-step context goes on
+            // with the server's token; anything else is a refusal.
+            state.negotiate = nil
+            state.authorization = nil
+            if let token = offer.serverToken {
+                switch await kerberos.continue(context, serverToken: token, challenger: challenger) {
+                case .success(let authorization?):
+                    state.authorization = authorization
+                    state.negotiate = context
+                    return true
+                case .success(nil):
+                    break
+                case .failure(let failure):
+                    state.negotiateFailure = failure
+                }
+            }
+            if !state.negotiatePreemptive { state.negotiateRefused = true }
+            self.negotiateKnown.withLockedValue { $0[Authority(origin: challenger, isProxy: isProxy)] = nil }
+            self.logger.notice(
+                "the server refused the Kerberos token",
+                metadata: ["host": "\(challenger.host)", "preemptive": "\(state.negotiatePreemptive)"]
+            )
+            if state.negotiateRefused { return nil }
+        }
+        guard !state.negotiateRefused else { return nil }
+        switch await kerberos.start(for: challenger, delegate: delegate) {
+        case .success(let started):
+            self.sendNegotiate(started, to: challenger, isProxy: isProxy, delegate: delegate, preemptive: false, requester: requester, state: &state)
+            return true
+        case .failure(let failure):
+            state.negotiateFailure = failure
+            if failure.kind == .noTicket || failure.kind == .ticketExpired { self.tellAgentsTicketNeeded(challenger) }
+            return nil
+        }
+    }
+
+    /// How often agents hear that a ticket is missing, at most: a desktop agent turns each
+    /// notice into a notification, and every request to a Kerberos host would raise one.
+    static let ticketNoticeInterval: Duration = .seconds(60)
+    private let lastTicketNotice = NIOLockedValueBox<ContinuousClock.Instant?>(nil)
+
+    private func tellAgentsTicketNeeded(_ challenger: CanonicalOrigin) {
+        let now = ContinuousClock.now
+        let due = self.lastTicketNotice.withLockedValue { last in
+            if let previous = last, previous.duration(to: now) < Self.ticketNoticeInterval { return false }
+            last = now
+            return true
+        }
+        guard due else { return }
+        let notice = AgentNotice(
+            code: BrokerErrorCode.kerberosTicketNeeded.rawValue, host: challenger.host,
+            message: "\(challenger.host) asks for Kerberos and there is no valid ticket: run `kinit`."
+        )
+        let broker = self.challenges.broker
+        Task { @MainActor in broker.notify(notice) }
+    }
+
+    /// A response other than a 401 (for the proxy, a 407) answered a Negotiate token: the
+    /// challenger takes tokens up front from now on, and a token in the response must prove the
+    /// server's identity (mutual authentication, RFC 4559 §5). Returns the failure when it does not.
+    package func negotiateAccepted(
+        _ head: HTTPResponseHead, challenger: CanonicalOrigin, isProxy: Bool, state: RequestAuthState
+    ) async -> KerberosFailure? {
+        guard let kerberos = self.kerberos, let context = state.negotiate else { return nil }
+        let authority = Authority(origin: challenger, isProxy: isProxy)
+        let field = isProxy ? "Proxy-Authenticate" : "WWW-Authenticate"
+        if let token = NegotiatePolicy.offer(in: AuthChallenge.parse(fieldValues: head.headers[field]))?.serverToken,
+            case .failure(let failure) = await kerberos.verify(context, serverToken: token, challenger: challenger)
+        {
+            self.negotiateKnown.withLockedValue { $0[authority] = nil }
+            return failure
+        }
+        kerberos.accepted()
+        self.negotiateKnown.withLockedValue { $0[authority] = true }
+        return nil
     }
 
     // MARK: - After a 401
@@ -181,11 +324,13 @@ package final class HTTPAuthenticator: Sendable {
         state: inout RequestAuthState
     ) async -> Bool {
         defer { state.previousFailures += 1 }
-        guard head.status == Self.challengeStatus(isProxy: isProxy), state.lastAttempt != .clientCredential,
-            let choice = ChallengeSelection.preferred(
-                AuthChallenge.parse(fieldValues: head.headers[isProxy ? "Proxy-Authenticate" : "WWW-Authenticate"])
-            )
-        else { return false }
+        guard head.status == Self.challengeStatus(isProxy: isProxy), state.lastAttempt != .clientCredential else { return false }
+        let challenges = AuthChallenge.parse(fieldValues: head.headers[isProxy ? "Proxy-Authenticate" : "WWW-Authenticate"])
+        // Negotiate first, as browsers do: a ticket sends no password at all.
+        if let answered = await self.answerNegotiate(challenges, challenger: origin, isProxy: isProxy, requester: requester, state: &state) {
+            return answered
+        }
+        guard let choice = ChallengeSelection.preferred(challenges) else { return false }
         let space = ProtectionSpace(origin: origin, challenge: choice.challenge, isProxy: isProxy)
 
         var stale = false

@@ -1,5 +1,6 @@
 import AuthBrokerCore
 import AuthBrokerHTTPAuth
+import AuthBrokerKerberos
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore
@@ -155,6 +156,12 @@ package struct Interceptor: Sendable {
                     state: &state
                 )
             }
+        }
+        // A server that took a Kerberos token before gets a fresh one up front (off the event loop).
+        if adopted == nil, self.authenticator.knowsNegotiate(at: origin) {
+            var state = auth.withLockedValue { $0 }
+            await self.authenticator.negotiatePreemptively(origin, requester: peer?.requester, state: &state)
+            auth.withLockedValue { $0 = state }
         }
         // A body too large to keep for a resend goes to a space the broker cannot authorize up
         // front only after the origin's 100 (or a timeout): its 401 comes first and is answered.
@@ -477,9 +484,9 @@ package struct Interceptor: Sendable {
     static func keepOnlyStandardChallenges(status: HTTPResponseStatus, in headers: inout HTTPHeaders, logger: Logger) {
         let field: String
         switch status {
-        case .unauthorized: field = "WWW-Authenticate"
         case .proxyAuthenticationRequired: field = "Proxy-Authenticate"
-        default: return
+        // Every other response too: a 200 may carry a server's final Negotiate token (RFC 4559 §5).
+        default: field = "WWW-Authenticate"
         }
         let values = headers[field]
         guard !values.isEmpty else { return }
@@ -670,11 +677,39 @@ package struct Interceptor: Sendable {
                         let readToEnd = await Self.readAway(&iterator)
                         return .challengeAnswered(upstreamKeepAlive: readToEnd && head.isKeepAlive, byProxy: fromProxy)
                     }
+                    // Kerberos was asked for and allowed, no token could be made, and the app
+                    // could answer nothing else: the broker's error says why (run kinit, ...).
+                    if head.status == .unauthorized || fromProxy,
+                        let failure = self.kerberosFailureForClient(head, auth: auth, isProxy: fromProxy)
+                    {
+                        _ = await Self.readAway(&iterator)
+                        let challenger = fromProxy ? auth.proxy?.origin ?? auth.origin : auth.origin
+                        return await self.sendKerberosError(
+                            .kerberos(failure, challenger: challenger, isProxy: fromProxy, origin: auth.origin), requestID: requestID,
+                            writer: writer, clientWantsKeepAlive: clientWantsKeepAlive, state: state, closeClient: closeClient, draining: draining
+                        )
+                    }
                     if let proxy = auth.proxy, !fromProxy {
-                        self.authenticator.responseAccepted(head, origin: proxy.origin, uri: proxy.uri, state: proxy.state.withLockedValue { $0 })
+                        let proxyState = proxy.state.withLockedValue { $0 }
+                        if let failure = await self.authenticator.negotiateAccepted(head, challenger: proxy.origin, isProxy: true, state: proxyState) {
+                            _ = await Self.readAway(&iterator)
+                            return await self.sendKerberosError(
+                                .kerberos(failure, challenger: proxy.origin, isProxy: true, origin: auth.origin), requestID: requestID,
+                                writer: writer, clientWantsKeepAlive: clientWantsKeepAlive, state: state, closeClient: closeClient, draining: draining
+                            )
+                        }
+                        self.authenticator.responseAccepted(head, origin: proxy.origin, uri: proxy.uri, state: proxyState)
                     }
                     if head.status != .unauthorized, !fromProxy {
                         let authState = auth.state.withLockedValue { $0 }
+                        if let failure = await self.authenticator.negotiateAccepted(head, challenger: auth.origin, isProxy: false, state: authState) {
+                            // The server did not prove who it is: its response is not passed on.
+                            _ = await Self.readAway(&iterator)
+                            return await self.sendKerberosError(
+                                .kerberos(failure, challenger: auth.origin, isProxy: false, origin: auth.origin), requestID: requestID,
+                                writer: writer, clientWantsKeepAlive: clientWantsKeepAlive, state: state, closeClient: closeClient, draining: draining
+                            )
+                        }
                         self.authenticator.responseAccepted(head, origin: auth.origin, uri: auth.uri, state: authState)
                     }
                     status = Int(head.status.code)
@@ -792,6 +827,32 @@ package struct Interceptor: Sendable {
         guard let decided else { return false }
         stateBox.withLockedValue { $0 = decided.state }
         return decided.retry
+    }
+
+    /// Why the client gets the broker's Kerberos error instead of this 401 (or the proxy's 407):
+    /// the challenger asked for Negotiate, `[kerberos]` allows it, no token could be made, and
+    /// the response has no Basic or Digest challenge the app could answer instead.
+    private func kerberosFailureForClient(_ head: HTTPResponseHead, auth: AuthContext, isProxy: Bool) -> KerberosFailure? {
+        let stateBox = isProxy ? auth.proxy?.state : auth.state
+        guard let failure = stateBox?.withLockedValue({ $0.negotiateFailure }) else { return nil }
+        let field = isProxy ? "Proxy-Authenticate" : "WWW-Authenticate"
+        return ChallengeSelection.clientVisible(AuthChallenge.parse(fieldValues: head.headers[field])).isEmpty ? failure : nil
+    }
+
+    /// Answers with a Kerberos error in place of the upstream response, whose body was read away.
+    private func sendKerberosError(
+        _ brokerError: BrokerError, requestID: String, writer: ClientResponseWriter, clientWantsKeepAlive: Bool, state: ExchangeState,
+        closeClient: @Sendable () -> Void, draining: @Sendable () -> Bool
+    ) async -> ResponsePumpResult {
+        let requestDone = await state.waitForRequestComplete(upTo: Self.requestLinger)
+        let keepAlive = requestDone && clientWantsKeepAlive && !draining()
+        var (head, body) = brokerError.response(requestID: requestID)
+        if !keepAlive { head.headers.replaceOrAdd(name: "Connection", value: "close") }
+        FlowCapture.current?.responded(head, body: body)
+        try? await writer.write(contentsOf: [.head(head), .body(.byteBuffer(body)), .end(nil)])
+        if !requestDone { closeClient() }
+        self.counters.brokerErrors.add(1)
+        return .errorSent(brokerError, bytes: body.readableBytes, keepAlive: keepAlive)
     }
 
     /// Reads the rest of a response the client will not see (an answered 401 or 407, a 417)

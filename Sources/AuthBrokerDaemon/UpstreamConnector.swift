@@ -1,5 +1,6 @@
 import AuthBrokerCore
 import AuthBrokerHTTPAuth
+import AuthBrokerKerberos
 import AuthBrokerTrust
 import Logging
 import NIOConcurrencyHelpers
@@ -329,6 +330,8 @@ package final class UpstreamConnector: Sendable {
         self.proxyAuthenticator?.authorizePreemptively(
             origin: proxy, method: .CONNECT, uri: target, isProxy: true, requester: { context?.requester }, state: &auth
         )
+        // A tunnel is a new connection: a proxy that took a Kerberos token before wants one on it.
+        await self.proxyAuthenticator?.negotiatePreemptively(proxy, isProxy: true, requester: context?.requester, state: &auth)
         for attempt in 1...Self.maxTunnelAttempts {
             let responsePromise = self.group.next().makePromise(of: HTTPResponseHead.self)
             let channel: any Channel
@@ -373,6 +376,10 @@ package final class UpstreamConnector: Sendable {
                 throw BrokerError.proxyTunnelFailed(proxy: proxy, origin: origin, reason: reason)
             }
             if (200..<300).contains(answer.status.code) {
+                if let failure = await self.proxyAuthenticator?.negotiateAccepted(answer, challenger: proxy, isProxy: true, state: auth) {
+                    channel.close(promise: nil)
+                    throw BrokerError.kerberos(failure, challenger: proxy, isProxy: true, origin: origin)
+                }
                 self.proxyAuthenticator?.responseAccepted(answer, origin: proxy, uri: target, state: auth)
                 do {
                     for name in ["proxy-connect", "proxy-decoder", "proxy-normalizer", "proxy-encoder"] {
@@ -396,6 +403,10 @@ package final class UpstreamConnector: Sendable {
                 )
             }
             if !answered {
+                let visible = ChallengeSelection.forClient(fieldValues: answer.headers["Proxy-Authenticate"]).values
+                if let failure = auth.negotiateFailure, visible.isEmpty {
+                    throw BrokerError.kerberos(failure, challenger: proxy, isProxy: true, origin: origin)
+                }
                 throw BrokerError.proxyAuthenticationRequired(
                     proxy: proxy, origin: origin,
                     challenges: ChallengeSelection.forClient(fieldValues: answer.headers["Proxy-Authenticate"]).values

@@ -48,22 +48,6 @@ package final class NegotiateContext: @unchecked Sendable {
         if self.target != nil { gss_release_name(&minor, &self.target) }
     }
 
-    /// The user's principal the context speaks for (`user@REALM`), once a step has run.
-    package var initiator: String? {
-        self.lock.withLock {
-            guard let context = self.context else { return nil }
-            var minor: OM_uint32 = 0
-            var principal = gss_buffer_desc()
-            defer {
-                var ignored: OM_uint32 = 0
-                gss_release_buffer(&ignored, &principal)
-            }
-            guard cgss_is_error(cgss_context_initiator(&minor, context, &principal)) == 0, let bytes = principal.value, principal.length > 0
-            else { return nil }
-            return String(decoding: UnsafeRawBufferPointer(start: bytes, count: principal.length), as: UTF8.self)
-        }
-    }
-
     /// Whether the context is established (the last step needed no more tokens).
     package var isEstablished: Bool { self.lock.withLock { self.established } }
 

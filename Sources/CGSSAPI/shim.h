@@ -88,19 +88,6 @@ static inline OM_uint32 cgss_default_credential(OM_uint32 *minor, gss_buffer_des
     return major;
 }
 
-/// The initiator's principal of a context (released by the caller with gss_release_buffer).
-static inline OM_uint32 cgss_context_initiator(OM_uint32 *minor, gss_ctx_id_t context, gss_buffer_desc *principal) {
-    gss_name_t name = GSS_C_NO_NAME;
-    OM_uint32 major = gss_inquire_context(minor, context, &name, NULL, NULL, NULL, NULL, NULL, NULL);
-    if (GSS_ERROR(major)) {
-        return major;
-    }
-    major = gss_display_name(minor, name, principal, NULL);
-    OM_uint32 ignored;
-    gss_release_name(&ignored, &name);
-    return major;
-}
-
 /// The text of one status code; `gss_code` 1 for a major code, 0 for a mechanism (minor) one.
 /// The caller releases the buffer with gss_release_buffer.
 static inline OM_uint32 cgss_status_text(OM_uint32 code, int gss_code, OM_uint32 *context, gss_buffer_desc *text) {
