@@ -37,9 +37,32 @@ package struct StatusReport: Codable, Sendable, Equatable {
     package var warnings: [String]?
     /// The HTTP cache's counters; nil when it is off (or the daemon predates it).
     package var cache: CacheCounters?
+    /// The user's Kerberos ticket as the daemon sees it; nil when `[kerberos]` is off.
+    package var kerberos: KerberosStatus?
+
+    package struct KerberosStatus: Codable, Sendable, Equatable {
+        /// "valid", "expired" or "missing".
+        package var ticket: String
+        package var principal: String?
+        package var expires: Date?
+        package var detail: String?
+        package var hosts: [String]?
+        package var proxy: Bool?
+        package var contextsStarted: Int?
+        package var contextsAccepted: Int?
+        package var failures: Int?
+        package var lastFailure: String?
+
+        enum CodingKeys: String, CodingKey {
+            case ticket, principal, expires, detail, hosts, proxy, failures
+            case contextsStarted = "contexts_started"
+            case contextsAccepted = "contexts_accepted"
+            case lastFailure = "last_failure"
+        }
+    }
 
     enum CodingKeys: String, CodingKey {
-        case version, pid, socket, counters, pins, identities, warnings, cache
+        case version, pid, socket, counters, pins, identities, warnings, cache, kerberos
         case secretStore = "secret_store"
         case userAnchors = "user_anchors"
         case startedAt = "started_at"
@@ -303,10 +326,18 @@ package struct ChallengeList: Codable, Sendable, Equatable {
 
 /// One line of `GET /v1/agent`.
 package struct AgentEvent: Codable, Sendable {
+    /// `notice`: something to act on that no answer settles (no Kerberos ticket).
+    package struct Notice: Codable, Sendable {
+        package var code: String
+        package var host: String?
+        package var message: String
+    }
+
     package var event: String
     package var agent: String?
     package var id: String?
     package var challenge: ChallengeRecord?
+    package var notice: Notice?
 }
 
 /// `POST /v1/agent/{id}/answer`.

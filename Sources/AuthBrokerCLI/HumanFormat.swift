@@ -272,6 +272,9 @@ package enum HumanFormat {
         if let cache = report.cache {
             fields.append(("http cache", Self.cacheSummary(cache)))
         }
+        if let kerberos = report.kerberos {
+            fields.append(("kerberos", Self.kerberosSummary(kerberos)))
+        }
         let width = fields.map(\.0.count).max() ?? 0
         for (label, value) in fields {
             lines.append("\(label):" + String(repeating: " ", count: width - label.count + 1) + value)
@@ -299,6 +302,25 @@ package enum HumanFormat {
         if cache.servedStale > 0 { text += ", \(cache.servedStale) served stale" }
         if cache.evictions > 0 { text += ", \(cache.evictions) evicted" }
         if cache.offline { text += " (offline)" }
+        return text
+    }
+
+    /// `alice@CORP.EXAMPLE, expires 2026-11-27 18:00:00 UTC; 12 tickets sent, 12 accepted`.
+    package static func kerberosSummary(_ kerberos: StatusReport.KerberosStatus) -> String {
+        var text: String
+        switch kerberos.ticket {
+        case "valid":
+            text = sanitized(kerberos.principal ?? "?")
+            if let expires = kerberos.expires { text += ", expires " + timestamp(expires) }
+        case "expired":
+            text = "ticket of \(sanitized(kerberos.principal ?? "?")) expired"
+        default:
+            text = "no ticket (run kinit)"
+        }
+        if let started = kerberos.contextsStarted, let accepted = kerberos.contextsAccepted {
+            text += "; \(started) tickets sent, \(accepted) accepted"
+        }
+        if let failure = kerberos.lastFailure { text += "; last failure: " + sanitized(failure) }
         return text
     }
 

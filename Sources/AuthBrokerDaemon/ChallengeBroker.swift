@@ -15,6 +15,8 @@ package final class ChallengeBroker<Space: Hashable & Sendable, Answer: Equatabl
     package enum AgentEvent: Equatable, Sendable {
         case offered(challenge: Queue.ChallengeID, space: Space, requester: Requester?)
         case withdrawn(challenge: Queue.ChallengeID)
+        /// Something the user should act on that no answer settles (no Kerberos ticket: `kinit`).
+        case notice(AgentNotice)
     }
 
     private var queue = Queue()
@@ -116,6 +118,12 @@ package final class ChallengeBroker<Space: Hashable & Sendable, Answer: Equatabl
 
     package var agentCount: Int { self.agentStreams.count }
 
+    /// Tells every attached agent; an agent that is not reading misses it (notices are advice,
+    /// not state: nothing waits on them).
+    package func notify(_ notice: AgentNotice) {
+        for continuation in self.agentStreams.values { continuation.yield(.notice(notice)) }
+    }
+
     // MARK: - Running actions
 
     private func run(_ action: Queue.Action) {
@@ -196,5 +204,19 @@ func untilClientGone<Result: Sendable>(
         let first = await group.next() ?? nil
         group.cancelAll()
         return first
+    }
+}
+
+/// A notice for agents: what happened, for which host, and what the user can do.
+package struct AgentNotice: Equatable, Sendable {
+    /// A broker error code (`kerberos_ticket_needed`).
+    package var code: String
+    package var host: String
+    package var message: String
+
+    package init(code: String, host: String, message: String) {
+        self.code = code
+        self.host = host
+        self.message = message
     }
 }

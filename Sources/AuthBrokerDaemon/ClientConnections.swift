@@ -666,7 +666,7 @@ package struct ClientConnectionServer: Sendable {
     }
 
     /// `GET /v1/agent`: a long-lived stream of JSON lines — `attached` (with the agent's id), then
-    /// `challenge` and `withdrawn` events — until the agent disconnects, which withdraws it from
+    /// `challenge`, `withdrawn` and `notice` events — until the agent disconnects, which withdraws it from
     /// every challenge it holds. Answers come on other connections (`POST /v1/agent/{id}/answer`).
     private func serveAgent(
         _ challenges: AgentChallenges, requestID: String, logger: Logger, requests: inout ClientRequestIterator,
@@ -683,6 +683,8 @@ package struct ClientConnectionServer: Sendable {
                 Self.line(AgentEventJSON(event: "challenge", challenge: ChallengeJSON(challenge, space: space, requester: requester)))
             case .withdrawn(let challenge):
                 Self.line(AgentEventJSON(event: "withdrawn", id: String(challenge)))
+            case .notice(let notice):
+                Self.line(AgentEventJSON(event: "notice", notice: .init(code: notice.code, host: notice.host, message: notice.message)))
             }
         }
         await challenges.detachAgent(agent)
@@ -799,8 +801,15 @@ package enum RequestIDs {
 
 /// One line of the agent stream.
 struct AgentEventJSON: Encodable {
+    struct Notice: Encodable {
+        var code: String
+        var host: String
+        var message: String
+    }
+
     var event: String
     var agent: String? = nil
     var id: String? = nil
     var challenge: ChallengeJSON? = nil
+    var notice: Notice? = nil
 }

@@ -52,6 +52,49 @@ package struct StatusReport: Codable, Sendable {
     package var warnings: [String]
     /// The HTTP cache's counters; nil when it is off.
     package var cache: ResponseCache.Counters?
+    /// The user's Kerberos credential and the Negotiate counters; nil when `[kerberos]` names
+    /// no host and not the proxy.
+    package var kerberos: KerberosStatus?
+
+    /// `kerberos` in `GET /v1/status`.
+    package struct KerberosStatus: Codable, Sendable, Equatable {
+        /// "valid", "expired" or "missing".
+        package var ticket: String
+        package var principal: String?
+        package var expires: Date?
+        /// What GSS-API said when it found no usable ticket.
+        package var detail: String?
+        package var hosts: [String]
+        package var proxy: Bool
+        package var contextsStarted: Int
+        package var contextsAccepted: Int
+        package var mutualVerified: Int
+        package var failures: Int
+        /// The latest failure (`kind: detail`), while nothing has succeeded since.
+        package var lastFailure: String?
+
+        enum CodingKeys: String, CodingKey {
+            case ticket, principal, expires, detail, hosts, proxy, failures
+            case contextsStarted = "contexts_started"
+            case contextsAccepted = "contexts_accepted"
+            case mutualVerified = "mutual_verified"
+            case lastFailure = "last_failure"
+        }
+
+        /// What `status` warns about: no ticket, an expired one, one about to expire.
+        package func warnings(now: Date) -> [String] {
+            switch self.ticket {
+            case "valid":
+                guard let expires, expires.timeIntervalSince(now) < KerberosNegotiator.expiryWarning else { return [] }
+                let minutes = max(0, Int(expires.timeIntervalSince(now) / 60))
+                return ["The Kerberos ticket of \(self.principal ?? "your principal") expires in \(minutes) minutes; run `kinit` (or `kinit -R`) to renew it."]
+            case "expired":
+                return ["The Kerberos ticket of \(self.principal ?? "your principal") has expired: servers in [kerberos] hosts get no ticket; run `kinit`."]
+            default:
+                return ["No Kerberos ticket: servers in [kerberos] hosts get none until you run `kinit` (the daemon looks where KRB5CCNAME in its environment points, else the default cache)."]
+            }
+        }
+    }
 
     package static let offlineWarning = "Offline mode is on: requests are answered from the cache only (`authbrokerctl offline off` ends it)."
 
@@ -97,7 +140,7 @@ package struct StatusReport: Codable, Sendable {
     }
 
     enum CodingKeys: String, CodingKey {
-        case version, pid, socket, counters, pins, identities, warnings, cache
+        case version, pid, socket, counters, pins, identities, warnings, cache, kerberos
         case secretStore = "secret_store"
         case startedAt = "started_at"
         case uptimeSeconds = "uptime_seconds"
@@ -140,11 +183,13 @@ package struct ControlAPI: Sendable {
     package let flows: FlowLog?
     /// The HTTP cache; nil when it is off.
     package let cache: ResponseCache?
+    /// Negotiate; nil in tests of the router alone.
+    package let kerberos: KerberosNegotiator?
 
     package init(
         store: TrustStore, vault: PasswordVault, reauth: ReauthService? = nil, challenges: AgentChallenges? = nil,
         identities: ClientIdentities? = nil, localCA: LocalCA? = nil, reloader: RulesReloader? = nil, flows: FlowLog? = nil,
-        cache: ResponseCache? = nil, publicSuffixes: PublicSuffixList = .defaultRuleOnly,
+        cache: ResponseCache? = nil, kerberos: KerberosNegotiator? = nil, publicSuffixes: PublicSuffixList = .defaultRuleOnly,
         status: @escaping @Sendable () -> StatusReport,
         inspect: @escaping @Sendable (CanonicalOrigin) async throws -> Inspection
     ) {
@@ -158,6 +203,7 @@ package struct ControlAPI: Sendable {
         self.reloader = reloader
         self.flows = flows
         self.cache = cache
+        self.kerberos = kerberos
         self.status = status
         self.inspect = inspect
     }
@@ -183,7 +229,14 @@ package struct ControlAPI: Sendable {
         let segments = path.split(separator: "/", omittingEmptySubsequences: true).map(String.init)
         switch (method, segments) {
         case (.GET, ["v1", "status"]):
-            return try Self.json(.ok, self.status())
+            var report = self.status()
+            if let kerberos = self.kerberos, kerberos.policy.isEnabled {
+                // The credential cache is read on the Kerberos threads, never here.
+                let status = await Self.kerberosStatus(kerberos)
+                report.kerberos = status
+                report.warnings += status.warnings(now: Date())
+            }
+            return try Self.json(.ok, report)
 
         case (.GET, ["v1", "anchors"]):
             return try Self.json(.ok, ["anchors": self.store.anchors().map(AnchorJSON.init)])
@@ -530,6 +583,17 @@ package struct ControlAPI: Sendable {
                 }
             throw BrokerError(code: BrokerErrorCode(error.kind), status: status, title: "Trust store request failed", detail: error.description)
         }
+    }
+
+    static func kerberosStatus(_ kerberos: KerberosNegotiator) async -> StatusReport.KerberosStatus {
+        let credential = await kerberos.credential()
+        let counts = kerberos.counters
+        return StatusReport.KerberosStatus(
+            ticket: credential.state, principal: credential.principal, expires: credential.expires, detail: credential.detail,
+            hosts: kerberos.policy.hosts.map(\.description), proxy: kerberos.policy.proxy, contextsStarted: counts.contextsStarted,
+            contextsAccepted: counts.contextsAccepted, mutualVerified: counts.mutualVerified, failures: counts.failures,
+            lastFailure: kerberos.latestFailure.map { "\($0.failure)" }
+        )
     }
 
     func cacheOn() throws -> ResponseCache {

@@ -85,6 +85,9 @@ struct Agent: AsyncParsableCommand {
             Console.out("Attached as agent \(event.agent ?? "?"). Waiting for challenges; Ctrl-C to stop.")
         case "withdrawn":
             Console.out("Challenge \(event.id ?? "?") no longer needs an answer (answered elsewhere, timed out, or its request went away).")
+        case "notice":
+            guard let notice = event.notice else { return }
+            Console.out("Notice (\(HumanFormat.sanitized(notice.code))): \(HumanFormat.sanitized(notice.message))")
         case "challenge":
             guard let challenge = event.challenge, let agent = agentID else { return }
             Console.out(HumanFormat.challengeOffer(challenge))
