@@ -13,10 +13,10 @@ func configText(resolving names: [(String, TestOrigin)], extra: String = "") -> 
 
 /// Runs `body` with a started daemon, and always stops it and removes its directory.
 func withDaemon<T>(
-    config: String = "", directory: String? = nil, keepDirectory: Bool = false,
+    config: String = "", directory: String? = nil, keepDirectory: Bool = false, extraEnvironment: [String: String] = [:],
     _ body: (DaemonProcess) async throws -> T
 ) async throws -> T {
-    let daemon = try await DaemonProcess.start(config: config, directory: directory)
+    let daemon = try await DaemonProcess.start(config: config, directory: directory, extraEnvironment: extraEnvironment)
     do {
         let result = try await body(daemon)
         await daemon.stop()
