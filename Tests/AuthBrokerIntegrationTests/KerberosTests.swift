@@ -205,6 +205,37 @@ struct KerberosTests {
     }
 
     @Test(
+        "a server that cannot prove it holds the service key (mutual authentication) gets its response withheld",
+        arguments: [
+            // negTokenResp accept-completed naming Kerberos, with no AP-REP in it.
+            "oRQwEqADCgEAoQsGCSqGSIb3EgECAg==",
+            // Not a token at all.
+            "YWJjZA==",
+        ]
+    )
+    func impostor(token: String) async throws {
+        try await KerberosFixtureTests.withRealm { realm in
+            _ = try realm.addService("HTTP/localhost")
+            try realm.kinit(user: Self.user, password: Self.password)
+            let ca = try TestPKI.makeCA(commonName: "Impostor Test CA")
+            // It holds a certificate the user trusts for localhost, but not HTTP/localhost's key.
+            let impostor = try await TestOrigin.start(name: "impostor", identity: try TestPKI.makeLeaf(dnsNames: ["localhost"], issuer: ca))
+            try await KerberosFixtureTests.stopping({ await impostor.stop() }) {
+                let config = "[kerberos]\nhosts = [\"localhost\"]\n[upstream]\nresolve = [\"localhost:\(impostor.port):127.0.0.1\"]\n"
+                try await withDaemon(config: config, extraEnvironment: realm.environment) { daemon in
+                    #expect(try addAnchor(daemon, pem: ca.pem, hosts: ["localhost"]).status == 201)
+                    let response = try UnixSocketConnection(path: daemon.socketPath).request(
+                        "GET", "https://localhost:\(impostor.port)/negotiate-impostor/\(token)"
+                    )
+                    #expect(response.status == 502, "\(response.text)")
+                    #expect(response.header("Authbroker-Error") == "kerberos_mutual_auth_failed", "\(response.text)")
+                    #expect(!response.text.contains("welcome"))
+                }
+            }
+        }
+    }
+
+    @Test(
         "Squid demanding Negotiate as the upstream proxy: http and https (CONNECT), 1000 requests for a handful of 407s",
         .enabled(if: SquidProxy.isNegotiateInstalled, "squid-openssl is not installed (scripts/install-deps test)")
     )

@@ -217,6 +217,22 @@ private final class OriginHandler: ChannelInboundHandler {
             }
         case "expect":
             self.send(context: context, status: .ok, body: "received \(self.receivedBytes) bytes")
+        case "negotiate-impostor":
+            // A server that asks for Negotiate and, given any token, claims success with a
+            // final token it could not have made without the service key (`/negotiate-impostor/
+            // <base64>`; "-" for none).
+            let token = parts.count > 1 ? parts[1] : "-"
+            var headers = HTTPHeaders()
+            let authorized = head.headers.first(name: "authorization")?.lowercased().hasPrefix("negotiate ") == true
+            headers.add(name: "www-authenticate", value: authorized ? (token == "-" ? "Negotiate" : "Negotiate \(token)") : "Negotiate")
+            let body = authorized ? "impostor says welcome" : ""
+            headers.add(name: "content-length", value: String(body.utf8.count))
+            context.write(
+                self.wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: authorized ? .ok : .unauthorized, headers: headers))),
+                promise: nil
+            )
+            context.write(self.wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: body)))), promise: nil)
+            context.writeAndFlush(self.wrapOutboundOut(.end(nil)), promise: nil)
         case "offer-challenges":
             // A 401 offering what real servers mix: Negotiate and NTLM beside Digest and Basic,
             // or only Bearer.
