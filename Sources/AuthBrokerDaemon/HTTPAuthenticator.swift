@@ -107,8 +107,11 @@ package final class HTTPAuthenticator: Sendable {
     private let offeredToClient: NIOLockedValueBox<BoundedTable<CanonicalOrigin, ProtectionSpace>>
     /// Answers Negotiate where `[kerberos]` allows; nil: never (tests without Kerberos).
     package let kerberos: KerberosNegotiator?
-    /// Challengers that accepted a Kerberos token: later requests carry one up front.
-    private let negotiateKnown: NIOLockedValueBox<BoundedTable<Authority, Bool>>
+    /// Challengers that accepted a Kerberos token, with the directories of the URIs they took it
+    /// for (the proxy's: "", every request): later requests under one carry a token up front.
+    /// Scoped like Basic (RFC 7617 §2.2): a fresh context costs both sides work, and a server's
+    /// open paths would only ignore it.
+    private let negotiateKnown: NIOLockedValueBox<BoundedTable<Authority, [String]>>
     private let audit: AuditLog?
     private let logger: Logger
 
@@ -182,17 +185,25 @@ package final class HTTPAuthenticator: Sendable {
 
     /// Whether `challenger` accepted a Kerberos token before (and still may get one).
     package func knowsNegotiate(at challenger: CanonicalOrigin, isProxy: Bool = false) -> Bool {
-        self.kerberos != nil && self.negotiateKnown.withLockedValue { $0.peek(Authority(origin: challenger, isProxy: isProxy)) == true }
+        self.kerberos != nil && self.negotiateKnown.withLockedValue { $0.peek(Authority(origin: challenger, isProxy: isProxy))?.isEmpty == false }
+    }
+
+    /// Whether a request for `uri` to `challenger` falls under a directory that took a token.
+    private func negotiateCovers(_ challenger: CanonicalOrigin, isProxy: Bool, uri: String) -> Bool {
+        let path = uri.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? uri
+        return self.negotiateKnown.withLockedValue { known in
+            known[Authority(origin: challenger, isProxy: isProxy)]?.contains { path.hasPrefix($0) } == true
+        }
     }
 
     /// Sets `state.authorization` to a fresh Negotiate token when `challenger` accepted one
     /// before: such a server would only answer 401 first. Runs the GSS-API step off the event
     /// loops; a failure here only means no token up front (the 401 then says why).
     package func negotiatePreemptively(
-        _ challenger: CanonicalOrigin, isProxy: Bool = false, requester: Requester?, state: inout RequestAuthState
+        _ challenger: CanonicalOrigin, isProxy: Bool = false, uri: String, requester: Requester?, state: inout RequestAuthState
     ) async {
         guard state.lastAttempt == .noCredentials, state.authorization == nil, let kerberos = self.kerberos,
-            self.knowsNegotiate(at: challenger, isProxy: isProxy),
+            self.negotiateCovers(challenger, isProxy: isProxy, uri: uri),
             case .answer(let delegate) = kerberos.policy.decide(challenger, isProxy: isProxy),
             case .success(let started) = await kerberos.start(for: challenger, delegate: delegate)
         else { return }
@@ -291,7 +302,7 @@ package final class HTTPAuthenticator: Sendable {
     /// challenger takes tokens up front from now on, and a token in the response must prove the
     /// server's identity (mutual authentication, RFC 4559 §5). Returns the failure when it does not.
     package func negotiateAccepted(
-        _ head: HTTPResponseHead, challenger: CanonicalOrigin, isProxy: Bool, state: RequestAuthState
+        _ head: HTTPResponseHead, challenger: CanonicalOrigin, isProxy: Bool, uri: String, state: RequestAuthState
     ) async -> KerberosFailure? {
         guard let kerberos = self.kerberos, let context = state.negotiate else { return nil }
         let authority = Authority(origin: challenger, isProxy: isProxy)
@@ -303,7 +314,15 @@ package final class HTTPAuthenticator: Sendable {
             return failure
         }
         kerberos.accepted()
-        self.negotiateKnown.withLockedValue { $0[authority] = true }
+        let prefix = isProxy ? "" : Self.directory(of: uri)
+        self.negotiateKnown.withLockedValue { known in
+            var prefixes = known[authority] ?? []
+            guard !prefixes.contains(where: { prefix.hasPrefix($0) }) else { return }
+            prefixes.removeAll { $0.hasPrefix(prefix) }
+            prefixes.append(prefix)
+            if prefixes.count > Self.maxKnownSpacesPerOrigin { prefixes.removeFirst(prefixes.count - Self.maxKnownSpacesPerOrigin) }
+            known[authority] = prefixes
+        }
         return nil
     }
 

@@ -160,7 +160,7 @@ package struct Interceptor: Sendable {
         // A server that took a Kerberos token before gets a fresh one up front (off the event loop).
         if adopted == nil, self.authenticator.knowsNegotiate(at: origin) {
             var state = auth.withLockedValue { $0 }
-            await self.authenticator.negotiatePreemptively(origin, requester: peer?.requester, state: &state)
+            await self.authenticator.negotiatePreemptively(origin, uri: pathAndQuery, requester: peer?.requester, state: &state)
             auth.withLockedValue { $0 = state }
         }
         // A body too large to keep for a resend goes to a space the broker cannot authorize up
@@ -691,7 +691,9 @@ package struct Interceptor: Sendable {
                     }
                     if let proxy = auth.proxy, !fromProxy {
                         let proxyState = proxy.state.withLockedValue { $0 }
-                        if let failure = await self.authenticator.negotiateAccepted(head, challenger: proxy.origin, isProxy: true, state: proxyState) {
+                        if let failure = await self.authenticator.negotiateAccepted(
+                            head, challenger: proxy.origin, isProxy: true, uri: proxy.uri, state: proxyState
+                        ) {
                             _ = await Self.readAway(&iterator)
                             return await self.sendKerberosError(
                                 .kerberos(failure, challenger: proxy.origin, isProxy: true, origin: auth.origin), requestID: requestID,
@@ -702,7 +704,9 @@ package struct Interceptor: Sendable {
                     }
                     if head.status != .unauthorized, !fromProxy {
                         let authState = auth.state.withLockedValue { $0 }
-                        if let failure = await self.authenticator.negotiateAccepted(head, challenger: auth.origin, isProxy: false, state: authState) {
+                        if let failure = await self.authenticator.negotiateAccepted(
+                            head, challenger: auth.origin, isProxy: false, uri: auth.uri, state: authState
+                        ) {
                             // The server did not prove who it is: its response is not passed on.
                             _ = await Self.readAway(&iterator)
                             return await self.sendKerberosError(

@@ -331,7 +331,9 @@ package final class UpstreamConnector: Sendable {
             origin: proxy, method: .CONNECT, uri: target, isProxy: true, requester: { context?.requester }, state: &auth
         )
         // A tunnel is a new connection: a proxy that took a Kerberos token before wants one on it.
-        await self.proxyAuthenticator?.negotiatePreemptively(proxy, isProxy: true, requester: context?.requester, state: &auth)
+        await self.proxyAuthenticator?.negotiatePreemptively(
+            proxy, isProxy: true, uri: target, requester: context?.requester, state: &auth
+        )
         for attempt in 1...Self.maxTunnelAttempts {
             let responsePromise = self.group.next().makePromise(of: HTTPResponseHead.self)
             let channel: any Channel
@@ -376,7 +378,9 @@ package final class UpstreamConnector: Sendable {
                 throw BrokerError.proxyTunnelFailed(proxy: proxy, origin: origin, reason: reason)
             }
             if (200..<300).contains(answer.status.code) {
-                if let failure = await self.proxyAuthenticator?.negotiateAccepted(answer, challenger: proxy, isProxy: true, state: auth) {
+                if let failure = await self.proxyAuthenticator?.negotiateAccepted(
+                    answer, challenger: proxy, isProxy: true, uri: target, state: auth
+                ) {
                     channel.close(promise: nil)
                     throw BrokerError.kerberos(failure, challenger: proxy, isProxy: true, origin: origin)
                 }

@@ -78,6 +78,11 @@ struct KerberosTests {
             #expect(site.unauthorizedCount == 1, "\(site.accessLog)")
             #expect(realm.serviceTicketsIssued(for: "HTTP/localhost") == 1)
 
+            // Tokens go up front only under the directory that took one: an open path gets none.
+            let started = try #require(try Self.status(daemon)["kerberos"] as? [String: Any])["contexts_started"] as? Int
+            for _ in 0..<5 { #expect(try connection.request("GET", site.url("/public/")).status == 200) }
+            #expect(try #require(try Self.status(daemon)["kerberos"] as? [String: Any])["contexts_started"] as? Int == started)
+
             // A location that offers Basic too: Negotiate is preferred, no password is involved.
             let both = try connection.request("GET", site.url("/negotiate-or-basic/"))
             #expect(both.status == 200)
