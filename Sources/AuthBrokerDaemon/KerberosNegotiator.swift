@@ -51,6 +51,8 @@ package final class KerberosNegotiator: Sendable {
     /// whose a context is until it is established, and reading the cache for every token would
     /// cost a file read each.
     private let principal = NIOLockedValueBox<(name: String?, readAt: ContinuousClock.Instant)?>(nil)
+    /// The user's credential, acquired once and shared by every context until one fails with it.
+    private let credential = NIOLockedValueBox<GSSCredential?>(nil)
     static let principalRefresh: Duration = .seconds(60)
     /// The latest failure, for `status`: what it was and when.
     private let lastFailure = NIOLockedValueBox<(failure: KerberosFailure, at: Date)?>(nil)
@@ -86,19 +88,31 @@ package final class KerberosNegotiator: Sendable {
     package func start(for challenger: CanonicalOrigin, delegate: Bool) async -> Result<Started, KerberosFailure> {
         let lookUp = self.cnameLookup
         let principals = self.principal
+        let credentials = self.credential
         let result = await self.run { () -> Result<Started, KerberosFailure> in
-            do throws(KerberosFailure) {
-                let context = try NegotiateContext(serviceHost: ServiceHost.canonical(challenger.host, lookUp: lookUp), delegate: delegate)
-                let step = try context.step(serverToken: nil)
-                guard let token = step.token else {
-                    return .failure(KerberosFailure(.other, detail: "GSS-API made no initial token"))
+            let host = ServiceHost.canonical(challenger.host, lookUp: lookUp)
+            // With the shared credential first; a failure may only mean it went stale (a new
+            // ticket, an expired one), so the context is tried once more with a fresh one.
+            var lastFailure: KerberosFailure?
+            var usedShared = false
+            for fresh in [false, true] where !fresh || usedShared {
+                do throws(KerberosFailure) {
+                    let (credential, shared) = try Self.credential(credentials, fresh: fresh)
+                    usedShared = shared
+                    let context = try NegotiateContext(serviceHost: host, delegate: delegate, credential: credential)
+                    let step = try context.step(serverToken: nil)
+                    guard let token = step.token else {
+                        return .failure(KerberosFailure(.other, detail: "GSS-API made no initial token"))
+                    }
+                    return .success(
+                        Started(context: context, authorization: NegotiatePolicy.authorization(token: token), principal: Self.principal(principals))
+                    )
+                } catch {
+                    lastFailure = error
                 }
-                return .success(
-                    Started(context: context, authorization: NegotiatePolicy.authorization(token: token), principal: Self.principal(principals))
-                )
-            } catch {
-                return .failure(Self.explained(error))
             }
+            credentials.withLockedValue { $0 = nil }
+            return .failure(Self.explained(lastFailure ?? KerberosFailure(.other, detail: "no context")))
         }
         self.counts.withLockedValue { counts in
             if case .success = result { counts.contextsStarted += 1 } else { counts.failures += 1 }
@@ -198,6 +212,17 @@ package final class KerberosNegotiator: Sendable {
     }
 
     // MARK: - Helpers
+
+    /// The shared credential, acquired when there is none or `fresh` asks for a new one. Runs on
+    /// the Kerberos threads.
+    private static func credential(
+        _ box: NIOLockedValueBox<GSSCredential?>, fresh: Bool
+    ) throws(KerberosFailure) -> (credential: GSSCredential, shared: Bool) {
+        if !fresh, let shared = box.withLockedValue({ $0 }) { return (shared, true) }
+        let acquired = try GSSCredential()
+        box.withLockedValue { $0 = acquired }
+        return (acquired, false)
+    }
 
     /// The principal of the credential, read again when older than `principalRefresh`. Runs on
     /// the Kerberos threads.

@@ -20,6 +20,8 @@ package final class NegotiateContext: @unchecked Sendable {
 
     /// `HTTP@host`: the host-based service name the ticket is for (RFC 4559 §4).
     package let serviceName: String
+    /// The credential the context speaks for; nil: the default one, looked up at each step.
+    private let credential: GSSCredential?
     private let flags: OM_uint32
     private let lock = NIOLock()
     private var context: gss_ctx_id_t?
@@ -29,9 +31,11 @@ package final class NegotiateContext: @unchecked Sendable {
     /// - Parameters:
     ///   - serviceHost: the server's host name, already canonicalised.
     ///   - delegate: whether the server may act as the user (a forwardable ticket goes with it).
+    ///   - credential: the user's credential, acquired before; nil: the default, looked up now.
     /// - Throws: when GSS-API cannot read the name.
-    package init(serviceHost: String, delegate: Bool) throws(KerberosFailure) {
+    package init(serviceHost: String, delegate: Bool, credential: GSSCredential? = nil) throws(KerberosFailure) {
         self.serviceName = "HTTP@" + serviceHost
+        self.credential = credential
         var flags = OM_uint32(GSS_C_MUTUAL_FLAG) | OM_uint32(GSS_C_SEQUENCE_FLAG)
         if delegate { flags |= OM_uint32(GSS_C_DELEG_FLAG) }
         self.flags = flags
@@ -69,11 +73,14 @@ package final class NegotiateContext: @unchecked Sendable {
             if let serverToken {
                 major = serverToken.withUnsafeBytes { bytes in
                     cgss_init_step(
-                        &minor, &self.context, self.target, self.flags, bytes.baseAddress, bytes.count, &output, &returnedFlags
+                        &minor, self.credential?.handle, &self.context, self.target, self.flags, bytes.baseAddress, bytes.count,
+                        &output, &returnedFlags
                     )
                 }
             } else {
-                major = cgss_init_step(&minor, &self.context, self.target, self.flags, nil, 0, &output, &returnedFlags)
+                major = cgss_init_step(
+                    &minor, self.credential?.handle, &self.context, self.target, self.flags, nil, 0, &output, &returnedFlags
+                )
             }
             defer {
                 var ignored: OM_uint32 = 0
@@ -95,6 +102,30 @@ package final class NegotiateContext: @unchecked Sendable {
             return .success(Step(token: token, complete: complete))
         }
         return try result.get()
+    }
+}
+
+/// A handle on the user's default credential, acquired once and shared by contexts: MIT's
+/// library reads the cache behind it at each use, so a `kinit` that replaces the ticket is seen;
+/// an acquisition whose ticket has since expired fails its contexts, and the caller acquires
+/// again.
+// @unchecked: the handle is immutable after init; MIT's credential locks itself for each use.
+package final class GSSCredential: @unchecked Sendable {
+    let handle: gss_cred_id_t?
+
+    /// - Throws: as a context step would (no ticket, expired).
+    package init() throws(KerberosFailure) {
+        var minor: OM_uint32 = 0
+        var handle: gss_cred_id_t?
+        let major = cgss_acquire_default(&minor, &handle)
+        guard cgss_is_error(major) == 0 else { throw KerberosFailure.from(major: major, minor: minor) }
+        self.handle = handle
+    }
+
+    deinit {
+        var minor: OM_uint32 = 0
+        var handle = self.handle
+        if handle != nil { gss_release_cred(&minor, &handle) }
     }
 }
 

@@ -52,16 +52,24 @@ static inline OM_uint32 cgss_import_service_name(OM_uint32 *minor, const char *s
     return gss_import_name(minor, &buffer, GSS_C_NT_HOSTBASED_SERVICE, name);
 }
 
-/// One step of an initiator's SPNEGO context with the default credential (the credential cache
-/// `klist` shows): `input` is the server's token (NULL on the first step). The output token is
-/// the caller's to release with gss_release_buffer.
+/// The default credential (the credential cache `klist` shows) as a handle for Kerberos
+/// initiators, released by the caller with gss_release_cred. Acquiring it once spares every
+/// context the cache selection (`~/.k5identity`, the client keytab) a default credential costs.
+static inline OM_uint32 cgss_acquire_default(OM_uint32 *minor, gss_cred_id_t *credential) {
+    gss_OID_set_desc mechanisms = {1, cgss_krb5_mechanism()};
+    return gss_acquire_cred(minor, GSS_C_NO_NAME, GSS_C_INDEFINITE, &mechanisms, GSS_C_INITIATE, credential, NULL, NULL);
+}
+
+/// One step of an initiator's SPNEGO context with `credential` (GSS_C_NO_CREDENTIAL: the
+/// default): `input` is the server's token (NULL on the first step). The output token is the
+/// caller's to release with gss_release_buffer.
 static inline OM_uint32 cgss_init_step(
-    OM_uint32 *minor, gss_ctx_id_t *context, gss_name_t target, OM_uint32 flags,
+    OM_uint32 *minor, gss_cred_id_t credential, gss_ctx_id_t *context, gss_name_t target, OM_uint32 flags,
     const void *input, size_t input_length, gss_buffer_desc *output, OM_uint32 *returned_flags
 ) {
     gss_buffer_desc input_buffer = {input_length, (void *)input};
     return gss_init_sec_context(
-        minor, GSS_C_NO_CREDENTIAL, context, target, cgss_spnego_mechanism(), flags, GSS_C_INDEFINITE,
+        minor, credential, context, target, cgss_spnego_mechanism(), flags, GSS_C_INDEFINITE,
         GSS_C_NO_CHANNEL_BINDINGS, input == NULL ? GSS_C_NO_BUFFER : &input_buffer, NULL, output, returned_flags, NULL
     );
 }
