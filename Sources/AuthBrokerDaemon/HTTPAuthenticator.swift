@@ -218,6 +218,9 @@ package final class HTTPAuthenticator: Sendable {
         state.negotiate = started.context
         state.negotiatePreemptive = preemptive
         state.negotiateFailure = nil
+        FlowCapture.current?.credentialUsed(
+            ProtectionSpace(origin: challenger, realm: "", authScheme: "negotiate", isProxy: isProxy), user: started.principal ?? ""
+        )
         self.audit?.record(
             .ticketUsed(
                 challenger: challenger, service: started.context.serviceName, principal: started.principal, isProxy: isProxy,
@@ -257,13 +260,13 @@ package final class HTTPAuthenticator: Sendable {
                     state.negotiateFailure = failure
                 }
             }
+            // A refused token sent up front gets one fresh context; a refused fresh one, none.
             if !state.negotiatePreemptive { state.negotiateRefused = true }
             self.negotiateKnown.withLockedValue { $0[Authority(origin: challenger, isProxy: isProxy)] = nil }
             self.logger.notice(
                 "the server refused the Kerberos token",
                 metadata: ["host": "\(challenger.host)", "preemptive": "\(state.negotiatePreemptive)"]
             )
-            if state.negotiateRefused { return nil }
         }
         guard !state.negotiateRefused else { return nil }
         switch await kerberos.start(for: challenger, delegate: delegate) {

@@ -677,44 +677,15 @@ package struct Interceptor: Sendable {
                         let readToEnd = await Self.readAway(&iterator)
                         return .challengeAnswered(upstreamKeepAlive: readToEnd && head.isKeepAlive, byProxy: fromProxy)
                     }
-                    // Kerberos was asked for and allowed, no token could be made, and the app
-                    // could answer nothing else: the broker's error says why (run kinit, ...).
-                    if head.status == .unauthorized || fromProxy,
-                        let failure = self.kerberosFailureForClient(head, auth: auth, isProxy: fromProxy)
-                    {
+                    if let (failure, challenger, byProxy) = await self.acceptOrRefuseKerberos(head, auth: auth, fromProxy: fromProxy) {
+                        // Kerberos could not be done (no token for an app that could answer
+                        // nothing else), or a server did not prove who it is: its response is not
+                        // passed on; the broker's error says why.
                         _ = await Self.readAway(&iterator)
-                        let challenger = fromProxy ? auth.proxy?.origin ?? auth.origin : auth.origin
                         return await self.sendKerberosError(
-                            .kerberos(failure, challenger: challenger, isProxy: fromProxy, origin: auth.origin), requestID: requestID,
+                            .kerberos(failure, challenger: challenger, isProxy: byProxy, origin: auth.origin), requestID: requestID,
                             writer: writer, clientWantsKeepAlive: clientWantsKeepAlive, state: state, closeClient: closeClient, draining: draining
                         )
-                    }
-                    if let proxy = auth.proxy, !fromProxy {
-                        let proxyState = proxy.state.withLockedValue { $0 }
-                        if let failure = await self.authenticator.negotiateAccepted(
-                            head, challenger: proxy.origin, isProxy: true, uri: proxy.uri, state: proxyState
-                        ) {
-                            _ = await Self.readAway(&iterator)
-                            return await self.sendKerberosError(
-                                .kerberos(failure, challenger: proxy.origin, isProxy: true, origin: auth.origin), requestID: requestID,
-                                writer: writer, clientWantsKeepAlive: clientWantsKeepAlive, state: state, closeClient: closeClient, draining: draining
-                            )
-                        }
-                        self.authenticator.responseAccepted(head, origin: proxy.origin, uri: proxy.uri, state: proxyState)
-                    }
-                    if head.status != .unauthorized, !fromProxy {
-                        let authState = auth.state.withLockedValue { $0 }
-                        if let failure = await self.authenticator.negotiateAccepted(
-                            head, challenger: auth.origin, isProxy: false, uri: auth.uri, state: authState
-                        ) {
-                            // The server did not prove who it is: its response is not passed on.
-                            _ = await Self.readAway(&iterator)
-                            return await self.sendKerberosError(
-                                .kerberos(failure, challenger: auth.origin, isProxy: false, origin: auth.origin), requestID: requestID,
-                                writer: writer, clientWantsKeepAlive: clientWantsKeepAlive, state: state, closeClient: closeClient, draining: draining
-                            )
-                        }
-                        self.authenticator.responseAccepted(head, origin: auth.origin, uri: auth.uri, state: authState)
                     }
                     status = Int(head.status.code)
                     upstreamKeepAlive = head.isKeepAlive
@@ -831,6 +802,35 @@ package struct Interceptor: Sendable {
         guard let decided else { return false }
         stateBox.withLockedValue { $0 = decided.state }
         return decided.retry
+    }
+
+    /// A final head the client may see, before it does: the proxy and the origin take it as the
+    /// answer to what the broker sent them (`responseAccepted`, `negotiateAccepted`). Returns
+    /// the Kerberos failure that must replace it, and whose it is: a 401/407 to Negotiate the app
+    /// cannot answer otherwise, or a final token that does not prove the server's identity.
+    private func acceptOrRefuseKerberos(
+        _ head: HTTPResponseHead, auth: AuthContext, fromProxy: Bool
+    ) async -> (KerberosFailure, challenger: CanonicalOrigin, byProxy: Bool)? {
+        if head.status == .unauthorized || fromProxy, let failure = self.kerberosFailureForClient(head, auth: auth, isProxy: fromProxy) {
+            return (failure, fromProxy ? auth.proxy?.origin ?? auth.origin : auth.origin, fromProxy)
+        }
+        if let proxy = auth.proxy, !fromProxy {
+            let proxyState = proxy.state.withLockedValue { $0 }
+            if let failure = await self.authenticator.negotiateAccepted(
+                head, challenger: proxy.origin, isProxy: true, uri: proxy.uri, state: proxyState
+            ) {
+                return (failure, proxy.origin, true)
+            }
+            self.authenticator.responseAccepted(head, origin: proxy.origin, uri: proxy.uri, state: proxyState)
+        }
+        if head.status != .unauthorized, !fromProxy {
+            let authState = auth.state.withLockedValue { $0 }
+            if let failure = await self.authenticator.negotiateAccepted(head, challenger: auth.origin, isProxy: false, uri: auth.uri, state: authState) {
+                return (failure, auth.origin, false)
+            }
+            self.authenticator.responseAccepted(head, origin: auth.origin, uri: auth.uri, state: authState)
+        }
+        return nil
     }
 
     /// Why the client gets the broker's Kerberos error instead of this 401 (or the proxy's 407):

@@ -57,7 +57,7 @@ struct KerberosTests {
 
     @Test("an origin that requires Negotiate: the app gets 200 and never a Negotiate challenge; later requests carry a ticket up front")
     func origin() async throws {
-        try await Self.withApache(kerberos: "hosts = [\"localhost\"]") { realm, site, daemon in
+        try await Self.withApache(kerberos: "hosts = [\"localhost\"]\n[flows]\nrecord = \"always\"") { realm, site, daemon in
             let connection = try UnixSocketConnection(path: daemon.socketPath)
             let first = try connection.request("GET", site.url("/negotiate/"))
             #expect(first.status == 200, "\(first.text)")
@@ -103,6 +103,11 @@ struct KerberosTests {
             #expect(line.contains("\"pid\":"))
             #expect(!audit.contains("Negotiate "), "no token in the audit log")
             #expect(!daemon.log.contains("Negotiate Y"), "no token in the daemon's log")
+
+            // The flow log says what the broker applied: Negotiate, as the principal.
+            let flows = try UnixSocketConnection(path: daemon.socketPath).request("GET", "/v1/flows?last=3")
+            #expect(flows.text.contains("\"negotiate\"") && flows.text.contains("alice@AUTHBROKER.TEST"), "\(flows.text)")
+            #expect(!flows.text.contains("Negotiate Y"), "no token in the flow log")
         }
     }
 
