@@ -111,6 +111,45 @@ struct KerberosTests {
         }
     }
 
+    @Test("delegation only to delegate_hosts: the server gets the user's forwardable ticket there and nowhere else")
+    func delegation() async throws {
+        for delegating in [false, true] {
+            let kerberos = "hosts = [\"localhost\"]" + (delegating ? "\ndelegate_hosts = [\"localhost\"]" : "")
+            try await Self.withApache(kerberos: kerberos, kinit: false) { realm, site, daemon in
+                try realm.kinit(user: Self.user, password: Self.password, forwardable: true)
+                let response = try UnixSocketConnection(path: daemon.socketPath).request("GET", site.url("/delegate/"))
+                #expect(response.status == 200, "\(response.text)")
+                // Delegating, the client asks the KDC for a forwarded TGT to put in the token.
+                #expect((realm.serviceTicketsIssued(for: "krbtgt/\(realm.realm)") > 0) == delegating, "\(delegating): \(realm.kdcLog)")
+                // And the server received credentials (mod_auth_gssapi logs what it does with them).
+                #expect(site.errorLog.contains("delegated creds") == delegating, "\(delegating): \(site.errorLog)")
+                let auditPath = daemon.directory + "/state/authbroker/audit.jsonl"
+                let audited = await waitUntil(seconds: 5) {
+                    ((try? String(contentsOfFile: auditPath, encoding: .utf8)) ?? "").contains("kerberos_ticket_used")
+                }
+                #expect(audited)
+                let audit = (try? String(contentsOfFile: auditPath, encoding: .utf8)) ?? ""
+                #expect(audit.contains("\"delegated\":true") == delegating, "\(audit)")
+            }
+        }
+    }
+
+    @Test("20 apps asking at once for a host not yet visited: all get 200, and the KDC is asked for its ticket at most twice")
+    func concurrentFirstRequests() async throws {
+        try await Self.withApache(kerberos: "hosts = [\"localhost\"]") { realm, site, daemon in
+            let url = site.url("/negotiate/")
+            let statuses = try await withThrowingTaskGroup(of: Int.self) { group in
+                for _ in 0..<20 {
+                    group.addTask { try UnixSocketConnection(path: daemon.socketPath).request("GET", url).status }
+                }
+                return try await group.reduce(into: [Int]()) { $0.append($1) }
+            }
+            #expect(statuses == Array(repeating: 200, count: 20))
+            // Two Kerberos threads: at most two service-ticket requests before the cache holds it.
+            #expect(realm.serviceTicketsIssued(for: "HTTP/localhost") <= 2, "\(realm.kdcLog)")
+        }
+    }
+
     @Test("a connection-bound server (GssapiConnectionBound) is answered too")
     func connectionBound() async throws {
         try await Self.withApache(kerberos: "hosts = [\"localhost\"]") { _, site, daemon in

@@ -22,6 +22,10 @@ import Glibc
 /// - `/bound/`: the same as `/negotiate/` plus `GssapiConnectionBound On`: once a connection
 ///   has authenticated, its later requests pass without an `Authorization` field (and each
 ///   still gets a 200). Without it, every request must carry a fresh token.
+/// - `/delegate/`: the same as `/negotiate/` plus `GssapiDelegCcacheDir`, so the module acts
+///   on credentials a client delegates (a forwardable TGT in the token) and says so in the
+///   error log ("delegated creds"; this mod_auth_gssapi 1.6.4 with MIT 1.20 then fails to store
+///   them, "No credentials cache found", which the tests do not need).
 /// - `/public/`: no authentication.
 ///
 /// Each serves `index.html` with the body `<name> ok\n` (`negotiate ok`, `negotiate-or-basic
@@ -137,12 +141,12 @@ package final class ApacheNegotiateSite: Sendable {
 
     private static func writeSite(in directory: String, keytab: String, tlsIdentity: TestIdentity?) throws {
         let manager = FileManager.default
-        for name in ["negotiate", "negotiate-or-basic", "bound", "public"] {
+        for name in ["negotiate", "negotiate-or-basic", "bound", "delegate", "public"] {
             let folder = directory + "/htdocs/" + name
             try manager.createDirectory(atPath: folder, withIntermediateDirectories: true)
             try "\(name) ok\n".write(toFile: folder + "/index.html", atomically: true, encoding: .utf8)
         }
-        for folder in ["run", "rcache", "tls"] {
+        for folder in ["run", "rcache", "tls", "delegated"] {
             try manager.createDirectory(atPath: directory + "/" + folder, withIntermediateDirectories: true)
         }
         // A copy: the realm's keytab is the test's and 0600, and a root-started Apache reads as www-data.
@@ -152,10 +156,13 @@ package final class ApacheNegotiateSite: Sendable {
             try tlsIdentity.privateKeyPEM.write(toFile: directory + "/tls/server.key", atomically: true, encoding: .utf8)
         }
         try ApacheAuthServer.makeReadableByApache(directory)
-        // The replay cache is written by the workers, which run as www-data when started as root.
+        // The replay cache and delegated caches are written by the workers, which run as
+        // www-data when started as root.
         if getuid() == 0, let account = getpwnam(ApacheAuthServer.runAs.user) {
-            guard chown(directory + "/rcache", account.pointee.pw_uid, account.pointee.pw_gid) == 0 else {
-                throw TestSupportError("chown \(directory)/rcache: \(String(cString: strerror(errno)))")
+            for folder in ["rcache", "delegated"] {
+                guard chown(directory + "/" + folder, account.pointee.pw_uid, account.pointee.pw_gid) == 0 else {
+                    throw TestSupportError("chown \(directory)/\(folder): \(String(cString: strerror(errno)))")
+                }
             }
         }
     }
@@ -219,6 +226,12 @@ package final class ApacheNegotiateSite: Sendable {
                 AuthName "\(basicRealm)"
             \(gssapi)
                 GssapiBasicAuth On
+            </Location>
+
+            <Location "/delegate/">
+                AuthName "\(basicRealm)"
+            \(gssapi)
+                GssapiDelegCcacheDir "\(directory)/delegated"
             </Location>
 
             <Location "/bound/">

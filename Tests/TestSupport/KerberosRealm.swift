@@ -219,8 +219,9 @@ package final class KerberosRealm: Sendable {
     /// client's `gss_init_sec_context` fails with "Ticket expired" before anything is sent.
     ///
     /// - Throws: when kinit fails (wrong password, KDC down); the message carries its stderr.
-    package func kinit(user: String, password: String, lifetime: String? = nil, ccache: String? = nil) throws {
-        let arguments = (lifetime.map { ["-l", $0] } ?? []) + [self.principal(user)]
+    /// With `forwardable`, the TGT may be delegated to a server (`kinit -f`).
+    package func kinit(user: String, password: String, lifetime: String? = nil, ccache: String? = nil, forwardable: Bool = false) throws {
+        let arguments = (lifetime.map { ["-l", $0] } ?? []) + (forwardable ? ["-f"] : []) + [self.principal(user)]
         let result = try ExternalCommand.run(
             Self.kinitExecutable, arguments, environment: self.environment(ccache: ccache), input: password + "\n"
         )
