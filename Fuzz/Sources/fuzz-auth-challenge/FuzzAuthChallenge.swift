@@ -7,8 +7,9 @@ import FuzzSupport
 /// values of several `WWW-Authenticate` (or `Authentication-Info`, or `Authorization`) lines.
 ///
 /// Invariants: limits hold; every parsed challenge serialises and parses back to itself; Digest
-/// interpretation, answering and `rspauth` checking never trap; a decoded Basic credential
-/// encodes back to a value that decodes to the same credential.
+/// interpretation, answering and `rspauth` checking never trap; a Negotiate offer's token
+/// round-trips and Negotiate never reaches a client; a decoded Basic credential encodes back to
+/// a value that decodes to the same credential.
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzzAuthChallenge(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     let bytes = UnsafeRawBufferPointer(start: data, count: size)
@@ -34,6 +35,11 @@ public func fuzzAuthChallenge(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt
     }
     _ = ChallengeSelection.forClient(fieldValues: lines)
     _ = ChallengeSelection.preferred(challenges)
+    // A server's Negotiate offer: only a bare challenge or a base64 token, and never visible to clients.
+    if let offer = NegotiatePolicy.offer(in: challenges), let token = offer.serverToken {
+        Fuzz.check(NegotiatePolicy.offer(in: AuthChallenge.parse(fieldValue: NegotiatePolicy.authorization(token: token))) == offer, "a Negotiate token does not round-trip")
+    }
+    Fuzz.check(!ChallengeSelection.clientVisible(challenges).contains { $0.lowercasedScheme == "negotiate" }, "Negotiate visible to a client")
 
     let info = AuthenticationInfo(parsing: lines)
     Fuzz.check(info.parameters.count <= AuthChallenge.maxParametersPerChallenge, "Authentication-Info: too many parameters")
