@@ -159,19 +159,24 @@ package final class KerberosNegotiator: Sendable {
         self.counts.withLockedValue { $0.contextsAccepted += 1 }
     }
 
-    /// The user's credential now, for `status`. Runs on the Kerberos threads.
+    /// The user's credential now, for `status`. Read on the shared blocking pool, not the
+    /// Kerberos threads: it needs only the credential cache, and `status` must answer while a
+    /// KDC that does not answer holds those threads.
     package func credential() async -> CredentialReport {
         let now = Date()
-        let status = await self.run { () -> Result<KerberosCredential.Status, KerberosFailure> in .success(KerberosCredential.current()) }
+        let status: KerberosCredential.Status
+        do {
+            status = try await NIOThreadPool.singleton.runIfActive { KerberosCredential.current() }
+        } catch {
+            return CredentialReport(state: "missing", detail: "the daemon is stopping")
+        }
         switch status {
-        case .success(.valid(let principal, let remaining)):
+        case .valid(let principal, let remaining):
             return CredentialReport(principal: principal, expires: now.addingTimeInterval(TimeInterval(remaining)), state: "valid")
-        case .success(.expired(let principal)):
+        case .expired(let principal):
             return CredentialReport(principal: principal, state: "expired")
-        case .success(.missing(let detail)):
+        case .missing(let detail):
             return CredentialReport(state: "missing", detail: detail)
-        case .failure(let failure):
-            return CredentialReport(state: "missing", detail: failure.detail)
         }
     }
 
