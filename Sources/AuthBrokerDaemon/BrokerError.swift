@@ -555,7 +555,8 @@ extension BrokerError {
     /// settings allow it, and no token could be made; what to do depends on why.
     package static func kerberos(_ failure: KerberosFailure, challenger: CanonicalOrigin, isProxy: Bool, origin: CanonicalOrigin) -> BrokerError {
         let who = isProxy ? "The upstream proxy \(challenger.hostHeader)" : challenger.hostHeader
-        let service = "HTTP/\(challenger.host)"
+        // The service asked for (the canonical host), written as principals are: HTTP/host.
+        let service = (failure.service ?? "HTTP@\(challenger.host)").replacingOccurrences(of: "@", with: "/")
         switch failure.kind {
         case .noTicket, .ticketExpired:
             let state = failure.kind == .noTicket ? "you have no Kerberos ticket" : "your Kerberos ticket has expired"
@@ -572,6 +573,14 @@ extension BrokerError {
                 title: "The server did not prove its Kerberos identity",
                 detail:
                     "\(who) accepted the Kerberos ticket, but its answer token does not prove that it holds the key of \(service) (\(failure.detail)). The response was not passed on: something between you and the server may be impersonating it.",
+                host: origin.hostHeader, nextHop: isProxy ? challenger.authorityForm : nil
+            )
+        case .refusedByServer:
+            return BrokerError(
+                code: .kerberosFailed, status: .badGateway,
+                title: "The server refused the Kerberos ticket",
+                detail:
+                    "\(who) asked for Kerberos (Negotiate) and refused the ticket for \(service) (\(failure.detail)). Its keytab may not hold the key the KDC issued the ticket with, the clocks may differ, or it may not accept your principal; `klist` shows the ticket, and the server's administrator can check its log.",
                 host: origin.hostHeader, nextHop: isProxy ? challenger.authorityForm : nil
             )
         case .kdcUnreachable, .serverUnknown, .clockSkew, .other:

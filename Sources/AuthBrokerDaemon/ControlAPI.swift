@@ -231,7 +231,7 @@ package struct ControlAPI: Sendable {
         case (.GET, ["v1", "status"]):
             var report = self.status()
             if let kerberos = self.kerberos, kerberos.policy.isEnabled {
-                // The credential cache is read on the Kerberos threads, never here.
+                // The credential cache is read on the blocking pool, never here.
                 let status = await Self.kerberosStatus(kerberos)
                 report.kerberos = status
                 report.warnings += status.warnings(now: Date())
@@ -586,7 +586,7 @@ package struct ControlAPI: Sendable {
     }
 
     static func kerberosStatus(_ kerberos: KerberosNegotiator) async -> StatusReport.KerberosStatus {
-        let credential = await kerberos.credential()
+        let credential = await kerberos.credentialReport()
         let counts = kerberos.counters
         return StatusReport.KerberosStatus(
             ticket: credential.state, principal: credential.principal, expires: credential.expires, detail: credential.detail,

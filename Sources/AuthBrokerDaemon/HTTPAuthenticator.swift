@@ -38,8 +38,12 @@ package struct RequestAuthState: Sendable {
     var negotiatePreemptive = false
     /// A fresh Negotiate answer of this request was refused: it makes no other.
     var negotiateRefused = false
-    /// Why no Negotiate token could be made for this request's challenger, if one could not.
+    /// Why no Negotiate token could be made for this request's challenger, or why it was
+    /// refused, if so.
     var negotiateFailure: KerberosFailure?
+    /// 401s (407s) that answered a Negotiate token of this request: they say nothing about a
+    /// stored password, so `AuthAttemptPolicy` does not count them.
+    var negotiateRounds = 0
 
     /// The state for a request with these headers: whether the client authorised it itself,
     /// and whether it asked for its Basic credential to be kept (Digest answers cannot be: the
@@ -190,7 +194,7 @@ package final class HTTPAuthenticator: Sendable {
 
     /// Whether a request for `uri` to `challenger` falls under a directory that took a token.
     private func negotiateCovers(_ challenger: CanonicalOrigin, isProxy: Bool, uri: String) -> Bool {
-        let path = uri.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? uri
+        let path = Self.path(of: uri)
         return self.negotiateKnown.withLockedValue { known in
             known[Authority(origin: challenger, isProxy: isProxy)]?.contains { path.hasPrefix($0) } == true
         }
@@ -207,11 +211,11 @@ package final class HTTPAuthenticator: Sendable {
             case .answer(let delegate) = kerberos.policy.decide(challenger, isProxy: isProxy),
             case .success(let started) = await kerberos.start(for: challenger, delegate: delegate)
         else { return }
-        self.sendNegotiate(started, to: challenger, isProxy: isProxy, delegate: delegate, preemptive: true, requester: requester, state: &state)
+        self.sendNegotiate(started, to: challenger, isProxy: isProxy, preemptive: true, requester: requester, state: &state)
     }
 
     private func sendNegotiate(
-        _ started: KerberosNegotiator.Started, to challenger: CanonicalOrigin, isProxy: Bool, delegate: Bool, preemptive: Bool,
+        _ started: KerberosNegotiator.Started, to challenger: CanonicalOrigin, isProxy: Bool, preemptive: Bool,
         requester: Requester?, state: inout RequestAuthState
     ) {
         state.authorization = started.authorization
@@ -224,7 +228,7 @@ package final class HTTPAuthenticator: Sendable {
         self.audit?.record(
             .ticketUsed(
                 challenger: challenger, service: started.context.serviceName, principal: started.principal, isProxy: isProxy,
-                delegated: delegate, requester: requester
+                delegated: started.delegated, requester: requester
             )
         )
     }
@@ -248,11 +252,13 @@ package final class HTTPAuthenticator: Sendable {
             // with the server's token; anything else is a refusal.
             state.negotiate = nil
             state.authorization = nil
+            state.negotiateFailure = KerberosFailure(.refusedByServer, detail: "it answered the ticket with a 401", service: context.serviceName)
             if let token = offer.serverToken {
-                switch await kerberos.continue(context, serverToken: token, challenger: challenger) {
+                switch await kerberos.step(context, serverToken: token, challenger: challenger) {
                 case .success(let authorization?):
                     state.authorization = authorization
                     state.negotiate = context
+                    state.negotiateFailure = nil
                     return true
                 case .success(nil):
                     break
@@ -271,7 +277,7 @@ package final class HTTPAuthenticator: Sendable {
         guard !state.negotiateRefused else { return nil }
         switch await kerberos.start(for: challenger, delegate: delegate) {
         case .success(let started):
-            self.sendNegotiate(started, to: challenger, isProxy: isProxy, delegate: delegate, preemptive: false, requester: requester, state: &state)
+            self.sendNegotiate(started, to: challenger, isProxy: isProxy, preemptive: false, requester: requester, state: &state)
             return true
         case .failure(let failure):
             state.negotiateFailure = failure
@@ -345,13 +351,24 @@ package final class HTTPAuthenticator: Sendable {
         resendableBody: DigestEntityBody?, isProxy: Bool = false, agentWait: Duration? = nil, requester: Requester? = nil,
         state: inout RequestAuthState
     ) async -> Bool {
-        defer { state.previousFailures += 1 }
+        // Counted after this answer is decided, like `previousFailures`: a 401 to a Negotiate
+        // token says nothing about a stored password.
+        let answersNegotiateToken = state.negotiate != nil
+        defer {
+            state.previousFailures += 1
+            if answersNegotiateToken { state.negotiateRounds += 1 }
+        }
         guard head.status == Self.challengeStatus(isProxy: isProxy), state.lastAttempt != .clientCredential else { return false }
         let challenges = AuthChallenge.parse(fieldValues: head.headers[isProxy ? "Proxy-Authenticate" : "WWW-Authenticate"])
-        // Negotiate first, as browsers do: a ticket sends no password at all.
-        if let answered = await self.answerNegotiate(challenges, challenger: origin, isProxy: isProxy, requester: requester, state: &state) {
+        // Negotiate first, as browsers do: a ticket sends no password at all. Only with a body
+        // that can go again, as for Basic and Digest.
+        if resendableBody != nil,
+            let answered = await self.answerNegotiate(challenges, challenger: origin, isProxy: isProxy, requester: requester, state: &state)
+        {
             return answered
         }
+        // Whatever answers now, it is not that token.
+        state.negotiate = nil
         guard let choice = ChallengeSelection.preferred(challenges) else { return false }
         let space = ProtectionSpace(origin: origin, challenge: choice.challenge, isProxy: isProxy)
 
@@ -377,7 +394,7 @@ package final class HTTPAuthenticator: Sendable {
         // that credential: it is a first challenge for this space.
         let lastAttempt = state.space == nil || state.space == space ? state.lastAttempt : .noCredentials
         let decision = AuthAttemptPolicy.decide(
-            previousFailures: state.previousFailures, lastAttempt: lastAttempt, stored: answer?.state ?? .none,
+            previousFailures: state.previousFailures - state.negotiateRounds, lastAttempt: lastAttempt, stored: answer?.state ?? .none,
             challengeIsStale: stale, staleRetries: state.staleRetries, acceptedSinceSent: acceptedSinceSent,
             retriesAfterAcceptance: state.retriesAfterAcceptance
         )
@@ -561,7 +578,7 @@ package final class HTTPAuthenticator: Sendable {
 
     /// The known space whose prefix covers `uri` most narrowly.
     private func knownSpace(_ authority: Authority, uri: String) -> KnownSpace? {
-        let path = uri.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? uri
+        let path = Self.path(of: uri)
         return self.knownSpaces.withLockedValue { known in
             known[authority]?.filter { path.hasPrefix($0.pathPrefix) }.max { $0.pathPrefix.count < $1.pathPrefix.count }
         }
@@ -583,9 +600,14 @@ package final class HTTPAuthenticator: Sendable {
         isProxy ? .proxyAuthenticationRequired : .unauthorized
     }
 
+    /// "/a/b/c?x" → "/a/b/c".
+    static func path(of uri: String) -> String {
+        uri.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? uri
+    }
+
     /// "/a/b/c?x" → "/a/b/": RFC 7617 §2.2's reuse scope.
     static func directory(of uri: String) -> String {
-        let path = uri.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init) ?? uri
+        let path = Self.path(of: uri)
         guard let slash = path.lastIndex(of: "/") else { return "/" }
         return String(path[...slash])
     }

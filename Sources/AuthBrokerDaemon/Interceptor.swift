@@ -480,7 +480,9 @@ package struct Interceptor: Sendable {
     }
 
     /// DESIGN.md: a client sees only Basic and Digest challenges; Negotiate, NTLM, Bearer and the
-    /// rest are removed from a 401's `WWW-Authenticate` (or a 407's `Proxy-Authenticate`), and logged.
+    /// rest are removed from a 401's `WWW-Authenticate` (or a 407's `Proxy-Authenticate`), and
+    /// logged; from any other response's `WWW-Authenticate` too (a server's final Negotiate
+    /// token), logged only at debug level there.
     static func keepOnlyStandardChallenges(status: HTTPResponseStatus, in headers: inout HTTPHeaders, logger: Logger) {
         let field: String
         switch status {
@@ -494,7 +496,8 @@ package struct Interceptor: Sendable {
         guard !filtered.stripped.isEmpty else { return }
         headers.remove(name: field)
         for value in filtered.values { headers.add(name: field, value: value) }
-        logger.info(
+        logger.log(
+            level: status == .unauthorized || status == .proxyAuthenticationRequired ? .info : .debug,
             "removed challenges the client cannot answer",
             metadata: ["field": "\(field)", "schemes": "\(filtered.stripped.joined(separator: ","))"]
         )
@@ -671,6 +674,15 @@ package struct Interceptor: Sendable {
                         _ = await Self.readAway(&iterator)
                         return .expectationRefused
                     }
+                    // A head from beyond the proxy (a 401 the broker answers included): the proxy
+                    // took what the broker sent it.
+                    if !fromProxy, let proxy = auth.proxy, let failure = await self.proxyPassed(head, proxy: proxy) {
+                        _ = await Self.readAway(&iterator)
+                        return await self.sendKerberosError(
+                            .kerberos(failure, challenger: proxy.origin, isProxy: true, origin: auth.origin), requestID: requestID,
+                            writer: writer, clientWantsKeepAlive: clientWantsKeepAlive, state: state, closeClient: closeClient, draining: draining
+                        )
+                    }
                     if head.status == .unauthorized || fromProxy, auth.mayAnswer,
                         await self.answer(head, auth: auth, requestState: state, isProxy: fromProxy, bodyWithheld: bodyWithheld)
                     {
@@ -804,24 +816,36 @@ package struct Interceptor: Sendable {
         return decided.retry
     }
 
-    /// A final head the client may see, before it does: the proxy and the origin take it as the
-    /// answer to what the broker sent them (`responseAccepted`, `negotiateAccepted`). Returns
-    /// the Kerberos failure that must replace it, and whose it is: a 401/407 to Negotiate the app
-    /// cannot answer otherwise, or a final token that does not prove the server's identity.
+    /// A head that came from beyond the upstream proxy: the proxy took what the broker sent it
+    /// (`responseAccepted`, `negotiateAccepted`). Its Negotiate token is not sent again on a
+    /// later attempt of this request: the proxy's connection is authenticated now, a replay
+    /// cache would refuse the same token, and a new connection gets a 407 and a fresh one.
+    /// Returns the failure when the proxy's final token does not prove who it is.
+    private func proxyPassed(
+        _ head: HTTPResponseHead, proxy: (origin: CanonicalOrigin, uri: String, state: NIOLockedValueBox<RequestAuthState>)
+    ) async -> KerberosFailure? {
+        let proxyState = proxy.state.withLockedValue { $0 }
+        if let failure = await self.authenticator.negotiateAccepted(head, challenger: proxy.origin, isProxy: true, uri: proxy.uri, state: proxyState) {
+            return failure
+        }
+        self.authenticator.responseAccepted(head, origin: proxy.origin, uri: proxy.uri, state: proxyState)
+        proxy.state.withLockedValue { state in
+            guard state.negotiate != nil else { return }
+            state.negotiate = nil
+            state.authorization = nil
+        }
+        return nil
+    }
+
+    /// A final head the client may see, before it does: the origin takes it as the answer to
+    /// what the broker sent it (`responseAccepted`, `negotiateAccepted`). Returns the Kerberos
+    /// failure that must replace it, and whose it is: a 401/407 to Negotiate the app cannot
+    /// answer otherwise, or a final token that does not prove the server's identity.
     private func acceptOrRefuseKerberos(
         _ head: HTTPResponseHead, auth: AuthContext, fromProxy: Bool
     ) async -> (KerberosFailure, challenger: CanonicalOrigin, byProxy: Bool)? {
         if head.status == .unauthorized || fromProxy, let failure = self.kerberosFailureForClient(head, auth: auth, isProxy: fromProxy) {
             return (failure, fromProxy ? auth.proxy?.origin ?? auth.origin : auth.origin, fromProxy)
-        }
-        if let proxy = auth.proxy, !fromProxy {
-            let proxyState = proxy.state.withLockedValue { $0 }
-            if let failure = await self.authenticator.negotiateAccepted(
-                head, challenger: proxy.origin, isProxy: true, uri: proxy.uri, state: proxyState
-            ) {
-                return (failure, proxy.origin, true)
-            }
-            self.authenticator.responseAccepted(head, origin: proxy.origin, uri: proxy.uri, state: proxyState)
         }
         if head.status != .unauthorized, !fromProxy {
             let authState = auth.state.withLockedValue { $0 }

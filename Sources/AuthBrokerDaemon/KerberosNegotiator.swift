@@ -50,9 +50,16 @@ package final class KerberosNegotiator: Sendable {
     /// The credential's principal, for the audit log, and when it was read: SPNEGO does not say
     /// whose a context is until it is established, and reading the cache for every token would
     /// cost a file read each.
-    private let principal = NIOLockedValueBox<(name: String?, readAt: ContinuousClock.Instant)?>(nil)
+    private let principalCache = NIOLockedValueBox<(name: String?, readAt: ContinuousClock.Instant)?>(nil)
     /// The user's credential, acquired once and shared by every context until one fails with it.
-    private let credential = NIOLockedValueBox<GSSCredential?>(nil)
+    private let sharedCredential = NIOLockedValueBox<GSSCredential?>(nil)
+    /// Steps queued or running on the Kerberos threads; beyond `maxQueued` a request fails at
+    /// once instead of queueing behind a KDC that does not answer.
+    private let queued = NIOLockedValueBox(0)
+    static let maxQueued = 64
+    /// The Kerberos threads (KDC work), and the shared blocking pool for local steps, which
+    /// must not wait behind a slow KDC.
+    private let localPool: NIOThreadPool = .singleton
     static let principalRefresh: Duration = .seconds(60)
     /// The latest failure, for `status`: what it was and when.
     private let lastFailure = NIOLockedValueBox<(failure: KerberosFailure, at: Date)?>(nil)
@@ -82,37 +89,52 @@ package final class KerberosNegotiator: Sendable {
         package var authorization: String
         /// The user's principal the token speaks for.
         package var principal: String?
+        /// Whether the user's forwardable ticket went with it.
+        package var delegated: Bool
     }
 
-    /// A new context for `challenger` and its first token.
+    /// A new context for `challenger` and its first token. `delegate` is what the policy said
+    /// for the URL's host; the canonical name must be allowed (and, to delegate, listed) too.
     package func start(for challenger: CanonicalOrigin, delegate: Bool) async -> Result<Started, KerberosFailure> {
-        let lookUp = self.cnameLookup
-        let principals = self.principal
-        let credentials = self.credential
-        let result = await self.run { () -> Result<Started, KerberosFailure> in
-            let host = ServiceHost.canonical(challenger.host, lookUp: lookUp)
-            // With the shared credential first; a failure may only mean it went stale (a new
-            // ticket, an expired one), so the context is tried once more with a fresh one.
+        let (lookUp, policy) = (self.cnameLookup, self.policy)
+        let (principalCache, sharedCredential) = (self.principalCache, self.sharedCredential)
+        let result = await self.run(needsKDC: true) { () -> Result<Started, KerberosFailure> in
+            // A CNAME names the service whose ticket goes to this server: whoever runs the DNS of
+            // a listed host could otherwise point it at any service of the realm. The canonical
+            // name is used only when the user's list allows it too.
+            let canonical = ServiceHost.canonical(challenger.host, lookUp: lookUp)
+            let canonicalAllowed = canonical == ServiceHost.canonical(challenger.host, lookUp: false)
+                || policy.hosts.contains { $0.matches(canonical) }
+            let host = canonicalAllowed ? canonical : ServiceHost.canonical(challenger.host, lookUp: false)
+            let delegating = delegate && policy.delegateHosts.contains { $0.matches(host) }
+            // With the shared credential first; a failure that may only mean it went stale (a new
+            // kinit, an expired ticket, another principal) is tried once more with a fresh one.
             var lastFailure: KerberosFailure?
-            var usedShared = false
-            for fresh in [false, true] where !fresh || usedShared {
+            for fresh in [false, true] {
                 do throws(KerberosFailure) {
-                    let (credential, shared) = try Self.credential(credentials, fresh: fresh)
-                    usedShared = shared
-                    let context = try NegotiateContext(serviceHost: host, delegate: delegate, credential: credential)
+                    let (credential, shared) = try Self.sharedOrFresh(sharedCredential, fresh: fresh)
+                    if !shared { principalCache.withLockedValue { $0 = nil } }
+                    let context = try NegotiateContext(serviceHost: host, delegate: delegating, credential: credential)
                     let step = try context.step(serverToken: nil)
                     guard let token = step.token else {
-                        return .failure(KerberosFailure(.other, detail: "GSS-API made no initial token"))
+                        return .failure(KerberosFailure(.other, detail: "GSS-API made no initial token", service: context.serviceName))
                     }
                     return .success(
-                        Started(context: context, authorization: NegotiatePolicy.authorization(token: token), principal: Self.principal(principals))
+                        Started(
+                            context: context, authorization: NegotiatePolicy.authorization(token: token),
+                            principal: Self.cachedPrincipal(principalCache), delegated: delegating
+                        )
                     )
                 } catch {
-                    lastFailure = error
+                    var failure = error
+                    failure.service = "HTTP@" + host
+                    lastFailure = failure
+                    guard !fresh, [.noTicket, .ticketExpired, .other].contains(failure.kind) else { break }
                 }
             }
-            credentials.withLockedValue { $0 = nil }
-            return .failure(Self.explained(lastFailure ?? KerberosFailure(.other, detail: "no context")))
+            let failure = Self.explained(lastFailure ?? KerberosFailure(.other, detail: "no context"))
+            if [.noTicket, .ticketExpired].contains(failure.kind) { sharedCredential.withLockedValue { $0 = nil } }
+            return .failure(failure)
         }
         self.counts.withLockedValue { counts in
             if case .success = result { counts.contextsStarted += 1 } else { counts.failures += 1 }
@@ -122,14 +144,16 @@ package final class KerberosNegotiator: Sendable {
     }
 
     /// The next token of `context`, from the server's token in a 401/407; nil when the context
-    /// needs no more (the server is then refusing what was sent).
-    package func `continue`(_ context: NegotiateContext, serverToken: [UInt8], challenger: CanonicalOrigin) async -> Result<String?, KerberosFailure> {
-        let result = await self.run { () -> Result<String?, KerberosFailure> in
+    /// needs no more. A failure here is the server's refusal (an error token: a replay, skew).
+    package func step(_ context: NegotiateContext, serverToken: [UInt8], challenger: CanonicalOrigin) async -> Result<String?, KerberosFailure> {
+        let result = await self.run(needsKDC: false) { () -> Result<String?, KerberosFailure> in
             do throws(KerberosFailure) {
                 let step = try context.step(serverToken: serverToken)
                 return .success(step.token.map(NegotiatePolicy.authorization(token:)))
             } catch {
-                return .failure(error)
+                var refused = KerberosFailure(.refusedByServer, detail: error.detail, service: context.serviceName)
+                if error.kind == .clockSkew { refused.kind = .clockSkew }
+                return .failure(refused)
             }
         }
         if case .failure = result { self.counts.withLockedValue { $0.failures += 1 } }
@@ -137,14 +161,19 @@ package final class KerberosNegotiator: Sendable {
         return result
     }
 
-    /// Checks a server's final token (mutual authentication) once it accepted the context.
+    /// Checks a server's final token (mutual authentication) once it accepted the context: the
+    /// token must complete the context, proving the server holds the service key.
     package func verify(_ context: NegotiateContext, serverToken: [UInt8], challenger: CanonicalOrigin) async -> Result<Void, KerberosFailure> {
-        let result = await self.run { () -> Result<Void, KerberosFailure> in
+        let result = await self.run(needsKDC: false) { () -> Result<Void, KerberosFailure> in
             do throws(KerberosFailure) {
-                _ = try context.step(serverToken: serverToken)
+                guard try context.step(serverToken: serverToken).complete else {
+                    return .failure(
+                        KerberosFailure(.mutualAuthenticationFailed, detail: "the server's token did not complete the context", service: context.serviceName)
+                    )
+                }
                 return .success(())
             } catch {
-                return .failure(error.kind == .other ? KerberosFailure(.mutualAuthenticationFailed, detail: error.detail) : error)
+                return .failure(KerberosFailure(.mutualAuthenticationFailed, detail: error.detail, service: context.serviceName))
             }
         }
         self.counts.withLockedValue { counts in
@@ -162,7 +191,7 @@ package final class KerberosNegotiator: Sendable {
     /// The user's credential now, for `status`. Read on the shared blocking pool, not the
     /// Kerberos threads: it needs only the credential cache, and `status` must answer while a
     /// KDC that does not answer holds those threads.
-    package func credential() async -> CredentialReport {
+    package func credentialReport() async -> CredentialReport {
         let now = Date()
         let status: KerberosCredential.Status
         do {
@@ -182,14 +211,33 @@ package final class KerberosNegotiator: Sendable {
 
     // MARK: - Running off the event loops
 
-    /// Runs `work` on the Kerberos threads; gives up waiting after `timeout`.
-    private func run<T: Sendable>(_ work: @escaping @Sendable () -> Result<T, KerberosFailure>) async -> Result<T, KerberosFailure> {
-        let pool = self.pool.withLockedValue { pool in
-            if let pool { return pool }
-            let started = NIOThreadPool(numberOfThreads: Self.threads)
-            started.start()
-            pool = started
-            return started
+    /// Runs `work` off the event loops: on the Kerberos threads when it may ask the KDC (a first
+    /// step), else on the shared blocking pool (a server's token: local crypto). Gives up
+    /// waiting after `timeout`; work whose waiter gave up is skipped, and past `maxQueued`
+    /// waiting steps a new one fails at once.
+    private func run<T: Sendable>(
+        needsKDC: Bool, _ work: @escaping @Sendable () -> Result<T, KerberosFailure>
+    ) async -> Result<T, KerberosFailure> {
+        let pool: NIOThreadPool
+        if needsKDC {
+            pool = self.pool.withLockedValue { pool in
+                if let pool { return pool }
+                let started = NIOThreadPool(numberOfThreads: Self.threads)
+                started.start()
+                pool = started
+                return started
+            }
+        } else {
+            pool = self.localPool
+        }
+        let queued = self.queued
+        let admitted = queued.withLockedValue { count in
+            guard count < Self.maxQueued else { return false }
+            count += 1
+            return true
+        }
+        guard admitted else {
+            return .failure(KerberosFailure(.kdcUnreachable, detail: "\(Self.maxQueued) Kerberos requests are already waiting for the KDC"))
         }
         let timeout = self.timeout
         return await withCheckedContinuation { (continuation: CheckedContinuation<Result<T, KerberosFailure>, Never>) in
@@ -206,10 +254,13 @@ package final class KerberosNegotiator: Sendable {
                 finish(.failure(KerberosFailure(.kdcUnreachable, detail: "no answer within \(timeout.milliseconds) ms ([kerberos] kdc_timeout_ms)")))
             }
             pool.submit { state in
+                defer { queued.withLockedValue { $0 -= 1 } }
                 guard case .active = state else {
                     finish(.failure(KerberosFailure(.other, detail: "the daemon is stopping")))
                     return
                 }
+                // Nobody waits for it any more (timed out): the KDC is not asked for nothing.
+                guard pending.withLockedValue({ $0 != nil }) else { return }
                 finish(work())
                 timer.cancel()
             }
@@ -220,7 +271,7 @@ package final class KerberosNegotiator: Sendable {
 
     /// The shared credential, acquired when there is none or `fresh` asks for a new one. Runs on
     /// the Kerberos threads.
-    private static func credential(
+    private static func sharedOrFresh(
         _ box: NIOLockedValueBox<GSSCredential?>, fresh: Bool
     ) throws(KerberosFailure) -> (credential: GSSCredential, shared: Bool) {
         if !fresh, let shared = box.withLockedValue({ $0 }) { return (shared, true) }
@@ -231,7 +282,7 @@ package final class KerberosNegotiator: Sendable {
 
     /// The principal of the credential, read again when older than `principalRefresh`. Runs on
     /// the Kerberos threads.
-    private static func principal(_ box: NIOLockedValueBox<(name: String?, readAt: ContinuousClock.Instant)?>) -> String? {
+    private static func cachedPrincipal(_ box: NIOLockedValueBox<(name: String?, readAt: ContinuousClock.Instant)?>) -> String? {
         let now = ContinuousClock.now
         if let cached = box.withLockedValue({ $0 }), cached.readAt.duration(to: now) < Self.principalRefresh { return cached.name }
         let name: String? =
@@ -249,8 +300,9 @@ package final class KerberosNegotiator: Sendable {
     private static func explained(_ failure: KerberosFailure) -> KerberosFailure {
         guard failure.kind == .other else { return failure }
         switch KerberosCredential.current() {
-        case .missing(let detail): return KerberosFailure(.noTicket, detail: detail)
-        case .expired(let principal): return KerberosFailure(.ticketExpired, detail: "the ticket of \(principal ?? "the default principal") has expired")
+        case .missing(let detail): return KerberosFailure(.noTicket, detail: detail, service: failure.service)
+        case .expired(let principal):
+            return KerberosFailure(.ticketExpired, detail: "the ticket of \(principal ?? "the default principal") has expired", service: failure.service)
         case .valid: return failure
         }
     }

@@ -411,10 +411,7 @@ package final class UpstreamConnector: Sendable {
                 if let failure = auth.negotiateFailure, visible.isEmpty {
                     throw BrokerError.kerberos(failure, challenger: proxy, isProxy: true, origin: origin)
                 }
-                throw BrokerError.proxyAuthenticationRequired(
-                    proxy: proxy, origin: origin,
-                    challenges: ChallengeSelection.forClient(fieldValues: answer.headers["Proxy-Authenticate"]).values
-                )
+                throw BrokerError.proxyAuthenticationRequired(proxy: proxy, origin: origin, challenges: visible)
             }
         }
         throw BrokerError.proxyAuthenticationRequired(proxy: proxy, origin: origin, challenges: [])

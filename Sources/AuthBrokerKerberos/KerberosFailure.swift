@@ -16,6 +16,9 @@ package struct KerberosFailure: Error, Sendable, Equatable, CustomStringConverti
         case clockSkew
         /// The server's token did not prove it holds the service key (mutual authentication).
         case mutualAuthenticationFailed
+        /// The server refused the ticket (a plain refusal, or an error token: a replay, a key
+        /// it does not have).
+        case refusedByServer
         /// Anything else GSS-API reported.
         case other
     }
@@ -23,10 +26,13 @@ package struct KerberosFailure: Error, Sendable, Equatable, CustomStringConverti
     package var kind: Kind
     /// GSS-API's own text for the failure (major and minor status); never holds a secret.
     package var detail: String
+    /// The service the ticket was for (`HTTP@host`, the canonical host), when known.
+    package var service: String?
 
-    package init(_ kind: Kind, detail: String) {
+    package init(_ kind: Kind, detail: String, service: String? = nil) {
         self.kind = kind
         self.detail = detail
+        self.service = service
     }
 
     package var description: String { "\(kind): \(detail)" }

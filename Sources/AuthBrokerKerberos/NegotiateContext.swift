@@ -87,11 +87,9 @@ package final class NegotiateContext: @unchecked Sendable {
                 gss_release_buffer(&ignored, &output)
             }
             if cgss_is_error(major) != 0 {
-                var failure = KerberosFailure.from(major: major, minor: minor)
-                if serverToken != nil, failure.kind == .other {
-                    failure.kind = .mutualAuthenticationFailed
-                }
-                return .failure(failure)
+                // What a failure on a server's token means (a refusal, or a failed proof) is the
+                // caller's to say: it knows whether the token came with a 401 or a 200.
+                return .failure(KerberosFailure.from(major: major, minor: minor))
             }
             let token: [UInt8]? =
                 if let bytes = output.value, output.length > 0 {
@@ -108,7 +106,8 @@ package final class NegotiateContext: @unchecked Sendable {
 /// A handle on the user's default credential, acquired once and shared by contexts: MIT's
 /// library reads the cache behind it at each use, so a `kinit` that replaces the ticket is seen;
 /// an acquisition whose ticket has since expired fails its contexts, and the caller acquires
-/// again.
+/// again. MIT holds the credential's lock across a first step's KDC exchange, so first steps
+/// that need a new service ticket run one at a time; cached tickets need no KDC.
 // @unchecked: the handle is immutable after init; MIT's credential locks itself for each use.
 package final class GSSCredential: @unchecked Sendable {
     let handle: gss_cred_id_t?

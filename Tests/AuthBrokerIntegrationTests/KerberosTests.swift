@@ -290,6 +290,58 @@ struct KerberosTests {
         }
     }
 
+    /// A realm with a ticket for HTTP/localhost and a TLS `TestOrigin` for `localhost`, behind a
+    /// daemon that trusts it, allows Kerberos for it and runs with `config` added.
+    static func withTestOrigin(config: String = "", _ body: (TestOrigin, DaemonProcess) async throws -> Void) async throws {
+        try await KerberosFixtureTests.withRealm { realm in
+            _ = try realm.addService("HTTP/localhost")
+            try realm.kinit(user: Self.user, password: Self.password)
+            let ca = try TestPKI.makeCA(commonName: "Kerberos Origin Test CA")
+            let origin = try await TestOrigin.start(name: "kerberos", identity: try TestPKI.makeLeaf(dnsNames: ["localhost"], issuer: ca))
+            try await KerberosFixtureTests.stopping({ await origin.stop() }) {
+                let full = "[kerberos]\nhosts = [\"localhost\"]\n[upstream]\nresolve = [\"localhost:\(origin.port):127.0.0.1\"]\n" + config
+                try await withDaemon(config: full, extraEnvironment: realm.environment) { daemon in
+                    #expect(try addAnchor(daemon, pem: ca.pem, hosts: ["localhost"]).status == 201)
+                    try await body(origin, daemon)
+                }
+            }
+        }
+    }
+
+    @Test("a refused ticket on an upload whose body was not kept is not answered again: the body is never resent short")
+    func refusedUploadNotResent() async throws {
+        try await Self.withTestOrigin(config: "[limits]\nrequest_body_buffer_bytes = 1024\n") { origin, daemon in
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            let base = "https://localhost:\(origin.port)/negotiate-once/upload"
+            // The directory takes a ticket once: later requests there carry one up front.
+            #expect(try connection.request("GET", base + "/first").status == 200)
+            let body = [UInt8](repeating: 0x61, count: 64 * 1024)
+            let response = try connection.request("PUT", base + "/big", body: body)
+            // The server refused the up-front ticket after reading the body; the broker kept
+            // only 1 KiB of it, so it must not send the request again.
+            #expect(response.status == 401, "\(response.text)")
+            #expect(response.text == "refused uploads 1, this one 65536 bytes", "\(response.text)")
+        }
+    }
+
+    @Test("a refused ticket at a server that offers Basic too: the stored password answers")
+    func refusedTicketThenStoredBasic() async throws {
+        try await Self.withTestOrigin { origin, daemon in
+            let base = "https://localhost:\(origin.port)"
+            let stored = try UnixSocketConnection(path: daemon.socketPath).request(
+                "POST", "/v1/passwords", headers: [("Content-Type", "application/json")],
+                body: jsonBody(["url": base, "user": "alice", "password": "pw", "persistence": "session"])
+            )
+            #expect(stored.status == 201)
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            // The first token is taken; the next request's token is refused, then Basic answers.
+            #expect(try connection.request("GET", base + "/negotiate-once/mixed/a?basic").text == "negotiate ok")
+            let response = try connection.request("GET", base + "/negotiate-once/mixed/b?basic")
+            #expect(response.status == 200, "\(response.text)")
+            #expect(response.text == "basic ok", "\(daemon.log.suffix(4000))")
+        }
+    }
+
     @Test(
         "Squid demanding Negotiate as the upstream proxy: http and https (CONNECT), 1000 requests for a handful of 407s",
         .enabled(if: SquidProxy.isNegotiateInstalled, "squid-openssl is not installed (scripts/install-deps test)")
@@ -335,6 +387,22 @@ struct KerberosTests {
                     }
                     // The tunnel's CONNECT carried a ticket up front: the proxy took one before.
                     #expect(squid.proxyAuthenticationRequiredCount - before == afterPlain, "\(squid.accessLog.suffix(2000))")
+
+                    // An origin behind the proxy answers 401 and the stored password answers it:
+                    // the retry does not replay the proxy's token (its replay cache would refuse it).
+                    let auth = try await TestAuthOrigin.start(name: "behind", user: "alice", password: "pw")
+                    try await KerberosFixtureTests.stopping({ await auth.stop() }) {
+                      try await withDaemon(config: off + "[kerberos]\nproxy = true\n", extraEnvironment: realm.environment) { fresh in
+                        let url = "http://web.internal.test:\(auth.port)"
+                        let stored = try UnixSocketConnection(path: fresh.socketPath).request(
+                            "POST", "/v1/passwords", headers: [("Content-Type", "application/json")],
+                            body: jsonBody(["url": url, "user": "alice", "password": "pw", "persistence": "session"])
+                        )
+                        #expect(stored.status == 201)
+                        let behind = try UnixSocketConnection(path: fresh.socketPath).request("GET", url + "/basic/x")
+                        #expect(behind.status == 200, "\(behind.status) \(behind.text)\n\(fresh.log.suffix(3000))")
+                      }
+                    }
                     let audit = try String(contentsOfFile: daemon.directory + "/state/authbroker/audit.jsonl", encoding: .utf8)
                     #expect(audit.contains("\"proxy\":true") && audit.contains("kerberos_ticket_used"))
                 }

@@ -1,4 +1,5 @@
 import Foundation
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
 import NIOPosix
@@ -18,6 +19,8 @@ import NIOSSL
 /// - `/close-after-head`: sends a head with content-length 100, 10 bytes, then closes
 /// - `/expect`: honours `Expect: 100-continue`, then echoes the body length
 /// - `/offer-challenges[/bearer]`: 401 offering Negotiate, Digest, Basic and NTLM (or only Bearer)
+/// - `/negotiate-impostor/<token>`: asks for Negotiate, then claims success with a forged token
+/// - `/negotiate-once/<id>/...[?basic]`: takes the first Negotiate token for <id>, refuses the rest
 package final class TestOrigin: Sendable {
     package let port: Int
     package let name: String
@@ -123,6 +126,9 @@ package enum BytePattern {
         return true
     }
 }
+
+/// What `/negotiate-once/<id>` has seen, per id, across connections.
+private let negotiateOnce = NIOLockedValueBox((accepted: Set<String>(), refusedUploads: [String: Int]()))
 
 private final class OriginHandler: ChannelInboundHandler {
     typealias InboundIn = HTTPServerRequestPart
@@ -231,6 +237,36 @@ private final class OriginHandler: ChannelInboundHandler {
                 self.wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: authorized ? .ok : .unauthorized, headers: headers))),
                 promise: nil
             )
+            context.write(self.wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: body)))), promise: nil)
+            context.writeAndFlush(self.wrapOutboundOut(.end(nil)), promise: nil)
+        case "negotiate-once":
+            // `/negotiate-once/<id>/...`: takes the first Negotiate token sent for <id> (200, no
+            // final token) and refuses every later one with a bare 401 whose body counts the
+            // refused requests with a body; Basic `alice:pw` is accepted throughout, offered
+            // beside Negotiate when `?basic` is in the query.
+            let id = parts.count > 1 ? parts[1] : "-"
+            let authorization = head.headers.first(name: "authorization") ?? ""
+            let offersBasic = head.uri.contains("?basic")
+            if offersBasic, authorization == "Basic " + Data("alice:pw".utf8).base64EncodedString() {
+                self.send(context: context, status: .ok, body: "basic ok")
+                return
+            }
+            let first = authorization.lowercased().hasPrefix("negotiate ")
+                && negotiateOnce.withLockedValue { seen in seen.accepted.insert(id).inserted }
+            if first {
+                self.send(context: context, status: .ok, body: "negotiate ok")
+                return
+            }
+            let refused = negotiateOnce.withLockedValue { seen in
+                if self.receivedBytes > 0 { seen.refusedUploads[id, default: 0] += 1 }
+                return seen.refusedUploads[id, default: 0]
+            }
+            var headers = HTTPHeaders()
+            headers.add(name: "www-authenticate", value: "Negotiate")
+            if offersBasic { headers.add(name: "www-authenticate", value: "Basic realm=\"once\"") }
+            let body = "refused uploads \(refused), this one \(self.receivedBytes) bytes"
+            headers.add(name: "content-length", value: String(body.utf8.count))
+            context.write(self.wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .unauthorized, headers: headers))), promise: nil)
             context.write(self.wrapOutboundOut(.body(.byteBuffer(ByteBuffer(string: body)))), promise: nil)
             context.writeAndFlush(self.wrapOutboundOut(.end(nil)), promise: nil)
         case "offer-challenges":
