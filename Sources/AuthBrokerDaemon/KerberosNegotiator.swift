@@ -99,14 +99,10 @@ package final class KerberosNegotiator: Sendable {
         let (lookUp, policy) = (self.cnameLookup, self.policy)
         let (principalCache, sharedCredential) = (self.principalCache, self.sharedCredential)
         let result = await self.run(needsKDC: true) { () -> Result<Started, KerberosFailure> in
-            // A CNAME names the service whose ticket goes to this server: whoever runs the DNS of
-            // a listed host could otherwise point it at any service of the realm. The canonical
-            // name is used only when the user's list allows it too.
-            let canonical = ServiceHost.canonical(challenger.host, lookUp: lookUp)
-            let canonicalAllowed = canonical == ServiceHost.canonical(challenger.host, lookUp: false)
-                || policy.hosts.contains { $0.matches(canonical) }
-            let host = canonicalAllowed ? canonical : ServiceHost.canonical(challenger.host, lookUp: false)
-            let delegating = delegate && policy.delegateHosts.contains { $0.matches(host) }
+            let (host, delegating) = policy.serviceHost(
+                urlHost: ServiceHost.canonical(challenger.host, lookUp: false), canonical: ServiceHost.canonical(challenger.host, lookUp: lookUp),
+                delegate: delegate
+            )
             // With the shared credential first; a failure that may only mean it went stale (a new
             // kinit, an expired ticket, another principal) is tried once more with a fresh one.
             var lastFailure: KerberosFailure?

@@ -46,6 +46,16 @@ package struct NegotiatePolicy: Sendable, Equatable {
         return .answer(delegate: delegateHosts.contains { $0.matches(challenger.host) })
     }
 
+    /// The host a ticket is asked for, given the URL's host (lower-cased) and its canonical name
+    /// from DNS: the canonical name only when `hosts` allows it too (a CNAME names the service
+    /// whose ticket the server gets, and whoever runs a listed host's DNS could point it at any
+    /// service of the realm), else the URL's; delegation only when `delegate` (the decision for
+    /// the URL's host) holds and `delegateHosts` lists the host used.
+    package func serviceHost(urlHost: String, canonical: String, delegate: Bool) -> (host: String, delegate: Bool) {
+        let host = canonical == urlHost || hosts.contains(where: { $0.matches(canonical) }) ? canonical : urlHost
+        return (host, delegate && delegateHosts.contains { $0.matches(host) })
+    }
+
     /// The Negotiate challenge among `challenges`, and the server's token in it (base64-decoded;
     /// nil for a bare `Negotiate`). nil when there is none, or its token is not valid base64.
     package static func offer(in challenges: [AuthChallenge]) -> NegotiateOffer? {

@@ -47,6 +47,28 @@ struct NegotiatePolicyTests {
         #expect(enabled.decide(proxy, isProxy: true) == .answer(delegate: false))
     }
 
+    @Test(
+        "a CNAME is followed only to a name the user listed too; delegation follows the name used",
+        arguments: [
+            // No CNAME.
+            ("wiki.corp.example", "wiki.corp.example", true, "wiki.corp.example", false),
+            ("files.corp.example", "files.corp.example", true, "files.corp.example", true),
+            // A CNAME inside the list: followed, as browsers do.
+            ("wiki.corp.example", "web01.corp.example", true, "web01.corp.example", false),
+            ("files.corp.example", "web01.corp.example", true, "web01.corp.example", false),
+            // A CNAME out of the list (DNS pointing a listed name at another service): not followed.
+            ("wiki.corp.example", "payroll.other.example", true, "wiki.corp.example", false),
+            ("files.corp.example", "payroll.other.example", true, "files.corp.example", true),
+            // The policy said no delegation for the URL's host: none whatever the name.
+            ("files.corp.example", "files.corp.example", false, "files.corp.example", false),
+        ]
+    )
+    func canonicalNames(urlHost: String, canonical: String, delegate: Bool, host: String, delegated: Bool) {
+        let chosen = Self.policy.serviceHost(urlHost: urlHost, canonical: canonical, delegate: delegate)
+        #expect(chosen.host == host)
+        #expect(chosen.delegate == delegated)
+    }
+
     @Test("nothing is sent anywhere by default")
     func defaults() throws {
         let policy = NegotiatePolicy(BrokerSettings().kerberos)
