@@ -867,19 +867,32 @@ package struct Interceptor: Sendable {
         return ChallengeSelection.clientVisible(AuthChallenge.parse(fieldValues: head.headers[field])).isEmpty ? failure : nil
     }
 
-    /// Answers with a Kerberos error in place of the upstream response, whose body was read away.
+    /// Answers with a Kerberos error in place of the upstream response, whose body was read away;
+    /// the request body, which may still be arriving, gets a moment to end first.
     private func sendKerberosError(
         _ brokerError: BrokerError, requestID: String, writer: ClientResponseWriter, clientWantsKeepAlive: Bool, state: ExchangeState,
         closeClient: @Sendable () -> Void, draining: @Sendable () -> Bool
     ) async -> ResponsePumpResult {
         let requestDone = await state.waitForRequestComplete(upTo: Self.requestLinger)
+        return await self.sendError(
+            brokerError, requestDone: requestDone, requestID: requestID, writer: writer, clientWantsKeepAlive: clientWantsKeepAlive,
+            closeClient: closeClient, draining: draining
+        )
+    }
+
+    /// Writes the broker's error as this attempt's response (none of the origin's reached the
+    /// client), then ends the client connection if the request body did not end (its rest may
+    /// never come). Counted by `outcome(of:)`.
+    private func sendError(
+        _ brokerError: BrokerError, requestDone: Bool, requestID: String, writer: ClientResponseWriter, clientWantsKeepAlive: Bool,
+        closeClient: @Sendable () -> Void, draining: @Sendable () -> Bool
+    ) async -> ResponsePumpResult {
         let keepAlive = requestDone && clientWantsKeepAlive && !draining()
         var (head, body) = brokerError.response(requestID: requestID)
         if !keepAlive { head.headers.replaceOrAdd(name: "Connection", value: "close") }
         FlowCapture.current?.responded(head, body: body)
         try? await writer.write(contentsOf: [.head(head), .body(.byteBuffer(body)), .end(nil)])
         if !requestDone { closeClient() }
-        self.counters.brokerErrors.add(1)
         return .errorSent(brokerError, bytes: body.readableBytes, keepAlive: keepAlive)
     }
 
@@ -928,13 +941,10 @@ package struct Interceptor: Sendable {
                 )
             )
         }
-        let keepAlive = requestDone && clientWantsKeepAlive && !draining()
-        var (head, body) = brokerError.response(requestID: requestID)
-        if !keepAlive { head.headers.replaceOrAdd(name: "Connection", value: "close") }
-        FlowCapture.current?.responded(head, body: body)
-        try? await writer.write(contentsOf: [.head(head), .body(.byteBuffer(body)), .end(nil)])
-        if !requestDone { closeClient() }
-        return .errorSent(brokerError, bytes: body.readableBytes, keepAlive: keepAlive)
+        return await self.sendError(
+            brokerError, requestDone: requestDone, requestID: requestID, writer: writer, clientWantsKeepAlive: clientWantsKeepAlive,
+            closeClient: closeClient, draining: draining
+        )
     }
 
     private func isConnectionClosed(_ error: UpstreamExchangeError) -> Bool {
