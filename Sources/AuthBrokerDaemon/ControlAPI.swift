@@ -1,5 +1,6 @@
 import AuthBrokerCore
 import AuthBrokerHTTPAuth
+import AuthBrokerKerberos
 import AuthBrokerPAM
 import AuthBrokerTrust
 import Foundation
@@ -586,10 +587,16 @@ package struct ControlAPI: Sendable {
     }
 
     static func kerberosStatus(_ kerberos: KerberosNegotiator) async -> StatusReport.KerberosStatus {
-        let credential = await kerberos.credentialReport()
+        let credential = await kerberos.credentialStatus()
+        let (ticket, principal, expires, detail): (String, String?, Date?, String?) =
+            switch credential {
+            case .valid(let name, let remaining): ("valid", name, Date().addingTimeInterval(TimeInterval(remaining)), nil)
+            case .expired(let name): ("expired", name, nil, nil)
+            case .missing(let reason): ("missing", nil, nil, reason)
+            }
         let counts = kerberos.counters
         return StatusReport.KerberosStatus(
-            ticket: credential.state, principal: credential.principal, expires: credential.expires, detail: credential.detail,
+            ticket: ticket, principal: principal, expires: expires, detail: detail,
             hosts: kerberos.policy.hosts.map(\.description), proxy: kerberos.policy.proxy, contextsStarted: counts.contextsStarted,
             contextsAccepted: counts.contextsAccepted, mutualVerified: counts.mutualVerified, failures: counts.failures,
             lastFailure: kerberos.latestFailure.map { "\($0.failure)" }

@@ -223,7 +223,7 @@ package final class HTTPAuthenticator: Sendable {
         state.negotiatePreemptive = preemptive
         state.negotiateFailure = nil
         FlowCapture.current?.credentialUsed(
-            ProtectionSpace(origin: challenger, realm: "", authScheme: "negotiate", isProxy: isProxy), user: started.principal ?? ""
+            ProtectionSpace(origin: challenger, realm: "", authScheme: "negotiate", isProxy: isProxy), user: started.principal
         )
         self.audit?.record(
             .ticketUsed(

@@ -16,15 +16,6 @@ import NIOPosix
 /// A request waits at most `kdc_timeout_ms` for its step; a step still running then finishes
 /// on its thread and is dropped.
 package final class KerberosNegotiator: Sendable {
-    /// What `status` shows about the user's Kerberos credential.
-    package struct CredentialReport: Sendable, Equatable {
-        package var principal: String?
-        package var expires: Date?
-        /// "valid", "expired" or "missing".
-        package var state: String
-        package var detail: String?
-    }
-
     /// Kerberos counters, for `status`.
     package struct Counts: Sendable, Equatable {
         /// SPNEGO contexts started (one token each, sent up front or in answer to a challenge).
@@ -47,10 +38,6 @@ package final class KerberosNegotiator: Sendable {
     private let timeout: Duration
     private let pool: NIOLockedValueBox<NIOThreadPool?>
     private let counts = NIOLockedValueBox(Counts())
-    /// The credential's principal, for the audit log, and when it was read: SPNEGO does not say
-    /// whose a context is until it is established, and reading the cache for every token would
-    /// cost a file read each.
-    private let principalCache = NIOLockedValueBox<(name: String?, readAt: ContinuousClock.Instant)?>(nil)
     /// The user's credential, acquired once and shared by every context until one fails with it.
     private let sharedCredential = NIOLockedValueBox<GSSCredential?>(nil)
     /// Steps queued or running on the Kerberos threads; beyond `maxQueued` a request fails at
@@ -60,7 +47,6 @@ package final class KerberosNegotiator: Sendable {
     /// The Kerberos threads (KDC work), and the shared blocking pool for local steps, which
     /// must not wait behind a slow KDC.
     private let localPool: NIOThreadPool = .singleton
-    static let principalRefresh: Duration = .seconds(60)
     /// The latest failure, for `status`: what it was and when.
     private let lastFailure = NIOLockedValueBox<(failure: KerberosFailure, at: Date)?>(nil)
     private let logger: Logger
@@ -87,8 +73,8 @@ package final class KerberosNegotiator: Sendable {
         package var context: NegotiateContext
         /// `Negotiate <token>`, for `Authorization` (for the proxy, `Proxy-Authorization`).
         package var authorization: String
-        /// The user's principal the token speaks for.
-        package var principal: String?
+        /// The user's principal the token speaks for (the shared credential's).
+        package var principal: String
         /// Whether the user's forwardable ticket went with it.
         package var delegated: Bool
     }
@@ -97,7 +83,7 @@ package final class KerberosNegotiator: Sendable {
     /// for the URL's host; the canonical name must be allowed (and, to delegate, listed) too.
     package func start(for challenger: CanonicalOrigin, delegate: Bool) async -> Result<Started, KerberosFailure> {
         let (lookUp, policy) = (self.cnameLookup, self.policy)
-        let (principalCache, sharedCredential) = (self.principalCache, self.sharedCredential)
+        let sharedCredential = self.sharedCredential
         let result = await self.run(needsKDC: true) { () -> Result<Started, KerberosFailure> in
             let (host, delegating) = policy.serviceHost(
                 urlHost: ServiceHost.canonical(challenger.host, lookUp: false), canonical: ServiceHost.canonical(challenger.host, lookUp: lookUp),
@@ -108,8 +94,7 @@ package final class KerberosNegotiator: Sendable {
             var lastFailure: KerberosFailure?
             for fresh in [false, true] {
                 do throws(KerberosFailure) {
-                    let (credential, shared) = try Self.sharedOrFresh(sharedCredential, fresh: fresh)
-                    if !shared { principalCache.withLockedValue { $0 = nil } }
+                    let credential = try Self.sharedOrFresh(sharedCredential, fresh: fresh)
                     let context = try NegotiateContext(serviceHost: host, delegate: delegating, credential: credential)
                     let step = try context.step(serverToken: nil)
                     guard let token = step.token else {
@@ -118,7 +103,7 @@ package final class KerberosNegotiator: Sendable {
                     return .success(
                         Started(
                             context: context, authorization: NegotiatePolicy.authorization(token: token),
-                            principal: Self.cachedPrincipal(principalCache), delegated: delegating
+                            principal: credential.principal, delegated: delegating
                         )
                     )
                 } catch {
@@ -187,22 +172,8 @@ package final class KerberosNegotiator: Sendable {
     /// The user's credential now, for `status`. Read on the shared blocking pool, not the
     /// Kerberos threads: it needs only the credential cache, and `status` must answer while a
     /// KDC that does not answer holds those threads.
-    package func credentialReport() async -> CredentialReport {
-        let now = Date()
-        let status: KerberosCredential.Status
-        do {
-            status = try await NIOThreadPool.singleton.runIfActive { KerberosCredential.current() }
-        } catch {
-            return CredentialReport(state: "missing", detail: "the daemon is stopping")
-        }
-        switch status {
-        case .valid(let principal, let remaining):
-            return CredentialReport(principal: principal, expires: now.addingTimeInterval(TimeInterval(remaining)), state: "valid")
-        case .expired(let principal):
-            return CredentialReport(principal: principal, state: "expired")
-        case .missing(let detail):
-            return CredentialReport(state: "missing", detail: detail)
-        }
+    package func credentialStatus() async -> KerberosCredential.Status {
+        (try? await self.localPool.runIfActive { KerberosCredential.current() }) ?? .missing(detail: "the daemon is stopping")
     }
 
     // MARK: - Running off the event loops
@@ -267,28 +238,11 @@ package final class KerberosNegotiator: Sendable {
 
     /// The shared credential, acquired when there is none or `fresh` asks for a new one. Runs on
     /// the Kerberos threads.
-    private static func sharedOrFresh(
-        _ box: NIOLockedValueBox<GSSCredential?>, fresh: Bool
-    ) throws(KerberosFailure) -> (credential: GSSCredential, shared: Bool) {
-        if !fresh, let shared = box.withLockedValue({ $0 }) { return (shared, true) }
+    private static func sharedOrFresh(_ box: NIOLockedValueBox<GSSCredential?>, fresh: Bool) throws(KerberosFailure) -> GSSCredential {
+        if !fresh, let shared = box.withLockedValue({ $0 }) { return shared }
         let acquired = try GSSCredential()
         box.withLockedValue { $0 = acquired }
-        return (acquired, false)
-    }
-
-    /// The principal of the credential, read again when older than `principalRefresh`. Runs on
-    /// the Kerberos threads.
-    private static func cachedPrincipal(_ box: NIOLockedValueBox<(name: String?, readAt: ContinuousClock.Instant)?>) -> String? {
-        let now = ContinuousClock.now
-        if let cached = box.withLockedValue({ $0 }), cached.readAt.duration(to: now) < Self.principalRefresh { return cached.name }
-        let name: String? =
-            switch KerberosCredential.current() {
-            case .valid(let principal, _): principal
-            case .expired(let principal): principal
-            case .missing: nil
-            }
-        box.withLockedValue { $0 = (name, now) }
-        return name
+        return acquired
     }
 
     /// A first step that failed without saying why in Kerberos terms (SPNEGO hides the

@@ -8,8 +8,7 @@ import NIOConcurrencyHelpers
 ///
 /// Every call may block: reading the credential cache, and asking the KDC for a service ticket.
 /// Callers run them off the event loops (`KerberosNegotiator`).
-// @unchecked: the GSS handles are touched only under `lock`.
-package final class NegotiateContext: @unchecked Sendable {
+package final class NegotiateContext: @unchecked Sendable {  // @unchecked: the GSS handles are touched only under `lock`.
     /// What one step gave.
     package struct Step: Sendable, Equatable {
         /// The token to send (base64 in `Negotiate <token>`); nil when there is nothing to send.
@@ -51,9 +50,6 @@ package final class NegotiateContext: @unchecked Sendable {
         if self.context != nil { gss_delete_sec_context(&minor, &self.context, nil) }
         if self.target != nil { gss_release_name(&minor, &self.target) }
     }
-
-    /// Whether the context is established (the last step needed no more tokens).
-    package var isEstablished: Bool { self.lock.withLock { self.established } }
 
     /// One step: the first (`serverToken` nil) makes the initial token; later ones take the
     /// server's token. A step after the context is established checks a server's final token
@@ -108,17 +104,33 @@ package final class NegotiateContext: @unchecked Sendable {
 /// an acquisition whose ticket has since expired fails its contexts, and the caller acquires
 /// again. MIT holds the credential's lock across a first step's KDC exchange, so first steps
 /// that need a new service ticket run one at a time; cached tickets need no KDC.
-// @unchecked: the handle is immutable after init; MIT's credential locks itself for each use.
-package final class GSSCredential: @unchecked Sendable {
+package final class GSSCredential: @unchecked Sendable {  // @unchecked: immutable after init; MIT locks the credential per use.
     let handle: gss_cred_id_t?
+    /// Whose credential it is (`alice@REALM`), and for how long it was valid when acquired.
+    package let principal: String
+    package let remainingSeconds: UInt32
 
+    /// Acquires the default credential (the cache `klist` shows) and reads whose it is.
     /// - Throws: as a context step would (no ticket, expired).
     package init() throws(KerberosFailure) {
         var minor: OM_uint32 = 0
         var handle: gss_cred_id_t?
-        let major = cgss_acquire_default(&minor, &handle)
+        var major = cgss_acquire_default(&minor, &handle)
         guard cgss_is_error(major) == 0 else { throw KerberosFailure.from(major: major, minor: minor) }
         self.handle = handle
+        var name = gss_buffer_desc()
+        var lifetime: OM_uint32 = 0
+        major = cgss_inquire_credential(&minor, handle, &name, &lifetime)
+        defer {
+            var ignored: OM_uint32 = 0
+            gss_release_buffer(&ignored, &name)
+        }
+        guard cgss_is_error(major) == 0 else { throw KerberosFailure.from(major: major, minor: minor) }
+        guard let bytes = name.value, name.length > 0 else {
+            throw KerberosFailure(.other, detail: "the credential has no principal name")
+        }
+        self.principal = String(decoding: UnsafeRawBufferPointer(start: bytes, count: name.length), as: UTF8.self)
+        self.remainingSeconds = lifetime
     }
 
     deinit {
@@ -142,24 +154,12 @@ package enum KerberosCredential {
 
     /// The default credential now. Blocks briefly (it reads the credential cache).
     package static func current() -> Status {
-        var minor: OM_uint32 = 0
-        var principal = gss_buffer_desc()
-        var lifetime: OM_uint32 = 0
-        let major = cgss_default_credential(&minor, &principal, &lifetime)
-        defer {
-            var ignored: OM_uint32 = 0
-            gss_release_buffer(&ignored, &principal)
+        do throws(KerberosFailure) {
+            let credential = try GSSCredential()
+            guard credential.remainingSeconds > 0 else { return .expired(principal: credential.principal) }
+            return .valid(principal: credential.principal, remainingSeconds: credential.remainingSeconds)
+        } catch {
+            return error.kind == .ticketExpired ? .expired(principal: nil) : .missing(detail: error.detail)
         }
-        let name: String? =
-            if let bytes = principal.value, principal.length > 0 {
-                String(decoding: UnsafeRawBufferPointer(start: bytes, count: principal.length), as: UTF8.self)
-            } else { nil }
-        if cgss_is_error(major) != 0 {
-            let failure = KerberosFailure.from(major: major, minor: minor)
-            if failure.kind == .ticketExpired { return .expired(principal: name) }
-            return .missing(detail: failure.detail)
-        }
-        guard let name else { return .missing(detail: "the credential has no principal name") }
-        return lifetime == 0 ? .expired(principal: name) : .valid(principal: name, remainingSeconds: lifetime)
     }
 }

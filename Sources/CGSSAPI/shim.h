@@ -74,17 +74,13 @@ static inline OM_uint32 cgss_init_step(
     );
 }
 
-/// The default credential's principal (released by the caller with gss_release_buffer) and its
-/// remaining lifetime in seconds (0: expired).
-static inline OM_uint32 cgss_default_credential(OM_uint32 *minor, gss_buffer_desc *principal, OM_uint32 *lifetime) {
-    gss_OID_set_desc mechanisms = {1, cgss_krb5_mechanism()};
-    gss_cred_id_t credential = GSS_C_NO_CREDENTIAL;
-    OM_uint32 major = gss_acquire_cred(minor, GSS_C_NO_NAME, GSS_C_INDEFINITE, &mechanisms, GSS_C_INITIATE, &credential, NULL, NULL);
-    if (GSS_ERROR(major)) {
-        return major;
-    }
+/// A credential's principal (released by the caller with gss_release_buffer) and its remaining
+/// lifetime in seconds (0: expired).
+static inline OM_uint32 cgss_inquire_credential(
+    OM_uint32 *minor, gss_cred_id_t credential, gss_buffer_desc *principal, OM_uint32 *lifetime
+) {
     gss_name_t name = GSS_C_NO_NAME;
-    major = gss_inquire_cred(minor, credential, &name, lifetime, NULL, NULL);
+    OM_uint32 major = gss_inquire_cred(minor, credential, &name, lifetime, NULL, NULL);
     if (!GSS_ERROR(major)) {
         major = gss_display_name(minor, name, principal, NULL);
     }
@@ -92,7 +88,6 @@ static inline OM_uint32 cgss_default_credential(OM_uint32 *minor, gss_buffer_des
     if (name != GSS_C_NO_NAME) {
         gss_release_name(&ignored, &name);
     }
-    gss_release_cred(&ignored, &credential);
     return major;
 }
 
