@@ -158,12 +158,12 @@ package struct AcceptedClientConnection: Sendable {
         // Heads normalised before the decoder, which refuses a tab after `Content-Length: 5`.
         let normalizer = HeadNormalizer(.requests, maxHeadBytes: terms.maxHeadBytes)
         try channel.pipeline.syncOperations.addHandler(normalizer, position: .first)
-        let framing = RequestFramingCheck(normalizer: normalizer)
-        try channel.pipeline.syncOperations.addHandler(framing)
-        try channel.pipeline.syncOperations.addHandler(ResponseFramer(methods: framing))
         // Head and idle timeouts: bytes are seen before the decoder, heads and ends after it.
         let timeoutState = ClientTimeoutState()
         let timeouts = ClientTimeoutHandler(terms: terms, state: timeoutState, onTimeout: onTimeout)
+        let framing = RequestFramingCheck(normalizer: normalizer)
+        try channel.pipeline.syncOperations.addHandler(framing)
+        try channel.pipeline.syncOperations.addHandler(ResponseFramer(methods: framing, timeouts: timeouts))
         try channel.pipeline.syncOperations.addHandler(ClientBytesObserver(state: timeoutState, timeouts: timeouts), position: .first)
         try channel.pipeline.syncOperations.addHandler(timeouts)
         // Room for a few upstream reads on their way to the client before reading from the origin

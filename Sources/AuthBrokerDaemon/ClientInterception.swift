@@ -63,12 +63,13 @@ enum ClientInterception {
         established.writeString("HTTP/1.1 200 Connection established\r\n\r\n")
         observer.writeAndFlush(NIOAny(established), promise: nil)
 
+        let timeouts = try pipeline.handler(type: ClientTimeoutHandler.self)
         let normalizer = HeadNormalizer(.requests, maxHeadBytes: maxHeadBytes)
         let framing = RequestFramingCheck(normalizer: normalizer)
         let handlers: [any ChannelHandler] = [
             NIOSSLServerHandler(context: tls), normalizer, HTTPResponseEncoder(configuration: AcceptedClientConnection.responseEncoderConfiguration),
             ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .dropBytes)), InterceptedTarget(origin: origin),
-            framing, ResponseFramer(methods: framing),
+            framing, ResponseFramer(methods: framing, timeouts: timeouts),
         ]
         var previous: any ChannelHandler = observer.handler
         for handler in handlers {

@@ -104,12 +104,13 @@ final class ClientBytesObserver: ChannelInboundHandler, RemovableChannelHandler 
     }
 }
 
-/// After the HTTP decoder: request heads and ends in, response ends out; runs the head and idle
-/// timers, and on a control-only slot refuses anything but a `/v1/` request.
-final class ClientTimeoutHandler: ChannelDuplexHandler, RemovableChannelHandler {
+/// After the HTTP decoder: request heads and ends in; response ends from the `ResponseFramer`,
+/// which every response passes anyway (an outbound half here would cost each response part a
+/// handler more). Runs the head and idle timers, and on a control-only slot refuses anything but
+/// a `/v1/` request.
+final class ClientTimeoutHandler: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPServerRequestPart
     typealias InboundOut = HTTPServerRequestPart
-    typealias OutboundIn = HTTPServerResponsePart
     typealias OutboundOut = HTTPServerResponsePart
 
     private let terms: ClientConnectionTerms
@@ -167,12 +168,10 @@ final class ClientTimeoutHandler: ChannelDuplexHandler, RemovableChannelHandler 
         context.fireChannelRead(data)
     }
 
-    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
-        if case .end = self.unwrapOutboundIn(data) {
-            self.state.wait.responseEnded()
-            self.rearm()
-        }
-        context.write(data, promise: promise)
+    /// A response's end is on its way to the client.
+    func responseEnded() {
+        self.state.wait.responseEnded()
+        self.rearm()
     }
 
     /// Starts, keeps or stops the timer for the state the connection is in now.

@@ -6,8 +6,8 @@ import NIOHTTP1
 /// holds each head until it is complete and passes it on as `HeadNormalization.normalized` makes it
 /// (non-UTF-8 lines read as ISO-8859-1, whitespace after field values dropped) or refuses it (a
 /// bare CR: the decoder's error path, 502 upstream, 400 from a client); body bytes pass
-/// untouched. `ResponseEndSignal` (or `RequestFramingCheck`), after the decoder, says when a
-/// message ended, so that what follows is a head again.
+/// untouched. `UpstreamExchangeHandler` (or `RequestFramingCheck`), after the decoder, says when
+/// a message ended, so that what follows is a head again.
 ///
 /// A read that holds a whole plain head passes on unexamined past it, body and any pipelined
 /// request after it included; such a later head reaches the decoder as it came (as before this
@@ -153,23 +153,5 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
 
     private func forward(_ bytes: [UInt8], context: ChannelHandlerContext) {
         context.fireChannelRead(self.wrapInboundOut(context.channel.allocator.buffer(bytes: bytes)))
-    }
-}
-
-/// After the upstream response decoder: tells its `HeadNormalizer` where each response ends
-/// (`RequestFramingCheck` does so for a client connection's requests). Passes every part on.
-final class ResponseEndSignal: ChannelInboundHandler, RemovableChannelHandler {
-    typealias InboundIn = HTTPClientResponsePart
-    typealias InboundOut = HTTPClientResponsePart
-
-    private let normalizer: HeadNormalizer
-
-    init(_ normalizer: HeadNormalizer) {
-        self.normalizer = normalizer
-    }
-
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        if case .end = self.unwrapInboundIn(data) { self.normalizer.messageEnded() }
-        context.fireChannelRead(data)
     }
 }

@@ -14,21 +14,25 @@ import NIOHTTP1
 
 /// The client connection's responses: 1xx, 204 and 304 carry no framing, nor does any response
 /// to CONNECT (the encoder sends no body with one); any other response without a length is
-/// chunked (the encoder suppresses a HEAD response's body).
+/// chunked (the encoder suppresses a HEAD response's body). Each response's end is reported to
+/// the connection's `ClientTimeoutHandler`.
 final class ResponseFramer: ChannelOutboundHandler, RemovableChannelHandler {
     typealias OutboundIn = HTTPServerResponsePart
     typealias OutboundOut = HTTPServerResponsePart
 
     private let methods: RequestFramingCheck
+    private let timeouts: ClientTimeoutHandler
     private var chunking = SelfChunking()
 
-    init(methods: RequestFramingCheck) {
+    init(methods: RequestFramingCheck, timeouts: ClientTimeoutHandler) {
         self.methods = methods
+        self.timeouts = timeouts
     }
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
         let part = self.unwrapOutboundIn(data)
         guard case .head(let head) = part else {
+            if case .end = part { self.timeouts.responseEnded() }
             self.chunking.write(part, data: data, context: context, promise: promise, wrap: self.wrapOutboundOut)
             return
         }

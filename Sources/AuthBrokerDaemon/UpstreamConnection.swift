@@ -198,6 +198,9 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
     private let idleTimeout: TimeAmount
     private let maxResponseHeadBytes: Int
     private let onClose: @Sendable () -> Void
+    /// In front of the decoder; told where each response ends, so what follows is read as a head
+    /// again. (Here rather than in a handler of its own: each handler costs every response part.)
+    private let headNormalizer: HeadNormalizer?
     private var context: ChannelHandlerContext?
     private var exchange: Exchange?
     /// Checks the current exchange's `headDeadline`. Armed lazily, like the pool's idle timers:
@@ -218,10 +221,21 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
     /// Counts exchanges, so a late signal from a finished exchange's sequence cannot touch the next.
     private var generation = 0
 
-    package init(
+    package convenience init(
         responseHeadTimeout: TimeAmount, idleTimeout: TimeAmount, maxResponseHeadBytes: Int,
         onClose: @escaping @Sendable () -> Void
     ) {
+        self.init(
+            responseHeadTimeout: responseHeadTimeout, idleTimeout: idleTimeout, maxResponseHeadBytes: maxResponseHeadBytes,
+            headNormalizer: nil, onClose: onClose
+        )
+    }
+
+    init(
+        responseHeadTimeout: TimeAmount, idleTimeout: TimeAmount, maxResponseHeadBytes: Int,
+        headNormalizer: HeadNormalizer?, onClose: @escaping @Sendable () -> Void
+    ) {
+        self.headNormalizer = headNormalizer
         self.responseHeadTimeout = responseHeadTimeout
         self.idleTimeout = idleTimeout
         self.maxResponseHeadBytes = maxResponseHeadBytes
@@ -365,6 +379,8 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
 
     package func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let part = self.unwrapInboundIn(data)
+        let ends = if case .end = part { true } else { false }
+        if ends { self.headNormalizer?.messageEnded() }
         guard var exchange = self.exchange else {
             // Bytes from the origin with no request outstanding: the connection is unusable.
             context.close(promise: nil)
@@ -385,7 +401,6 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
             exchange.headDeadline = nil
             self.exchange = exchange
         }
-        let ends = if case .end = part { true } else { false }
         let outOfStep = ends && !exchange.requestEndWritten
         if ends {
             self.exchange = nil

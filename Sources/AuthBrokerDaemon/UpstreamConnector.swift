@@ -479,13 +479,12 @@ package final class UpstreamConnector: Sendable {
                 )
             )
         )
-        try sync.addHandler(ResponseEndSignal(normalizer))
         try sync.addHandler(
             UpstreamExchangeHandler(
                 responseHeadTimeout: self.settings.upstream.responseHeadTimeout,
                 idleTimeout: self.settings.upstream.idleTimeout,
                 maxResponseHeadBytes: self.settings.limits.maxResponseHeadBytes,
-                onClose: onClose
+                headNormalizer: normalizer, onClose: onClose
             )
         )
     }
