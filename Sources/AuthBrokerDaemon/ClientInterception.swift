@@ -65,10 +65,10 @@ enum ClientInterception {
 
         let timeouts = try pipeline.handler(type: ClientTimeoutHandler.self)
         let normalizer = HeadNormalizer(.requests, maxHeadBytes: maxHeadBytes)
-        let framing = RequestFramingCheck(normalizer: normalizer)
+        let framing = RequestFramingCheck(normalizer: normalizer, interceptedOrigin: origin)
         let handlers: [any ChannelHandler] = [
             NIOSSLServerHandler(context: tls), normalizer, HTTPResponseEncoder(configuration: AcceptedClientConnection.responseEncoderConfiguration),
-            ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .dropBytes)), InterceptedTarget(origin: origin),
+            ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .dropBytes)),
             framing, ResponseFramer(methods: framing, timeouts: timeouts),
         ]
         var previous: any ChannelHandler = observer.handler
@@ -99,35 +99,10 @@ private final class KeptBytes: ChannelInboundHandler, RemovableChannelHandler {
 }
 
 /// Inside an intercepted connection: a request's target is made absolute for the CONNECT's
-/// origin. A target naming another origin (or another CONNECT, `*`, a control path in absolute
-/// form) is refused: what the client asked to reach is the origin it connected to.
-final class InterceptedTarget: ChannelInboundHandler, RemovableChannelHandler {
-    typealias InboundIn = HTTPServerRequestPart
-    typealias InboundOut = HTTPServerRequestPart
-
-    private let origin: CanonicalOrigin
-    private var refused = false
-
-    init(origin: CanonicalOrigin) {
-        self.origin = origin
-    }
-
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        guard !self.refused else { return }
-        guard case .head(var head) = self.unwrapInboundIn(data) else {
-            context.fireChannelRead(data)
-            return
-        }
-        switch InterceptedTarget.absolute(head.uri, method: head.method, origin: self.origin) {
-        case .success(let uri):
-            head.uri = uri
-            context.fireChannelRead(self.wrapInboundOut(.head(head)))
-        case .failure(let refusal):
-            self.refused = true
-            context.fireErrorCaught(refusal)
-        }
-    }
-
+/// origin (by the connection's `RequestFramingCheck`, which every head passes anyway). A target
+/// naming another origin (or another CONNECT, `*`, a control path in absolute form) is refused:
+/// what the client asked to reach is the origin it connected to.
+enum InterceptedTarget {
     /// The absolute-form target for `uri` sent inside a connection to `origin`.
     static func absolute(_ uri: String, method: HTTPMethod, origin: CanonicalOrigin) -> Result<String, InterceptedTargetRefused> {
         if uri.hasPrefix("/"), method != .CONNECT {

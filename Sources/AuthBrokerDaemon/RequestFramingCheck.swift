@@ -11,24 +11,40 @@ import NIOHTTP1
 /// inbound error, which the connection answers with 400 `malformed_request` and a close; nothing
 /// of that request, or any after it, is passed on. It also tells the connection's
 /// `HeadNormalizer` where each request ends, and keeps the methods of the requests not yet
-/// answered, for `ResponseFramer` (the encoder's own queue is not public). One handler
-/// for the three: each handler a part passes costs on every request.
+/// answered, for `ResponseFramer` (the encoder's own queue is not public); and inside an
+/// intercepted connection it makes each target absolute (`InterceptedTarget`). One handler for
+/// these: each handler a part passes costs on every request.
 final class RequestFramingCheck: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPServerRequestPart
     typealias InboundOut = HTTPServerRequestPart
 
     private let normalizer: HeadNormalizer
+    /// The CONNECT's origin, inside an intercepted connection.
+    private let interceptedOrigin: CanonicalOrigin?
     private var refused = false
     private var methods: [HTTPMethod] = []
 
-    init(normalizer: HeadNormalizer) {
+    init(normalizer: HeadNormalizer, interceptedOrigin: CanonicalOrigin? = nil) {
         self.normalizer = normalizer
+        self.interceptedOrigin = interceptedOrigin
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         guard !self.refused else { return }
         switch self.unwrapInboundIn(data) {
-        case .head(let head):
+        case .head(var head):
+            var changed = false
+            if let origin = self.interceptedOrigin {
+                switch InterceptedTarget.absolute(head.uri, method: head.method, origin: origin) {
+                case .success(let uri):
+                    head.uri = uri
+                    changed = true
+                case .failure(let refusal):
+                    self.refused = true
+                    context.fireErrorCaught(refusal)
+                    return
+                }
+            }
             let framing: RequestBodyFraming
             do {
                 framing = try RequestBodyFraming.of(head.headers)
@@ -43,12 +59,10 @@ final class RequestFramingCheck: ChannelInboundHandler, RemovableChannelHandler 
             if case .length(let length) = framing, let value = head.headers.first(name: "content-length"),
                 !value.utf8.allSatisfy({ $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") })
             {
-                var canonical = head
-                canonical.headers.replaceOrAdd(name: "Content-Length", value: String(length))
-                context.fireChannelRead(self.wrapInboundOut(.head(canonical)))
-                return
+                head.headers.replaceOrAdd(name: "Content-Length", value: String(length))
+                changed = true
             }
-            context.fireChannelRead(data)
+            context.fireChannelRead(changed ? self.wrapInboundOut(.head(head)) : data)
         case .end:
             // After CONNECT come the tunnel's bytes, never another head. (A pattern: HTTPMethod's
             // `==` compares names as strings, on every request's end here.)
