@@ -18,6 +18,8 @@ package final class ApacheTLSSite: Sendable {
     package static let packageName = "authbroker-demo"
     package static let wheelName = "authbroker_demo-1.0-py3-none-any.whl"
     package static let readme = "hello from the corp repo\n"
+    /// The page `/simple/authbroker-demo/` serves.
+    package static let projectPage = "<html><body><a href=\"\(wheelName)\">\(wheelName)</a></body></html>\n"
     static let gitHTTPBackend = "/usr/lib/git-core/git-http-backend"
 
     /// Whether Apache, mod_ssl, git and git-http-backend are installed.
@@ -101,8 +103,7 @@ package final class ApacheTLSSite: Sendable {
         let project = directory + "/htdocs/simple/\(packageName)"
         try "<html><body><a href=\"\(packageName)/\">\(packageName)</a></body></html>\n"
             .write(toFile: directory + "/htdocs/simple/index.html", atomically: true, encoding: .utf8)
-        try "<html><body><a href=\"\(wheelName)\">\(wheelName)</a></body></html>\n"
-            .write(toFile: project + "/index.html", atomically: true, encoding: .utf8)
+        try projectPage.write(toFile: project + "/index.html", atomically: true, encoding: .utf8)
         let wheel = """
             import sys, zipfile
             info = "authbroker_demo-1.0.dist-info/"
