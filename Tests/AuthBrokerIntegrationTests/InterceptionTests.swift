@@ -178,6 +178,62 @@ struct InterceptionTests {
         }
     }
 
+    /// A Go program using only net/http's defaults: the proxy from HTTPS_PROXY, the anchors
+    /// from SSL_CERT_FILE. Prints each URL's body; exits 1 on an error, 2 on a status not 200.
+    static let goFetch = """
+        package main
+
+        import (
+        \t"fmt"
+        \t"io"
+        \t"net/http"
+        \t"os"
+        )
+
+        func main() {
+        \tfor _, url := range os.Args[1:] {
+        \t\tresponse, err := http.Get(url)
+        \t\tif err != nil {
+        \t\t\tfmt.Fprintln(os.Stderr, err)
+        \t\t\tos.Exit(1)
+        \t\t}
+        \t\tbody, err := io.ReadAll(response.Body)
+        \t\tresponse.Body.Close()
+        \t\tif err != nil || response.StatusCode != 200 {
+        \t\t\tfmt.Fprintln(os.Stderr, url, response.Status, err)
+        \t\t\tos.Exit(2)
+        \t\t}
+        \t\tos.Stdout.Write(body)
+        \t}
+        }
+
+        """
+
+    @Test("a Go program (net/http, standard library only) gets Basic- and Digest-protected pages behind a client certificate through the broker")
+    func goFromACorporateApache() async throws {
+        guard let go = Self.installed("/usr/bin/go", package: "golang-go") else { return }
+        try await Self.withCorpApache(host: "go.corp.test") { site, daemon, base in
+            // Built in private directories, without modules or the network.
+            let work = daemon.directory + "/go"
+            try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
+            try Self.goFetch.write(toFile: work + "/main.go", atomically: true, encoding: .utf8)
+            let build = try ExternalCommand.run(
+                go, ["build", "-o", work + "/fetch", work + "/main.go"],
+                environment: ["GOCACHE": work + "/cache", "GOPATH": work + "/path", "GO111MODULE": "off", "GOFLAGS": "", "GOENV": "off", "GOTOOLCHAIN": "local", "CGO_ENABLED": "0"]
+            )
+            try #require(build.status == 0, "go build: \(build.stderr)")
+            // Basic first: a password once answered with Digest is never sent as Basic on that origin.
+            let urls = ["\(base)/git/repo.git/HEAD", "\(base)/simple/\(ApacheTLSSite.packageName)/"]
+            let fetched = try ProxyPortTests.runThroughBroker(daemon, [work + "/fetch"] + urls)
+            #expect(fetched.status == 0, "\(fetched.stderr)\n\(site.errorLog)")
+            #expect(fetched.stdout == "ref: refs/heads/main\n" + ApacheTLSSite.projectPage)
+            let log = site.accessLog
+            #expect(log.contains("alice alice-laptop \"GET /simple/\(ApacheTLSSite.packageName)/ HTTP/1.1\" 200"), "\(log)")
+            #expect(log.contains("alice alice-laptop \"GET /git/repo.git/HEAD HTTP/1.1\" 200"), "\(log)")
+            #expect((try Self.counter(daemon, "connects_intercepted") ?? 0) >= 1)
+        }
+    }
+
     @Test("env names the CA bundle (system anchors plus the local CA) and the CA alone for Node")
     func envNamesTheCABundle() async throws {
         try await withDaemon { daemon in
