@@ -234,6 +234,52 @@ struct InterceptionTests {
         }
     }
 
+    @Test("apt-get update and download, given the CA bundle with -o Acquire::https::CAInfo, from a flat repository behind a client certificate and Basic")
+    func aptFromACorporateApache() async throws {
+        guard Self.installed("/usr/bin/apt-get", package: "apt") != nil, Self.installed("/usr/bin/dpkg-deb", package: "dpkg") != nil else { return }
+        try await Self.withCorpApache(host: "apt.corp.test") { site, daemon, base in
+            // apt in private directories: its own configuration (no apt.conf.d hooks), lists,
+            // cache and no lock; the system's apt state is never touched.
+            let apt = daemon.directory + "/apt"
+            for folder in ["etc/apt.conf.d", "etc/sources.list.d", "etc/preferences.d", "state/lists/partial", "cache/archives/partial", "downloads"] {
+                try FileManager.default.createDirectory(atPath: apt + "/" + folder, withIntermediateDirectories: true)
+            }
+            try "deb [trusted=yes] \(base)/apt ./\n".write(toFile: apt + "/etc/sources.list", atomically: true, encoding: .utf8)
+            // As root, apt runs its methods as _apt, another uid, whose connections the proxy
+            // port closes: here they stay root (a user's apt never changes uid).
+            let config = """
+                Dir::Etc "\(apt)/etc";
+                Dir::State "\(apt)/state";
+                Dir::Cache "\(apt)/cache";
+                Debug::NoLocking "true";
+                APT::Sandbox::User "root";
+
+                """
+            try config.write(toFile: apt + "/apt.conf", atomically: true, encoding: .utf8)
+            // As the README says: the proxy from https_proxy, the bundle given with -o.
+            let script = """
+                cd "$0" && apt-get -q -o Acquire::https::CAInfo="$SSL_CERT_FILE" update \
+                && exec apt-get -q -o Acquire::https::CAInfo="$SSL_CERT_FILE" download "$1"
+                """
+            let result = try ExternalCommand.run(
+                Self.ctl, ["run", "--socket", daemon.socketPath, "--", "/bin/sh", "-c", script, apt + "/downloads", ApacheTLSSite.aptPackage],
+                environment: ["APT_CONFIG": apt + "/apt.conf"]
+            )
+            #expect(result.status == 0, "\(result.stdout)\n\(result.stderr)\n\(site.errorLog)")
+            let deb = apt + "/downloads/" + ApacheTLSSite.debName
+            let served = try? Data(contentsOf: URL(fileURLWithPath: site.directory + "/htdocs/apt/" + ApacheTLSSite.debName))
+            #expect(served != nil && (try? Data(contentsOf: URL(fileURLWithPath: deb))) == served)
+            // Apache saw alice, with the broker's client certificate, fetch the index and the package.
+            let log = site.accessLog
+            for file in ["Packages", ApacheTLSSite.debName] {
+                let seen = log.split(separator: "\n").contains {
+                    $0.hasPrefix("alice alice-laptop \"GET /apt/") && $0.contains("/\(file) HTTP/1.1\"") && $0.hasSuffix(" 200")
+                }
+                #expect(seen, "\(file): \(log)")
+            }
+        }
+    }
+
     @Test("env names the CA bundle (system anchors plus the local CA) and the CA alone for Node")
     func envNamesTheCABundle() async throws {
         try await withDaemon { daemon in
