@@ -1,3 +1,4 @@
+import AuthBrokerCore
 import Foundation
 import Testing
 import TestSupport
@@ -79,9 +80,11 @@ struct InterceptionTests {
         }
     }
 
-    @Test("git clone and pip download, unmodified, from Apache behind a private CA that wants a client certificate and Basic or Digest")
-    func gitAndPipFromACorporateApache() async throws {
-        let host = "code.corp.test"
+    /// Debian's Apache as a corporate server (`ApacheTLSSite`: a private CA, a client certificate
+    /// required, Basic or Digest) at `host`, and a daemon holding only what reaching it takes:
+    /// the server's CA as an anchor for the host, alice's client identity and her password.
+    /// `body` gets the site, the daemon and the site's base URL.
+    static func withCorpApache(host: String, _ body: (ApacheTLSSite, DaemonProcess, String) async throws -> Void) async throws {
         let serverCA = try TestPKI.makeCA(commonName: "Corp Server CA")
         let clientCA = try TestPKI.makeCA(commonName: "Corp Client CA")
         let clientLeaf = try TestPKI.makeLeaf(issuer: clientCA, commonName: "alice-laptop", clientAuthenticationOnly: true)
@@ -98,6 +101,22 @@ struct InterceptionTests {
             #expect(identity.status == 201, "\(identity.json)")
             let stored = try Self.post(daemon, "/v1/passwords", ["url": base, "user": "alice", "password": Self.password, "persistence": "session"])
             #expect(stored.status == 201)
+            try await body(site, daemon, base)
+        }
+    }
+
+    /// The program at `path`, or nil after recording that `scripts/install-deps test` installs it.
+    static func installed(_ path: String, package: String) -> String? {
+        guard FileManager.default.isExecutableFile(atPath: path) else {
+            Issue.record("\(path) is not installed (\(package); scripts/install-deps test installs it)")
+            return nil
+        }
+        return path
+    }
+
+    @Test("git clone and pip download, unmodified, from Apache behind a private CA that wants a client certificate and Basic or Digest")
+    func gitAndPipFromACorporateApache() async throws {
+        try await Self.withCorpApache(host: "code.corp.test") { site, daemon, base in
             let clone = daemon.directory + "/clone"
             let git = try ProxyPortTests.runThroughBroker(
                 daemon, ["/usr/bin/env", "GIT_TERMINAL_PROMPT=0", "/usr/bin/git", "clone", "-q", "\(base)/git/repo.git", clone]
@@ -119,6 +138,145 @@ struct InterceptionTests {
             #expect(log.contains("alice alice-laptop \"GET /git/repo.git/info/refs?service=git-upload-pack HTTP/1.1\" 200"), "\(log)")
             #expect(log.contains("alice alice-laptop \"GET /simple/\(ApacheTLSSite.packageName)/ HTTP/1.1\" 200"), "\(log)")
             #expect(log.contains("alice alice-laptop \"GET /simple/\(ApacheTLSSite.packageName)/\(ApacheTLSSite.wheelName) HTTP/1.1\" 200"), "\(log)")
+        }
+    }
+
+    @Test("wget, unmodified, trusts the local CA through the WGETRC the broker writes (keeping ~/.wgetrc, less its passwords): Basic and Digest behind a client certificate")
+    func wgetFromACorporateApache() async throws {
+        guard let wget = Self.installed("/usr/bin/wget", package: "wget") else { return }
+        try await Self.withCorpApache(host: "files.corp.test") { site, daemon, base in
+            // Basic first: a password once answered with Digest is never sent as Basic on that origin.
+            let urls = ["\(base)/git/repo.git/HEAD", "\(base)/simple/\(ApacheTLSSite.packageName)/"]
+            // The user's own startup file: its settings still apply, its password is not copied.
+            let home = daemon.directory + "/home"
+            let saved = daemon.directory + "/saved"
+            try FileManager.default.createDirectory(atPath: home, withIntermediateDirectories: true)
+            try "output_document = \(saved)\nhttp_password = Not-Copied-7\n".write(toFile: home + "/.wgetrc", atomically: true, encoding: .utf8)
+            let ctl = [Self.ctl, "run", "--socket", daemon.socketPath, "--"]
+            let fetched = try ExternalCommand.run("/usr/bin/env", ["HOME=\(home)"] + ctl + [wget, "-q"] + urls)
+            #expect(fetched.status == 0, "\(fetched.stderr)\n\(site.errorLog)")
+            #expect((try? String(contentsOfFile: saved, encoding: .utf8)) == "ref: refs/heads/main\n" + ApacheTLSSite.projectPage)
+            let log = site.accessLog
+            #expect(log.contains("alice alice-laptop \"GET /simple/\(ApacheTLSSite.packageName)/ HTTP/1.1\" 200"), "\(log)")
+            #expect(log.contains("alice alice-laptop \"GET /git/repo.git/HEAD HTTP/1.1\" 200"), "\(log)")
+            // The file: private, the user's lines less the password, then the bundle.
+            let env = try ExternalCommand.run("/usr/bin/env", ["HOME=\(home)", Self.ctl, "env", "--socket", daemon.socketPath])
+            let line = try #require(env.stdout.split(separator: "\n").first { $0.hasPrefix("export WGETRC=") }, "\(env.stdout)")
+            let wgetrc = String(line.dropFirst("export WGETRC='".count).dropLast())
+            let show = try ExternalCommand.run(Self.ctl, ["ca", "show", "--json", "--socket", daemon.socketPath])
+            let record = try #require(try JSONSerialization.jsonObject(with: Data(show.stdout.utf8)) as? [String: Any])
+            let bundle = try #require(record["bundle_file"] as? String)
+            #expect(wgetrc == AtomicFile.directory(of: bundle) + "/wgetrc")
+            let content = try String(contentsOfFile: wgetrc, encoding: .utf8)
+            #expect(content.hasPrefix("output_document = \(saved)\n") && content.hasSuffix("ca_certificate = \(bundle)\n"), "\(content)")
+            #expect(!content.contains("Not-Copied-7"))
+            let attributes = try FileManager.default.attributesOfItem(atPath: wgetrc)
+            #expect((attributes[.posixPermissions] as? Int) == 0o600)
+            // Without it, wget does not trust the intercepted host (it reads no CA variable).
+            let without = try ExternalCommand.run("/usr/bin/env", ["HOME=\(home)"] + ctl + ["/usr/bin/env", "-u", "WGETRC", wget, "-q", "-O", "/dev/null", urls[0]])
+            #expect(without.status == 5, "\(without.status) \(without.stderr)")
+        }
+    }
+
+    /// A Go program using only net/http's defaults: the proxy from HTTPS_PROXY, the anchors
+    /// from SSL_CERT_FILE. Prints each URL's body; exits 1 on an error, 2 on a status not 200.
+    static let goFetch = """
+        package main
+
+        import (
+        \t"fmt"
+        \t"io"
+        \t"net/http"
+        \t"os"
+        )
+
+        func main() {
+        \tfor _, url := range os.Args[1:] {
+        \t\tresponse, err := http.Get(url)
+        \t\tif err != nil {
+        \t\t\tfmt.Fprintln(os.Stderr, err)
+        \t\t\tos.Exit(1)
+        \t\t}
+        \t\tbody, err := io.ReadAll(response.Body)
+        \t\tresponse.Body.Close()
+        \t\tif err != nil || response.StatusCode != 200 {
+        \t\t\tfmt.Fprintln(os.Stderr, url, response.Status, err)
+        \t\t\tos.Exit(2)
+        \t\t}
+        \t\tos.Stdout.Write(body)
+        \t}
+        }
+
+        """
+
+    @Test("a Go program (net/http, standard library only) gets Basic- and Digest-protected pages behind a client certificate through the broker")
+    func goFromACorporateApache() async throws {
+        guard let go = Self.installed("/usr/bin/go", package: "golang-go") else { return }
+        try await Self.withCorpApache(host: "go.corp.test") { site, daemon, base in
+            // Built in private directories, without modules or the network.
+            let work = daemon.directory + "/go"
+            try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
+            try Self.goFetch.write(toFile: work + "/main.go", atomically: true, encoding: .utf8)
+            let build = try ExternalCommand.run(
+                go, ["build", "-o", work + "/fetch", work + "/main.go"],
+                environment: ["GOCACHE": work + "/cache", "GOPATH": work + "/path", "GO111MODULE": "off", "GOFLAGS": "", "GOENV": "off", "GOTOOLCHAIN": "local", "CGO_ENABLED": "0"]
+            )
+            try #require(build.status == 0, "go build: \(build.stderr)")
+            // Basic first: a password once answered with Digest is never sent as Basic on that origin.
+            let urls = ["\(base)/git/repo.git/HEAD", "\(base)/simple/\(ApacheTLSSite.packageName)/"]
+            let fetched = try ProxyPortTests.runThroughBroker(daemon, [work + "/fetch"] + urls)
+            #expect(fetched.status == 0, "\(fetched.stderr)\n\(site.errorLog)")
+            #expect(fetched.stdout == "ref: refs/heads/main\n" + ApacheTLSSite.projectPage)
+            let log = site.accessLog
+            #expect(log.contains("alice alice-laptop \"GET /simple/\(ApacheTLSSite.packageName)/ HTTP/1.1\" 200"), "\(log)")
+            #expect(log.contains("alice alice-laptop \"GET /git/repo.git/HEAD HTTP/1.1\" 200"), "\(log)")
+            #expect((try Self.counter(daemon, "connects_intercepted") ?? 0) >= 1)
+        }
+    }
+
+    @Test("apt-get update and download, given the CA bundle with -o Acquire::https::CAInfo, from a flat repository behind a client certificate and Basic")
+    func aptFromACorporateApache() async throws {
+        guard Self.installed("/usr/bin/apt-get", package: "apt") != nil, Self.installed("/usr/bin/dpkg-deb", package: "dpkg") != nil else { return }
+        try await Self.withCorpApache(host: "apt.corp.test") { site, daemon, base in
+            // apt in private directories: its own configuration (no apt.conf.d hooks), lists,
+            // cache and no lock; the system's apt state is never touched.
+            let apt = daemon.directory + "/apt"
+            for folder in ["etc/apt.conf.d", "etc/sources.list.d", "etc/preferences.d", "state/lists/partial", "cache/archives/partial", "downloads"] {
+                try FileManager.default.createDirectory(atPath: apt + "/" + folder, withIntermediateDirectories: true)
+            }
+            try "deb [trusted=yes] \(base)/apt ./\n".write(toFile: apt + "/etc/sources.list", atomically: true, encoding: .utf8)
+            // As root, apt runs its methods as _apt, another uid, whose connections the proxy
+            // port closes: here they stay root (a user's apt never changes uid).
+            let config = """
+                Dir::Etc "\(apt)/etc";
+                Dir::State "\(apt)/state";
+                Dir::Cache "\(apt)/cache";
+                Debug::NoLocking "true";
+                APT::Sandbox::User "root";
+
+                """
+            try config.write(toFile: apt + "/apt.conf", atomically: true, encoding: .utf8)
+            // As the README says: the proxy from https_proxy, the bundle given with -o.
+            let script = """
+                cd "$0" && apt-get -q -o Acquire::https::CAInfo="$SSL_CERT_FILE" update \
+                && exec apt-get -q -o Acquire::https::CAInfo="$SSL_CERT_FILE" download "$1"
+                """
+            let result = try ExternalCommand.run(
+                Self.ctl, ["run", "--socket", daemon.socketPath, "--", "/bin/sh", "-c", script, apt + "/downloads", ApacheTLSSite.aptPackage],
+                environment: ["APT_CONFIG": apt + "/apt.conf"]
+            )
+            #expect(result.status == 0, "\(result.stdout)\n\(result.stderr)\n\(site.errorLog)")
+            let deb = apt + "/downloads/" + ApacheTLSSite.debName
+            let served = try? Data(contentsOf: URL(fileURLWithPath: site.directory + "/htdocs/apt/" + ApacheTLSSite.debName))
+            #expect(served != nil && (try? Data(contentsOf: URL(fileURLWithPath: deb))) == served)
+            // Apache saw alice, with the broker's client certificate, fetch the index and the package.
+            let log = site.accessLog
+            for file in ["Packages", ApacheTLSSite.debName] {
+                let seen = log.split(separator: "\n").contains {
+                    $0.hasPrefix("alice alice-laptop \"GET /apt/") && $0.contains("/\(file) HTTP/1.1\"") && $0.hasSuffix(" 200")
+                }
+                #expect(seen, "\(file): \(log)")
+            }
         }
     }
 

@@ -10,7 +10,9 @@ import Glibc
 /// - `/git/`: Basic (realm `git@corp`), Git's own `git-http-backend` (smart HTTP) serving
 ///   `repo.git`, whose `main` holds one commit with `README` = `hello from the corp repo\n`;
 /// - `/simple/`: Digest (realm `index@corp`, MD5), a PEP 503 package index with one wheel,
-///   `authbroker-demo` 1.0.
+///   `authbroker-demo` 1.0;
+/// - `/apt/`: Basic (realm `apt@corp`), a flat apt repository (`deb [trusted=yes] BASE/apt ./`)
+///   with one package, `authbroker-apt-demo` 1.0, built with `dpkg-deb` (when it is installed).
 /// The access log names the user and the client certificate's CN of each request.
 package final class ApacheTLSSite: Sendable {
     package static let gitRealm = "git@corp"
@@ -18,6 +20,11 @@ package final class ApacheTLSSite: Sendable {
     package static let packageName = "authbroker-demo"
     package static let wheelName = "authbroker_demo-1.0-py3-none-any.whl"
     package static let readme = "hello from the corp repo\n"
+    package static let aptRealm = "apt@corp"
+    package static let aptPackage = "authbroker-apt-demo"
+    package static let debName = "authbroker-apt-demo_1.0_all.deb"
+    /// The page `/simple/authbroker-demo/` serves.
+    package static let projectPage = "<html><body><a href=\"\(wheelName)\">\(wheelName)</a></body></html>\n"
     static let gitHTTPBackend = "/usr/lib/git-core/git-http-backend"
 
     /// Whether Apache, mod_ssl, git and git-http-backend are installed.
@@ -101,8 +108,7 @@ package final class ApacheTLSSite: Sendable {
         let project = directory + "/htdocs/simple/\(packageName)"
         try "<html><body><a href=\"\(packageName)/\">\(packageName)</a></body></html>\n"
             .write(toFile: directory + "/htdocs/simple/index.html", atomically: true, encoding: .utf8)
-        try "<html><body><a href=\"\(wheelName)\">\(wheelName)</a></body></html>\n"
-            .write(toFile: project + "/index.html", atomically: true, encoding: .utf8)
+        try projectPage.write(toFile: project + "/index.html", atomically: true, encoding: .utf8)
         let wheel = """
             import sys, zipfile
             info = "authbroker_demo-1.0.dist-info/"
@@ -113,7 +119,53 @@ package final class ApacheTLSSite: Sendable {
                 z.writestr(info + "RECORD", "authbroker_demo/__init__.py,,\\n" + info + "METADATA,,\\n" + info + "WHEEL,,\\n" + info + "RECORD,,\\n")
             """
         try run("/usr/bin/python3", ["-c", wheel, project + "/" + wheelName])
+        if FileManager.default.isExecutableFile(atPath: "/usr/bin/dpkg-deb") {
+            try writeAptRepository(in: directory + "/htdocs/apt")
+        }
         try ApacheAuthServer.makeReadableByApache(directory)
+    }
+
+    /// A flat repository: the package, `Packages` naming it with its size and hashes, and a
+    /// `Release` with the hash of `Packages` (apt wants one even from a `trusted=yes` source).
+    private static func writeAptRepository(in repository: String) throws {
+        let manager = FileManager.default
+        let root = repository + "-build"
+        try manager.createDirectory(atPath: root + "/DEBIAN", withIntermediateDirectories: true)
+        try manager.createDirectory(atPath: root + "/usr/share/\(aptPackage)", withIntermediateDirectories: true)
+        try manager.createDirectory(atPath: repository, withIntermediateDirectories: true)
+        let control = """
+            Package: \(aptPackage)
+            Version: 1.0
+            Architecture: all
+            Maintainer: AuthBroker tests <tests@corp.test>
+            Description: a package from the corp repository
+
+            """
+        try control.write(toFile: root + "/DEBIAN/control", atomically: true, encoding: .utf8)
+        try "hello from the corp apt repository\n".write(toFile: root + "/usr/share/\(aptPackage)/hello", atomically: true, encoding: .utf8)
+        try run("/usr/bin/dpkg-deb", ["--root-owner-group", "-Zgzip", "--build", root, repository + "/" + debName])
+        try manager.removeItem(atPath: root)
+        let deb = try Data(contentsOf: URL(fileURLWithPath: repository + "/" + debName))
+        let packages = control.replacingOccurrences(of: "Description:", with: """
+            Filename: ./\(debName)
+            Size: \(deb.count)
+            SHA256: \(hex(SHA256.hash(data: deb)))
+            Description:
+            """)
+        try packages.write(toFile: repository + "/Packages", atomically: true, encoding: .utf8)
+        let release = """
+            Origin: corp
+            Label: corp
+            Date: Thu, 01 Jan 2026 00:00:00 UTC
+            SHA256:
+             \(hex(SHA256.hash(data: Data(packages.utf8)))) \(packages.utf8.count) Packages
+
+            """
+        try release.write(toFile: repository + "/Release", atomically: true, encoding: .utf8)
+    }
+
+    private static func hex(_ digest: some Sequence<UInt8>) -> String {
+        digest.map { String(format: "%02x", $0) }.joined()
     }
 
     private static func configuration(directory: String, port: Int) -> String {
@@ -173,6 +225,14 @@ package final class ApacheTLSSite: Sendable {
             <Location "/git/">
                 AuthType Basic
                 AuthName "\(gitRealm)"
+                AuthBasicProvider file
+                AuthUserFile "\(directory)/htpasswd"
+                Require valid-user
+            </Location>
+
+            <Location "/apt/">
+                AuthType Basic
+                AuthName "\(aptRealm)"
                 AuthBasicProvider file
                 AuthUserFile "\(directory)/htpasswd"
                 Require valid-user

@@ -1,4 +1,5 @@
 import ArgumentParser
+import AuthBrokerCore
 import Foundation
 
 #if canImport(Glibc)
@@ -36,8 +37,8 @@ package enum ProxyEnvironment {
     package static let addedCAVariables = ["NODE_EXTRA_CA_CERTS"]
 
     /// The variables, in the order `env` prints them, for the proxy at `address`
-    /// (`127.0.0.1:21000`) and, when it can be had, the local CA.
-    package static func variables(proxy address: String, ca: CAFiles?) -> [(name: String, value: String)] {
+    /// (`127.0.0.1:21000`) and, when they can be had, the local CA and wget's startup file.
+    package static func variables(proxy address: String, ca: CAFiles?, wgetrc: String? = nil) -> [(name: String, value: String)] {
         let url = "http://\(address)"
         var variables = [
             ("http_proxy", url), ("https_proxy", url), ("HTTP_PROXY", url), ("HTTPS_PROXY", url),
@@ -46,22 +47,68 @@ package enum ProxyEnvironment {
         if let ca {
             variables += Self.bundleVariables.map { ($0, ca.bundle) } + Self.addedCAVariables.map { ($0, ca.certificate) }
         }
+        if let wgetrc {
+            variables.append(("WGETRC", wgetrc))
+        }
         return variables
     }
 
-    /// The proxy's address and the CA files; a CA that cannot be had is a warning on standard
-    /// error (https:// is then tunnelled only where it is not intercepted), not a failure.
-    static func settings(_ api: ControlAPI) async throws -> (proxy: String, ca: CAFiles?) {
+    /// The variables for this daemon: the proxy's address, the CA files and wget's startup file
+    /// (written here). A CA that cannot be had is a warning on standard error (https:// is then
+    /// tunnelled only where it is not intercepted), not a failure; so is a wgetrc that cannot be.
+    static func variables(_ api: ControlAPI) async throws -> [(name: String, value: String)] {
         let proxy = try await Self.proxyAddress(api)
+        let ca: CAFiles
         do {
             let (record, _) = try await api.call("GET", "/v1/ca", context: "cannot read the local CA", as: LocalCARecord.self)
-            return (proxy, CAFiles(bundle: record.bundleFile, certificate: record.certificateFile))
+            ca = CAFiles(bundle: record.bundleFile, certificate: record.certificateFile)
         } catch let error as CLIError {
             Console.error(
                 "\(error.message)\nauthbrokerctl: warning: no CA bundle variables set; programs will not trust https:// hosts the broker intercepts."
             )
-            return (proxy, nil)
+            return Self.variables(proxy: proxy, ca: nil)
         }
+        return Self.variables(proxy: proxy, ca: ca, wgetrc: Self.writeWgetStartupFile(bundle: ca.bundle))
+    }
+
+    /// Writes wget's startup file beside `bundle` (see `WgetStartupFile`) and returns its path,
+    /// or nil, with a warning that says why and what to do, when it cannot be written.
+    static func writeWgetStartupFile(bundle: String) -> String? {
+        let path = AtomicFile.directory(of: bundle) + "/" + WgetStartupFile.fileName
+        let environment = ProcessInfo.processInfo.environment
+        let home = environment["HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? getpwuid(getuid()).flatMap { $0.pointee.pw_dir.map { String(cString: $0) } }
+        func skip(_ reason: String) -> String? {
+            Console.error("authbrokerctl: warning: WGETRC not set, so wget will not trust https:// hosts the broker intercepts: \(reason)")
+            return nil
+        }
+        var settings: String?
+        if let source = WgetStartupFile.userFile(environment: environment, home: home, ours: path),
+            environment["WGETRC"] == source || FileManager.default.fileExists(atPath: source)
+        {
+            do {
+                settings = String(decoding: try LocalFile.readAll(source, limit: 1 << 20), as: UTF8.self)
+            } catch let failure as LocalFile.Failure {
+                return skip("\(failure.message). Make it readable (or unset WGETRC if it names a file that is gone).")
+            } catch {
+                return skip("cannot read \(source): \(error).")
+            }
+        }
+        guard let content = WgetStartupFile.content(userSettings: settings, caBundle: bundle) else {
+            return skip("the CA bundle's path (\(bundle)) holds a line break; set state_dir to a plainer path.")
+        }
+        let bytes = Array(content.utf8)
+        // Unchanged (the usual case): no rewrite, no fsync.
+        if let existing = try? PrivateFiles.readOwnedFile(path, what: "wget's startup file", maxBytes: bytes.count, forbiddenModeBits: 0o077),
+            existing == bytes
+        {
+            return path
+        }
+        do {
+            try AtomicFile.write(bytes, to: path)
+        } catch {
+            return skip("cannot write \(path) (\(error.description)). Check that the directory is yours and writable.")
+        }
+        return path
     }
 
     /// The shells `env` writes for.
@@ -106,8 +153,10 @@ struct Env: AsyncParsableCommand {
             naming the daemon's proxy port, no_proxy for this machine's own addresses, and the \
             CA bundle variables (SSL_CERT_FILE, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE, \
             GIT_SSL_CAINFO, PIP_CERT, CARGO_HTTP_CAINFO, AWS_CA_BUNDLE: the system anchors \
-            plus the broker's local CA; NODE_EXTRA_CA_CERTS: the local CA). Programs that \
-            honour them (curl, wget, git, pip, Python requests, Go and Node tools) then reach \
+            plus the broker's local CA; NODE_EXTRA_CA_CERTS: the local CA), and WGETRC: a \
+            startup file for wget, written beside the bundle, holding your ~/.wgetrc (less its \
+            passwords) and ca_certificate. Programs that honour them (curl, wget, git, pip, \
+            Python requests, Go tools) then reach \
             http:// servers through the broker, which answers their 401s from stored \
             passwords, and https:// servers through it too: intercepted (see `authbrokerctl ca`) \
             where you hold something for the host, a tunnel elsewhere.
@@ -123,8 +172,8 @@ struct Env: AsyncParsableCommand {
 
     func run() async throws {
         try await CommandRunner.run {
-            let (address, ca) = try await ProxyEnvironment.settings(ControlAPI(client: try connection.client()))
-            let lines = ProxyEnvironment.variables(proxy: address, ca: ca).map { shell.export($0.name, $0.value) }
+            let variables = try await ProxyEnvironment.variables(ControlAPI(client: try connection.client()))
+            let lines = variables.map { shell.export($0.name, $0.value) }
             Console.out(lines.joined(separator: "\n"))
         }
     }
@@ -158,8 +207,7 @@ struct Run: AsyncParsableCommand {
             guard let program = command.first, !program.isEmpty else {
                 throw ValidationError("name the program to run after --, e.g. `authbrokerctl run -- curl http://intranet.test/`")
             }
-            let (address, ca) = try await ProxyEnvironment.settings(ControlAPI(client: try connection.client()))
-            for (name, value) in ProxyEnvironment.variables(proxy: address, ca: ca) {
+            for (name, value) in try await ProxyEnvironment.variables(ControlAPI(client: try connection.client())) {
                 setenv(name, value, 1)
             }
             let arguments = command.map { strdup($0) } + [nil]

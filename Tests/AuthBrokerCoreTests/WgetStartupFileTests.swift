@@ -1,0 +1,60 @@
+import AuthBrokerCore
+import Testing
+
+@Suite("WgetStartupFile")
+struct WgetStartupFileTests {
+    static let bundle = "/home/alice/.local/state/authbroker/ca-bundle.pem"
+    static let ours = "/home/alice/.local/state/authbroker/wgetrc"
+    static let added = "# Added by authbrokerctl: trust the broker's local CA (and the system anchors).\nca_certificate = \(bundle)\n"
+
+    @Test("without a startup file of the user's: the CA bundle alone")
+    func bundleAlone() {
+        #expect(WgetStartupFile.content(userSettings: nil, caBundle: Self.bundle) == Self.added)
+        #expect(WgetStartupFile.content(userSettings: "", caBundle: Self.bundle) == Self.added)
+    }
+
+    @Test("the user's lines come first, unchanged, so the CA line added last wins over theirs")
+    func userLinesFirst() {
+        let user = "# mine\ntries = 3\n\nca_certificate = /etc/corp.pem\nuser_agent = \"x = y\""
+        #expect(WgetStartupFile.content(userSettings: user, caBundle: Self.bundle) == user + "\n" + Self.added)
+        #expect(WgetStartupFile.content(userSettings: user + "\n", caBundle: Self.bundle) == user + "\n" + Self.added)
+    }
+
+    @Test(
+        "password lines are not copied, however wget would spell them; other lines naming passwords are",
+        arguments: [
+            ("password = hunter2", false),
+            ("  HTTP_Password=hunter2", false),
+            ("http-password = hunter2", false),
+            ("ftppassword = hunter2", false),
+            ("proxy_password = hunter2", false),
+            ("\tProxy-Password\t= hunter2", false),
+            ("# password = a comment", true),
+            ("http_user = alice", true),
+            ("ask_password = on", true),
+            ("use_askpass = /usr/bin/askpass", true),
+            ("passwordish", true),
+        ]
+    )
+    func passwordsLeftOut(line: String, kept: Bool) throws {
+        let content = try #require(WgetStartupFile.content(userSettings: "tries = 3\n\(line)\ntimeout = 9\n", caBundle: Self.bundle))
+        #expect(content.contains(line) == kept, "\(content)")
+        #expect(content.hasPrefix("tries = 3\n") && content.hasSuffix(Self.added) && content.contains("timeout = 9\n"))
+    }
+
+    @Test("a bundle path that a wgetrc cannot hold gives no file")
+    func unwritablePath() {
+        #expect(WgetStartupFile.content(userSettings: nil, caBundle: "/tmp/a\nuse_proxy = off") == nil)
+        #expect(WgetStartupFile.content(userSettings: nil, caBundle: "") == nil)
+    }
+
+    @Test("the user's file is the one WGETRC names, else ~/.wgetrc; never the file the broker wrote")
+    func userFileChoice() {
+        #expect(WgetStartupFile.userFile(environment: [:], home: "/home/alice", ours: Self.ours) == "/home/alice/.wgetrc")
+        #expect(WgetStartupFile.userFile(environment: [:], home: "/home/alice/", ours: Self.ours) == "/home/alice/.wgetrc")
+        #expect(WgetStartupFile.userFile(environment: ["WGETRC": "/etc/team.wgetrc"], home: "/home/alice", ours: Self.ours) == "/etc/team.wgetrc")
+        #expect(WgetStartupFile.userFile(environment: ["WGETRC": ""], home: "/home/alice", ours: Self.ours) == "/home/alice/.wgetrc")
+        #expect(WgetStartupFile.userFile(environment: ["WGETRC": Self.ours], home: "/home/alice", ours: Self.ours) == "/home/alice/.wgetrc")
+        #expect(WgetStartupFile.userFile(environment: [:], home: nil, ours: Self.ours) == nil)
+    }
+}
