@@ -517,13 +517,22 @@ package final class HTTPAuthenticator: Sendable {
             }
         }
         self.acceptances.withLockedValue { $0.update(space, default: 0) { $0 &+= 1 } }
-        // A proxy's credentials are for every request through it (RFC 9110 §11.7.2).
-        let prefix = space.isProxy ? "" : space.authScheme == "basic" ? Self.directory(of: uri) : "/"
+        // A proxy's credentials are for every request through it (RFC 9110 §11.7.2); Basic's for
+        // the request's directory (RFC 7617 §2.2); Digest's for the challenge's `domain`.
+        let prefixes: [String]
+        if space.isProxy {
+            prefixes = [""]
+        } else if space.authScheme == "basic" {
+            prefixes = [Self.directory(of: uri)]
+        } else {
+            let challenge = self.digestSessions.withLockedValue { $0[space]?.challenge }
+            prefixes = challenge?.preemptionPaths(origin: origin, requestDirectory: Self.directory(of: uri)) ?? [Self.directory(of: uri)]
+        }
         let authority = Authority(origin: origin, isProxy: space.isProxy)
         self.knownSpaces.withLockedValue { known in
             var list = known[authority] ?? []
-            list.removeAll { $0.space == space && $0.pathPrefix == prefix }
-            list.append(KnownSpace(space: space, pathPrefix: prefix))
+            list.removeAll { $0.space == space && prefixes.contains($0.pathPrefix) }
+            list += prefixes.map { KnownSpace(space: space, pathPrefix: $0) }
             if list.count > Self.maxKnownSpacesPerOrigin { list.removeFirst(list.count - Self.maxKnownSpacesPerOrigin) }
             known[authority] = list
         }

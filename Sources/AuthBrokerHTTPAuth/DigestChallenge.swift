@@ -1,3 +1,5 @@
+import AuthBrokerCore
+
 /// A Digest `qop` value the broker can use (RFC 7616 §3.3).
 package enum DigestQOP: String, Sendable, Hashable, Codable {
     /// Authentication of the method and URI.
@@ -99,5 +101,40 @@ package struct DigestChallenge: Sendable, Hashable {
 
     package static func makeClientNonce(using generator: inout some RandomNumberGenerator) -> String {
         DigestBodyHasher.hex((0..<16).map { _ in UInt8.random(in: .min ... .max, using: &generator) })
+    }
+}
+
+extension DigestChallenge {
+    /// At most this many `domain` entries are kept as paths: a server's list must not crowd out
+    /// what the broker remembers of the origin's other spaces.
+    package static let maxDomainPaths = 8
+
+    /// The paths on `origin` under which this space's password may be sent up front, once a
+    /// request under `requestDirectory` (the accepted request's directory, `/a/b/`) was
+    /// accepted: RFC 7616 §3.3's `domain`, any URI with one of its URIs as prefix, or the whole
+    /// origin when the challenge has none. Entries naming another origin are not ours to answer
+    /// up front. The accepted request's directory is in the space too (it was challenged there),
+    /// so it is added when no entry covers it, as for Basic (RFC 7617 §2.2).
+    package func preemptionPaths(origin: CanonicalOrigin, requestDirectory: String) -> [String] {
+        guard !self.domain.isEmpty else { return ["/"] }
+        var paths: [String] = []
+        for entry in self.domain where paths.count < Self.maxDomainPaths {
+            let path: String
+            if entry.hasPrefix("/") {
+                path = entry
+            } else if entry.contains("://") {
+                guard case .success(.absolute(let named, let pathAndQuery)) = RequestTarget.parse(method: "GET", uri: entry),
+                    named == origin
+                else { continue }
+                path = pathAndQuery
+            } else {
+                path = requestDirectory + entry
+            }
+            // A prefix of paths, not of queries or fragments.
+            let bare = String(path.prefix { $0 != "?" && $0 != "#" })
+            if !paths.contains(bare) { paths.append(bare) }
+        }
+        if !paths.contains(where: { requestDirectory.hasPrefix($0) }) { paths.append(requestDirectory) }
+        return paths
     }
 }

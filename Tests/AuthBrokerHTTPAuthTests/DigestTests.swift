@@ -1,3 +1,4 @@
+import AuthBrokerCore
 import Crypto
 import Testing
 
@@ -228,6 +229,34 @@ struct DigestTests {
         #expect(challenge.stale)
         #expect(!challenge.userhash)
         #expect(challenge.charsetUTF8)
+    }
+
+    @Test(
+        "the paths a Digest password goes to up front follow domain (RFC 7616 §3.3)",
+        arguments: [
+            // No domain: the whole origin.
+            (#"Digest realm="r", nonce="n""#, "/a/", ["/"]),
+            (#"Digest realm="r", domain="", nonce="n""#, "/a/", ["/"]),
+            // Paths; the accepted request's directory is covered, so not added.
+            (#"Digest realm="r", domain="/a/ /b/", nonce="n""#, "/a/x/", ["/a/", "/b/"]),
+            // Not covered: added, since it was challenged in this space.
+            (#"Digest realm="r", domain="/b/", nonce="n""#, "/a/", ["/b/", "/a/"]),
+            // Absolute URIs on this origin count by their path; other origins (scheme, host, port) not.
+            (
+                #"Digest realm="r", domain="https://example.com/c/?q http://example.com/d/ https://other.example/e/ https://example.com:8443/f/", nonce="n""#,
+                "/c/", ["/c/"]
+            ),
+            // Relative references resolve against the request's directory; fragments go.
+            (#"Digest realm="r", domain="docs/ /g#top", nonce="n""#, "/a/", ["/a/docs/", "/g", "/a/"]),
+            // Only the first eight entries.
+            (#"Digest realm="r", domain="/1 /2 /3 /4 /5 /6 /7 /8 /9 /10", nonce="n""#, "/", ["/1", "/2", "/3", "/4", "/5", "/6", "/7", "/8", "/"]),
+            // Nothing on this origin: the request's directory alone.
+            (#"Digest realm="r", domain="https://other.example/", nonce="n""#, "/a/", ["/a/"]),
+        ]
+    )
+    func preemptionPaths(header: String, requestDirectory: String, expected: [String]) throws {
+        let origin = try CanonicalOrigin(scheme: .https, host: "example.com", port: nil)
+        #expect(try digestChallenge(header).preemptionPaths(origin: origin, requestDirectory: requestDirectory) == expected)
     }
 
     @Test("what cannot go into the header is refused")

@@ -91,6 +91,43 @@ struct StoredCredentialTests {
         }
     }
 
+    @Test("preemptive Digest keeps to the challenge's domain: other paths on the origin get no credential")
+    func digestPreemptionKeepsToDomain() async throws {
+        let origin = try await TestAuthOrigin.start(
+            name: "domain", user: Self.user, password: Self.password, behaviour: TestAuthBehaviour(digestDomain: "/digest/")
+        )
+        defer { Task { await origin.stop() } }
+        try await withDaemon(config: Self.config(origin)) { daemon in
+            try Self.store(daemon, url: Self.base(origin))
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            for index in 0..<5 {
+                let response = try connection.request("GET", Self.base(origin) + "/digest/MD5/auth/item\(index)")
+                #expect(response.status == 200, "\(response.text)")
+                let open = try connection.request("GET", Self.base(origin) + "/open/page\(index)")
+                #expect(open.status == 200, "\(open.text)")
+            }
+            let stats = origin.stats
+            // Under the domain: one 401, then up front.
+            #expect(stats.unauthorized == 1)
+            #expect(stats.successes == 5)
+            // Outside it, nothing was sent.
+            #expect(stats.openRequestsWithAuthorization == 0)
+        }
+    }
+
+    @Test("preemptive Digest without a domain covers the whole origin (RFC 7616 §3.3)")
+    func digestPreemptionWithoutDomain() async throws {
+        let origin = try await TestAuthOrigin.start(name: "nodomain", user: Self.user, password: Self.password)
+        defer { Task { await origin.stop() } }
+        try await withDaemon(config: Self.config(origin)) { daemon in
+            try Self.store(daemon, url: Self.base(origin))
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            #expect(try connection.request("GET", Self.base(origin) + "/digest/MD5/auth/first").status == 200)
+            #expect(try connection.request("GET", Self.base(origin) + "/open/page").status == 200)
+            #expect(origin.stats.openRequestsWithAuthorization == 1)
+        }
+    }
+
     /// Concurrent requests over several upstream connections share one Digest nonce, so their
     /// `nc` values reach the origin out of order; an origin that insists on rising counts refuses
     /// the late ones with a plain 401. The server accepting the same password meanwhile shows that

@@ -30,11 +30,14 @@ package struct TestAuthBehaviour: Sendable, Hashable {
     /// only calls a repeated count a replay). False: each count is accepted once, in any order, as
     /// concurrent requests sharing a nonce over several connections arrive.
     package var strictCountOrder: Bool
+    /// The Digest challenges' `domain` (RFC 7616 §3.3: the URIs the space covers); nil: none.
+    package var digestDomain: String?
 
     package init(
         staleAfter: Int? = nil, nextNonceEvery: Int? = nil, nonceLifetime: Duration = .seconds(300), ignoresExpect: Bool = false,
-        speaksHTTP10: Bool = false, refusesExpect: Bool = false, strictCountOrder: Bool = true
+        speaksHTTP10: Bool = false, refusesExpect: Bool = false, strictCountOrder: Bool = true, digestDomain: String? = nil
     ) {
+        self.digestDomain = digestDomain
         self.strictCountOrder = strictCountOrder
         self.refusesExpect = refusesExpect
         self.staleAfter = staleAfter
@@ -51,6 +54,9 @@ package struct TestAuthBehaviour: Sendable, Hashable {
 package struct TestAuthStats: Sendable, Hashable, Codable {
     /// Requests to `/basic`, `/digest` and `/digest-userhash` routes.
     package var requests = 0
+    /// Requests to `/open` that carried an `Authorization` field: credentials sent where none
+    /// was asked for.
+    package var openRequestsWithAuthorization = 0
     /// 401 responses sent (every one carries a fresh challenge).
     package var unauthorized = 0
     /// Requests whose credentials were verified (answered 200).
@@ -304,6 +310,7 @@ final class AuthOriginCore: Sendable {
         case "too-large":
             return AuthOriginReply(status: .payloadTooLarge, body: "this route takes no body")
         case "open":
+            if !authorization.isEmpty { self.state.withLockedValue { $0.stats.openRequestsWithAuthorization += 1 } }
             return AuthOriginReply(status: .ok, body: "received \(bodyLength ?? body.count) bytes")
         case "control":
             return self.control(target: target)
@@ -574,6 +581,7 @@ final class AuthOriginCore: Sendable {
         parameters.append(AuthParameter(name: "algorithm", value: route.algorithm.rawValue))
         parameters.append(AuthParameter(name: "nonce", value: state.issueNonce(now: now)))
         parameters.append(AuthParameter(name: "opaque", value: self.opaque))
+        if let domain = state.behaviour.digestDomain { parameters.append(AuthParameter(name: "domain", value: domain)) }
         if stale { parameters.append(AuthParameter(name: "stale", value: "true")) }
         if route.userhash { parameters.append(AuthParameter(name: "userhash", value: "true")) }
         let field = AuthChallenge(scheme: "Digest", parameters: parameters).serialized() ?? "Digest"
