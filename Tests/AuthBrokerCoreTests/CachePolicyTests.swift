@@ -203,6 +203,54 @@ struct CachePolicyTests {
         #expect(CachePolicy.notModifiedSelects(storedHeaders: stored, notModified: Self.headers([("ETag", "W/\"v1\""), ("Last-Modified", Self.date(-3600))])))
         #expect(!CachePolicy.notModifiedSelects(storedHeaders: stored, notModified: Self.headers([("Last-Modified", Self.date(-10))])))
         #expect(CachePolicy.notModifiedSelects(storedHeaders: stored, notModified: Self.headers([("Date", Self.date(0))])))
+        // A weak tag is compared weakly, and must match too: the date alone does not select.
+        #expect(!CachePolicy.notModifiedSelects(storedHeaders: stored, notModified: Self.headers([("ETag", "W/\"v2\""), ("Last-Modified", Self.date(-3600))])))
+        #expect(CachePolicy.notModifiedSelects(storedHeaders: Self.headers([("ETag", "W/\"v1\"")]), notModified: Self.headers([("ETag", "W/\"v1\"")])))
+        // A strong tag never selects a weak one (the strong comparison).
+        #expect(!CachePolicy.notModifiedSelects(storedHeaders: Self.headers([("ETag", "W/\"v1\"")]), notModified: Self.headers([("ETag", "\"v1\"")])))
+        #expect(!CachePolicy.notModifiedSelects(storedHeaders: Self.headers([]), notModified: Self.headers([("ETag", "\"v1\"")])))
+    }
+
+    struct ValidationCase: Sendable, CustomTestStringConvertible {
+        var status: Int
+        var response: [(String, String)]
+        /// The stored response the cache validated; nil: the request's conditions were the client's.
+        var validated: [(String, String)]?
+        var expected: CachePolicy.ValidationAnswer
+        var note: String
+        var testDescription: String { self.note }
+    }
+
+    static let validationCases: [ValidationCase] = [
+        ValidationCase(
+            status: 304, response: [("ETag", "\"v1\"")], validated: [("ETag", "\"v1\"")], expected: .serveStored,
+            note: "the cache's validation, a 304 naming the stored tag"
+        ),
+        ValidationCase(
+            status: 304, response: [("ETag", "\"v2\"")], validated: [("ETag", "\"v1\"")], expected: .repeatUnconditionally,
+            note: "the cache's validation, a 304 naming another tag: never to the client"
+        ),
+        ValidationCase(
+            status: 304, response: [("Last-Modified", date(-10))], validated: [("Last-Modified", date(-3600))],
+            expected: .repeatUnconditionally, note: "the cache's validation, a 304 with another date"
+        ),
+        ValidationCase(
+            status: 304, response: [("ETag", "\"v2\"")], validated: nil, expected: .forward,
+            note: "the client's own conditional request: its 304, whatever it names"
+        ),
+        ValidationCase(
+            status: 200, response: [("ETag", "\"v2\"")], validated: [("ETag", "\"v1\"")], expected: .forward,
+            note: "a full response to the cache's validation goes on"
+        ),
+        ValidationCase(status: 200, response: [], validated: nil, expected: .forward, note: "no validation at all"),
+    ]
+
+    @Test(arguments: validationCases)
+    func answersToTheCachesValidation(_ example: ValidationCase) {
+        let answer = CachePolicy.validationAnswer(
+            status: example.status, headers: Self.headers(example.response), validated: example.validated.map { Self.headers($0) }
+        )
+        #expect(answer == example.expected)
     }
 
     @Test func aNotModifiedUpdatesTheStoredFieldsButNotTheLength() {

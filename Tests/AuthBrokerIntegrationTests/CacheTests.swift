@@ -74,6 +74,10 @@ struct CacheTests {
                 return reply(["Cache-Control: max-age=0"], "hang-later #\(count)")
             case ("GET", "/must-revalidate"):
                 return reply(["Cache-Control: max-age=0, must-revalidate"], "must #\(count)")
+            case ("GET", "/etag-changed"):
+                // The representation changed: the 304 names another one than the cache holds.
+                if field("if-none-match") != nil { return "HTTP/1.1 304 Not Modified\r\nETag: \"v2\"\r\nConnection: close\r\n\r\n" }
+                return reply(["ETag: \"\(count == 1 ? "v1" : "v2")\"", "Cache-Control: max-age=0"], "etag-changed #\(count)")
             default:
                 // A forged member naming the broker: never reaches the app, miss or hit.
                 return reply(["Cache-Control: max-age=600", "Content-Type: text/plain", "Cache-Status: authbrokerd; hit"], "\(path) #\(count)")
@@ -270,6 +274,29 @@ struct CacheTests {
             // Nothing stored: the broker's error, as without a cache.
             #expect(try Self.get(daemon, base + "/never").header("Authbroker-Error") == "connection_refused")
             #expect(try Self.get(daemon, base + "/must-revalidate").header("Authbroker-Error") == "connection_refused")
+        }
+    }
+
+    @Test("a 304 that does not select the stored response never reaches an app that did not ask conditionally")
+    func notModifiedForAnotherRepresentation() async throws {
+        try await Self.withCachingDaemon { daemon, origin, base, _ in
+            #expect(try Self.get(daemon, base + "/etag-changed").text == "etag-changed #1")
+            // Stale: the broker validates with "v1"; the origin's 304 names "v2", so the request
+            // goes again as the app sent it, and the app gets the full response.
+            let second = try Self.get(daemon, base + "/etag-changed")
+            #expect(second.status == 200 && second.text == "etag-changed #3", "\(second.status) \(second.text) \(second.headers)")
+            let requests = origin.requests("GET", "/etag-changed").map { $0.lowercased() }
+            #expect(requests.count == 3)
+            #expect(requests.dropFirst().first?.contains("if-none-match: \"v1\"") == true)
+            #expect(requests.last?.contains("if-none-match") == false, "\(requests)")
+            // What it got is stored: the next validation names "v2", and the 304 selects it.
+            let third = try Self.get(daemon, base + "/etag-changed")
+            #expect(third.status == 200 && third.text == "etag-changed #3")
+            #expect(third.header("Cache-Status") == "authbrokerd; fwd=stale; fwd-status=304")
+            #expect(origin.requests("GET", "/etag-changed").last?.lowercased().contains("if-none-match: \"v2\"") == true)
+            // The app's own conditional request gets the origin's 304, whatever it names.
+            let conditional = try Self.get(daemon, base + "/etag-changed", [("If-None-Match", "\"v1\"")])
+            #expect(conditional.status == 304 && conditional.header("ETag") == "\"v2\"")
         }
     }
 

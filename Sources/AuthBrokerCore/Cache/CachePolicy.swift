@@ -268,16 +268,54 @@ package enum CachePolicy {
 
     // MARK: Validation answers (§4.3.3, §4.3.4, §3.2)
 
-    /// §4.3.4: whether a 304 is about this stored response: a strong `ETag` in it equals the
-    /// stored one, or else its `Last-Modified` equals the stored one, or it carries neither.
+    /// §4.3.4: whether a 304 is about this stored response. A strong `ETag` in it decides alone:
+    /// the stored one must be the same strong tag. Otherwise each validator it carries must
+    /// match the stored one's: a weak `ETag` by the weak comparison (RFC 9110 §8.8.3.2), a
+    /// `Last-Modified` by its date. A 304 with neither is taken as about the only response
+    /// stored for the request (the cache keeps one per variant).
     package static func notModifiedSelects(storedHeaders: HTTPHeaders, notModified: HTTPHeaders) -> Bool {
-        if let tag = notModified.first(name: "etag")?.trimmingCharacters(in: .whitespaces), !tag.hasPrefix("W/") {
-            return storedHeaders.first(name: "etag")?.trimmingCharacters(in: .whitespaces) == tag
+        let storedTag = storedHeaders.first(name: "etag").map { EntityTag($0) }
+        if let tag = notModified.first(name: "etag").map({ EntityTag($0) }) {
+            if !tag.weak { return storedTag.map { !$0.weak && $0.opaque == tag.opaque } ?? false }
+            guard storedTag?.opaque == tag.opaque else { return false }
         }
         if let modified = notModified.first(name: "last-modified") {
             return storedHeaders.first(name: "last-modified").flatMap { HTTPDate.parse($0) } == HTTPDate.parse(modified)
         }
         return true
+    }
+
+    /// An `ETag` value split into its weakness and its opaque tag (RFC 9110 §8.8.3), as text.
+    private struct EntityTag: Equatable {
+        var weak: Bool
+        var opaque: Substring
+
+        init(_ value: String) {
+            let trimmed = value.trimmingCharacters(in: .whitespaces)
+            self.weak = trimmed.hasPrefix("W/")
+            self.opaque = self.weak ? trimmed.dropFirst(2) : Substring(trimmed)
+        }
+    }
+
+    /// What becomes of the origin's answer to a request the cache sent with conditional fields
+    /// of its own, to validate a stored response (§4.3.1).
+    package enum ValidationAnswer: Sendable, Equatable {
+        /// A 304 that selects the stored response: it answers, its fields updated (§4.3.4).
+        case serveStored
+        /// A 304 about another representation: it updates nothing (§4.3.4), and the client, whose
+        /// request was not conditional, cannot use a 304 (RFC 9110 §15.4.5 sends one only to a
+        /// conditional request). The request goes once more without the cache's fields.
+        case repeatUnconditionally
+        /// Anything else goes on as a response to the request.
+        case forward
+    }
+
+    /// §4.3.3: the answer to a validation the cache started. `validated`: the stored response
+    /// whose validators the cache added to the request; nil when it added none (the request's
+    /// conditional fields, if any, are the client's, and so is the 304).
+    package static func validationAnswer(status: Int, headers: HTTPHeaders, validated storedHeaders: HTTPHeaders?) -> ValidationAnswer {
+        guard status == 304, let storedHeaders else { return .forward }
+        return Self.notModifiedSelects(storedHeaders: storedHeaders, notModified: headers) ? .serveStored : .repeatUnconditionally
     }
 
     /// §3.2: the stored response's fields updated from a 304 (or a HEAD response): each field it
