@@ -22,7 +22,8 @@ final class CacheExchange: Sendable {
     /// The stored response this request validates, and the conditional fields the broker added
     /// for it: a 304 that selects it is answered from it.
     private let validation: NIOLockedValueBox<ValidationState>
-    /// A stored response that may be served if the origin cannot be reached.
+    /// The stored response the lookup found: served instead of the origin's answer where
+    /// `CachePolicy.mayServeStale` allows (the origin unreachable, or its 5xx).
     let fallback: ResponseCache.Entry?
     /// Whether a response may be stored (`Authbroker-Cache: no-store` says not).
     let mayStore: Bool
@@ -65,8 +66,9 @@ final class CacheExchange: Sendable {
     enum HeadDecision {
         /// The origin's response goes to the client (stored on the way, or not).
         case forward
-        /// A stored response answers instead (the origin said with a 304 that it is still
-        /// good), with these fields, `Age` and `Cache-Status`; the origin's body is read away.
+        /// A stored response answers instead (the origin said with a 304 that it is still good,
+        /// or failed where a stale one may answer), with these fields, `Age` and `Cache-Status`;
+        /// the origin's body is read away.
         case serveStored(OpenedCacheEntry, HTTPHeaders, age: Int, cacheStatus: String)
         /// A 304 that did not select the stored response the broker validated: it is read away,
         /// and the request goes again without the broker's conditional fields.
@@ -75,7 +77,8 @@ final class CacheExchange: Sendable {
 
     /// The origin's final response head: unsafe methods invalidate (§4.4), a 304 to the
     /// broker's validation refreshes the stored response (§4.3.4) or, naming another, sends the
-    /// request again (§4.3.3), anything storable starts being stored.
+    /// request again (§4.3.3), a 5xx may be answered stale (RFC 5861 §4), anything storable
+    /// starts being stored.
     func finalHead(_ head: HTTPResponseHead, requestCarriedCredentials: Bool) async -> HeadDecision {
         let status = Int(head.status.code)
         let invalidated = CachePolicy.invalidatedURLs(
@@ -107,6 +110,19 @@ final class CacheExchange: Sendable {
             return self.abandonValidation()
         case .forward:
             break
+        }
+        if let stored = self.fallback,
+            CachePolicy.mayServeStale(
+                .originAnswered(status: status), status: stored.head.status, storedHeaders: stored.headers, timing: stored.head.timing,
+                requestHeaders: self.requestHeaders, now: Date()
+            ),
+            let opened = await self.cache.open(stored)
+        {
+            self.cache.count(.servedStale)
+            return .serveStored(
+                opened, stored.headers, age: CachePolicy.currentAge(headers: stored.headers, timing: stored.head.timing, now: Date()),
+                cacheStatus: CacheStatusField.servedStale(originStatus: status)
+            )
         }
         guard self.mayStore else {
             self.endFill()
@@ -186,6 +202,9 @@ enum CacheStatusField {
     static func servedStale(offline: Bool) -> String {
         "\(ProxyStatusField.proxyName); hit; detail=\"\(offline ? "offline" : "origin-unreachable")\""
     }
+    /// A stale response in place of the origin's error: it was asked (`fwd=stale`), and said
+    /// this (RFC 9211 §2.4, §2.5).
+    static func servedStale(originStatus: Int) -> String { "\(ProxyStatusField.proxyName); fwd=stale; fwd-status=\(originStatus)" }
 }
 
 extension Interceptor {
@@ -242,7 +261,12 @@ extension Interceptor {
                     return outcome
                 }
             case .validate(let fields):
-                if offline, CachePolicy.servableWhileDisconnected(storedHeaders: stored.headers) {
+                if offline,
+                    CachePolicy.mayServeStale(
+                        .disconnected, status: stored.head.status, storedHeaders: stored.headers, timing: stored.head.timing,
+                        requestHeaders: head.headers, now: Date()
+                    )
+                {
                     if let outcome = await self.answer(
                         from: cache, stored, age: CachePolicy.currentAge(headers: stored.headers, timing: stored.head.timing, now: Date()),
                         counting: .servedStale, cacheStatus: CacheStatusField.servedStale(offline: true), head: head, client: client,
@@ -284,10 +308,9 @@ extension Interceptor {
             }
         }
         if validation == nil { cache.count(.miss) }
-        let fallback = stored.flatMap { CachePolicy.servableWhileDisconnected(storedHeaders: $0.headers) ? $0 : nil }
         let exchange = CacheExchange(
             cache: cache, method: head.method, origin: origin, pathAndQuery: pathAndQuery, requestHeaders: head.headers,
-            validation: validation, fallback: fallback, mayStore: use != .noStore, fills: fills
+            validation: validation, fallback: stored, mayStore: use != .noStore, fills: fills
         )
         client.cache = exchange
         // However the request ends (an error before any response, a client gone), its fill ends.
@@ -323,6 +346,10 @@ extension Interceptor {
     func serveFallback(_ exchange: CacheExchange, error: BrokerError, head: HTTPRequestHead, client: ClientSide) async -> RequestOutcome? {
         guard let stored = exchange.fallback, let errorType = error.proxyErrorType,
             error.code != .shuttingDown, error.code != .connectionLimitReached,
+            CachePolicy.mayServeStale(
+                .disconnected, status: stored.head.status, storedHeaders: stored.headers, timing: stored.head.timing,
+                requestHeaders: exchange.requestHeaders, now: Date()
+            ),
             let opened = await exchange.cache.open(stored)
         else { return nil }
         client.logger.debug("the origin cannot be reached; serving a stored response", metadata: ["error": "\(error.code)"])

@@ -173,10 +173,83 @@ struct CachePolicyTests {
         #expect(reuse == .validate([]))
     }
 
-    @Test func offlineServesStaleUnlessTheOriginForbade() {
-        #expect(CachePolicy.servableWhileDisconnected(storedHeaders: Self.headers([("Cache-Control", "max-age=60")])))
-        #expect(!CachePolicy.servableWhileDisconnected(storedHeaders: Self.headers([("Cache-Control", "max-age=60, must-revalidate")])))
-        #expect(!CachePolicy.servableWhileDisconnected(storedHeaders: Self.headers([("Cache-Control", "no-cache")])))
+    struct StaleCase: Sendable, CustomTestStringConvertible {
+        var occasion: CachePolicy.StaleOccasion
+        var stored: [(String, String)]
+        var request: [(String, String)] = []
+        /// Seconds since the response arrived.
+        var after: TimeInterval = 100
+        var expected: Bool
+        var note: String
+        var testDescription: String { self.note }
+    }
+
+    /// Each stored response is fresh for 60 s; 100 s after it arrived it is 101 s old (a second in
+    /// transit), so 41 s stale.
+    static let staleCases: [StaleCase] = [
+        StaleCase(occasion: .disconnected, stored: [("Cache-Control", "max-age=60")], expected: true, note: "disconnected: any staleness"),
+        StaleCase(
+            occasion: .disconnected, stored: [("Cache-Control", "max-age=60, must-revalidate")], expected: false,
+            note: "disconnected, must-revalidate"
+        ),
+        StaleCase(occasion: .disconnected, stored: [("Cache-Control", "no-cache")], expected: false, note: "disconnected, no-cache"),
+        StaleCase(
+            occasion: .disconnected, stored: [("Cache-Control", "max-age=60, proxy-revalidate")], expected: true,
+            note: "proxy-revalidate binds shared caches only"
+        ),
+        StaleCase(
+            occasion: .originAnswered(status: 503), stored: [("Cache-Control", "max-age=60")], expected: false,
+            note: "an error without stale-if-error goes to the client"
+        ),
+        StaleCase(
+            occasion: .originAnswered(status: 503), stored: [("Cache-Control", "max-age=60, stale-if-error=41")], expected: true,
+            note: "stale-if-error in the response, within it"
+        ),
+        StaleCase(
+            occasion: .originAnswered(status: 500), stored: [("Cache-Control", "max-age=60, stale-if-error=40")], expected: false,
+            note: "stale-if-error in the response, staler than it"
+        ),
+        StaleCase(
+            occasion: .originAnswered(status: 502), stored: [("Cache-Control", "max-age=60")], request: [("Cache-Control", "stale-if-error=300")],
+            expected: true, note: "stale-if-error in the request"
+        ),
+        StaleCase(
+            occasion: .originAnswered(status: 504), stored: [("Cache-Control", "max-age=60")], request: [("Cache-Control", "stale-if-error=10")],
+            expected: false, note: "stale-if-error in the request, staler than it"
+        ),
+        StaleCase(
+            occasion: .originAnswered(status: 503), stored: [("Cache-Control", "max-age=60, stale-if-error")], expected: false,
+            note: "stale-if-error without a value permits nothing"
+        ),
+        StaleCase(
+            occasion: .originAnswered(status: 503), stored: [("Cache-Control", "max-age=60, must-revalidate, stale-if-error=600")],
+            expected: false, note: "must-revalidate outranks stale-if-error"
+        ),
+        StaleCase(
+            occasion: .originAnswered(status: 503), stored: [("Cache-Control", "no-cache, stale-if-error=600")], expected: false,
+            note: "no-cache outranks stale-if-error"
+        ),
+        StaleCase(
+            occasion: .originAnswered(status: 501), stored: [("Cache-Control", "max-age=60, stale-if-error=600")], expected: false,
+            note: "501 is not an error RFC 5861 covers"
+        ),
+        StaleCase(
+            occasion: .originAnswered(status: 404), stored: [("Cache-Control", "max-age=60, stale-if-error=600")], expected: false,
+            note: "a 4xx is the origin's answer"
+        ),
+        StaleCase(
+            occasion: .originAnswered(status: 503), stored: [("Cache-Control", "max-age=600")], request: [("Cache-Control", "no-cache, stale-if-error=0")],
+            expected: true, note: "still fresh (the client asked to validate): within any window"
+        ),
+    ]
+
+    @Test(arguments: staleCases)
+    func whenAStaleResponseMayAnswer(_ example: StaleCase) {
+        let served = CachePolicy.mayServeStale(
+            example.occasion, status: 200, storedHeaders: Self.headers(example.stored), timing: Self.timing,
+            requestHeaders: Self.headers(example.request), now: Self.received.addingTimeInterval(example.after)
+        )
+        #expect(served == example.expected)
     }
 
     // MARK: Vary (§4.1)

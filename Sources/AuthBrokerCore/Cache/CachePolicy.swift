@@ -248,11 +248,38 @@ package enum CachePolicy {
         }
     }
 
-    /// §4.2.4 and RFC 5861: whether a stale stored response may be served when the origin cannot
-    /// be reached (the offline mode, or a failed fetch or validation).
-    package static func servableWhileDisconnected(storedHeaders: HTTPHeaders) -> Bool {
+    /// When a stale stored response is considered in place of the origin's answer.
+    package enum StaleOccasion: Sendable, Equatable {
+        /// The origin cannot be reached (no connection, no answer in time), or the offline mode:
+        /// §4.2.4 lets a disconnected cache serve stale.
+        case disconnected
+        /// The origin answered with this status: an error of RFC 5861 §4 (500, 502, 503, 504)
+        /// lets a stale response answer where `stale-if-error` permits it.
+        case originAnswered(status: Int)
+    }
+
+    /// The statuses RFC 5861 §4 counts as an error `stale-if-error` may answer for.
+    static let staleIfErrorStatuses: Set<Int> = [500, 502, 503, 504]
+
+    /// §4.2.4 and RFC 5861: whether the stored response may be served, stale or not, instead of
+    /// the origin's answer. Never for `must-revalidate` or `no-cache` (§5.2.2.2, §5.2.2.4);
+    /// `proxy-revalidate` does not bind a private cache (§5.2.2.8). Disconnected, any staleness
+    /// goes; for an origin's error, only within a `stale-if-error` of the stored response (the
+    /// origin's permission) or of the request (the client's).
+    package static func mayServeStale(
+        _ occasion: StaleOccasion, status: Int, storedHeaders: HTTPHeaders, timing: Timing, requestHeaders: HTTPHeaders, now: Date
+    ) -> Bool {
         let stored = CacheControl(fieldValues: storedHeaders["cache-control"])
-        return !stored.mustRevalidate && !stored.noCache
+        guard !stored.mustRevalidate, !stored.noCache else { return false }
+        guard case .originAnswered(let answered) = occasion else { return true }
+        guard Self.staleIfErrorStatuses.contains(answered) else { return false }
+        let lifetime = Self.freshnessLifetime(status: status, headers: storedHeaders, timing: timing).seconds
+        let staleness = Self.currentAge(headers: storedHeaders, timing: timing, now: now) - lifetime
+        let request = CacheControl(fieldValues: requestHeaders["cache-control"])
+        return [stored.staleIfError, request.staleIfError].contains { permitted in
+            if case .value(let seconds)? = permitted { return staleness <= seconds }
+            return false
+        }
     }
 
     /// §4.3.1: the validators of a stored response, as fields of a conditional request.
