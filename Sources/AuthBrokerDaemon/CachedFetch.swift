@@ -77,8 +77,8 @@ final class CacheExchange: Sendable {
 
     /// The origin's final response head: unsafe methods invalidate (§4.4), a 304 to the
     /// broker's validation refreshes the stored response (§4.3.4) or, naming another, sends the
-    /// request again (§4.3.3), a 5xx may be answered stale (RFC 5861 §4), anything storable
-    /// starts being stored.
+    /// request again (§4.3.3), a 5xx may be answered stale (RFC 5861 §4), a HEAD response
+    /// updates or removes the stored GET (§4.3.5), anything storable starts being stored.
     func finalHead(_ head: HTTPResponseHead, requestCarriedCredentials: Bool) async -> HeadDecision {
         let status = Int(head.status.code)
         let invalidated = CachePolicy.invalidatedURLs(
@@ -124,6 +124,10 @@ final class CacheExchange: Sendable {
                 cacheStatus: CacheStatusField.servedStale(originStatus: status)
             )
         }
+        if self.method == .HEAD {
+            await self.headResponse(head)
+            return .forward
+        }
         guard self.mayStore else {
             self.endFill()
             return .forward
@@ -166,6 +170,24 @@ final class CacheExchange: Sendable {
     func removeAbandonedConditions(from headers: inout HTTPHeaders) {
         guard case .abandoned(let names) = self.validation.withLockedValue({ $0 }) else { return }
         for name in names { headers.remove(name: name) }
+    }
+
+    /// §4.3.5: the origin's response to a HEAD updates the stored GET the request selects, or
+    /// removes it when it no longer describes the resource.
+    private func headResponse(_ head: HTTPResponseHead) async {
+        guard self.mayStore, let stored = self.cache.lookup(url: self.url, requestHeaders: self.requestHeaders) else { return }
+        switch CachePolicy.headResponseEffect(
+            status: Int(head.status.code), headers: head.headers, storedHeaders: stored.headers, storedBodyLength: stored.head.bodyLength,
+            requestHeaders: self.requestHeaders
+        ) {
+        case .update:
+            let timing = CachePolicy.Timing(requestTime: self.requestTime, responseTime: Date())
+            await self.cache.replaceHeaders(of: stored, with: CachePolicy.updatedHeaders(stored: stored.headers, from: head.headers), timing: timing)
+        case .invalidate:
+            await self.cache.remove(stored)
+        case .none:
+            break
+        }
     }
 
     /// A part of the body going to the client; it goes to the entry being written too.

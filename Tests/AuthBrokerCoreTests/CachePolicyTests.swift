@@ -339,6 +339,51 @@ struct CachePolicyTests {
         ])
     }
 
+    struct HeadCase: Sendable, CustomTestStringConvertible {
+        var status = 200
+        var request: [(String, String)] = []
+        var response: [(String, String)]
+        var expected: CachePolicy.HeadResponseEffect
+        var note: String
+        var testDescription: String { self.note }
+    }
+
+    /// Against a stored GET with `ETag: "a"`, a `Last-Modified` and a 5-byte body.
+    static let headCases: [HeadCase] = [
+        HeadCase(response: [("ETag", "\"a\""), ("Content-Length", "5")], expected: .update, note: "same tag and length"),
+        HeadCase(response: [("Last-Modified", date(-3600))], expected: .update, note: "same date, no length"),
+        HeadCase(
+            response: [("ETag", "\"a\""), ("Last-Modified", date(-3600)), ("Content-Length", " 5")], expected: .update,
+            note: "every validator the same"
+        ),
+        HeadCase(response: [("ETag", "\"b\""), ("Content-Length", "5")], expected: .invalidate, note: "another tag"),
+        HeadCase(response: [("ETag", "W/\"a\"")], expected: .invalidate, note: "a weak tag is not the stored strong one"),
+        HeadCase(response: [("ETag", "\"a\""), ("Last-Modified", date(-10))], expected: .invalidate, note: "same tag, another date"),
+        HeadCase(response: [("ETag", "\"a\""), ("Content-Length", "6")], expected: .invalidate, note: "same tag, another length"),
+        HeadCase(response: [("Last-Modified", "yesterday")], expected: .invalidate, note: "a date that does not parse"),
+        HeadCase(response: [("Content-Length", "5")], expected: .invalidate, note: "no validator: nothing ties it to the stored body"),
+        HeadCase(
+            request: [("Cache-Control", "no-store")], response: [("ETag", "\"a\"")], expected: .none,
+            note: "the request's no-store: nothing of its response is kept"
+        ),
+        HeadCase(
+            request: [("Cache-Control", "no-store")], response: [("ETag", "\"b\"")], expected: .invalidate,
+            note: "the request's no-store still lets a changed resource's entry go"
+        ),
+        HeadCase(status: 404, response: [("ETag", "\"b\"")], expected: .none, note: "not a 200"),
+        HeadCase(status: 304, response: [("ETag", "\"a\"")], expected: .none, note: "a 304 is the validation's (§4.3.4), not this"),
+    ]
+
+    @Test(arguments: headCases)
+    func aHeadResponseUpdatesOrInvalidatesTheStoredGet(_ example: HeadCase) {
+        let stored = Self.headers([("ETag", "\"a\""), ("Last-Modified", Self.date(-3600)), ("Cache-Control", "max-age=60")])
+        let effect = CachePolicy.headResponseEffect(
+            status: example.status, headers: Self.headers(example.response), storedHeaders: stored, storedBodyLength: 5,
+            requestHeaders: Self.headers(example.request)
+        )
+        #expect(effect == example.expected)
+    }
+
     // MARK: Invalidation (§4.4)
 
     @Test func unsafeMethodsInvalidateTheTargetAndWhatTheyPointAtOnTheSameOrigin() throws {

@@ -87,6 +87,13 @@ struct CacheTests {
                 if count > 1 { return reply(["Content-Type: text/plain"], "the origin is down", status: "503 Service Unavailable") }
                 let directives = ["/stale-if-error": ", stale-if-error=600", "/error-must-revalidate": ", must-revalidate, stale-if-error=600"]
                 return reply(["Cache-Control: max-age=0" + (directives[path] ?? "")], "\(path) #\(count)")
+            case ("GET", "/head-update"), ("GET", "/head-changed"):
+                return reply(["ETag: \"h1\"", "Cache-Control: max-age=\(path == "/head-update" ? 0 : 600)", "X-Version: 1"], "head #\(count)")
+            case ("HEAD", "/head-update"), ("HEAD", "/head-changed"):
+                // Conditional fields ignored (as an origin may): always the full head, no body.
+                // /head-update's is the stored GET's representation, fresh again; /head-changed's a new one.
+                let tag = path == "/head-update" ? "\"h1\"" : "\"h2\""
+                return "HTTP/1.1 200 OK\r\nContent-Length: 7\r\nETag: \(tag)\r\nCache-Control: max-age=600\r\nX-Version: 2\r\nConnection: close\r\n\r\n"
             default:
                 // A forged member naming the broker: never reaches the app, miss or hit.
                 return reply(["Cache-Control: max-age=600", "Content-Type: text/plain", "Cache-Status: authbrokerd; hit"], "\(path) #\(count)")
@@ -348,6 +355,28 @@ struct CacheTests {
             }
             #expect(origin.requests("GET", "/stale-if-error").count == 3)
             #expect(origin.raw.acceptedConnections == 1)
+        }
+    }
+
+    @Test("a HEAD response freshens the stored GET it matches, and removes one it does not")
+    func headUpdatesStoredGet() async throws {
+        try await Self.withCachingDaemon { daemon, origin, base, _ in
+            #expect(try Self.get(daemon, base + "/head-update").text == "head #1")
+            #expect(try Self.get(daemon, base + "/head-changed").text == "head #1")
+            let socket = daemon.socketPath
+            // Same ETag and length: the stored GET takes the HEAD's fields, fresh for 600 s.
+            let head = try UnixSocketConnection(path: socket).request("HEAD", base + "/head-update")
+            #expect(head.status == 200 && head.header("X-Version") == "2", "\(head.status) \(head.headers)")
+            let updated = try Self.get(daemon, base + "/head-update")
+            #expect(updated.text == "head #1" && updated.header("X-Version") == "2", "\(updated.text) \(updated.headers)")
+            #expect(updated.header("Cache-Status") == "authbrokerd; hit")
+            #expect(origin.requests("GET", "/head-update").count == 1)
+            // Another ETag: the stored GET describes what is no longer there, and goes.
+            let changed = try UnixSocketConnection(path: socket).request("HEAD", base + "/head-changed", headers: [("Cache-Control", "no-cache")])
+            #expect(changed.status == 200 && changed.header("ETag") == "\"h2\"")
+            #expect(origin.requests("HEAD", "/head-changed").count == 1)
+            let refetched = try Self.get(daemon, base + "/head-changed")
+            #expect(refetched.text == "head #2" && refetched.header("Cache-Status") == nil, "\(refetched.text) \(refetched.headers)")
         }
     }
 

@@ -358,6 +358,41 @@ package enum CachePolicy {
         return updated
     }
 
+    /// What a HEAD response the origin sent does to the stored GET response the same request
+    /// selects (§4.3.5).
+    package enum HeadResponseEffect: Sendable, Equatable {
+        /// It describes the stored response: the stored fields are updated from it (§3.2).
+        case update
+        /// Its validators or length differ: the stored response is no longer the resource's, and
+        /// goes (§4.3.5 has it considered stale; removed, it is never served stale either).
+        case invalidate
+        /// Not a 200: it says nothing about the stored response.
+        case none
+    }
+
+    /// §4.3.5: a 200 to HEAD updates the stored GET when it carries a validator (`ETag`,
+    /// `Last-Modified`), each one it carries equals the stored one's, and its `Content-Length`,
+    /// if any, is the stored body's length; otherwise the stored GET is invalidated. Without any
+    /// validator nothing ties the HEAD response to the stored body. A request's `no-store`
+    /// forbids keeping any part of its response (§5.2.1.5): no update then.
+    package static func headResponseEffect(
+        status: Int, headers: HTTPHeaders, storedHeaders: HTTPHeaders, storedBodyLength: Int64, requestHeaders: HTTPHeaders
+    ) -> HeadResponseEffect {
+        guard status == 200 else { return .none }
+        let tag = headers.first(name: "etag")?.trimmingCharacters(in: .whitespaces)
+        let modified = headers.first(name: "last-modified")
+        guard tag != nil || modified != nil else { return .invalidate }
+        if let tag, storedHeaders.first(name: "etag")?.trimmingCharacters(in: .whitespaces) != tag { return .invalidate }
+        if let modified {
+            guard let date = HTTPDate.parse(modified), storedHeaders.first(name: "last-modified").flatMap({ HTTPDate.parse($0) }) == date
+            else { return .invalidate }
+        }
+        if let length = headers.first(name: "content-length") {
+            guard Int64(length.trimmingCharacters(in: .whitespaces)) == storedBodyLength else { return .invalidate }
+        }
+        return CacheControl(fieldValues: requestHeaders["cache-control"]).noStore ? .none : .update
+    }
+
     // MARK: Invalidation (§4.4)
 
     /// The URLs whose stored responses go after an unsafe request's non-error response: its
