@@ -98,9 +98,12 @@ final class CacheExchange: Sendable {
             // the old file). A file gone meanwhile: the client, which did not ask
             // conditionally, cannot use the 304 either.
             guard let stored = validated, let opened = await self.cache.open(stored) else { return self.abandonValidation() }
+            // The client gets every field of the 304; the entry keeps what the cache may keep.
             let updated = CachePolicy.updatedHeaders(stored: stored.headers, from: head.headers)
             let timing = CachePolicy.Timing(requestTime: self.requestTime, responseTime: Date())
-            await self.cache.replaceHeaders(of: stored, with: updated, timing: timing)
+            await self.cache.replaceHeaders(
+                of: stored, with: CachePolicy.updatedStoredHeaders(stored: stored.headers, from: head.headers), timing: timing
+            )
             self.cache.count(.revalidated)
             return .serveStored(
                 opened, updated, age: CachePolicy.currentAge(headers: updated, timing: timing, now: Date()),
@@ -182,7 +185,7 @@ final class CacheExchange: Sendable {
         ) {
         case .update:
             let timing = CachePolicy.Timing(requestTime: self.requestTime, responseTime: Date())
-            await self.cache.replaceHeaders(of: stored, with: CachePolicy.updatedHeaders(stored: stored.headers, from: head.headers), timing: timing)
+            await self.cache.replaceHeaders(of: stored, with: CachePolicy.updatedStoredHeaders(stored: stored.headers, from: head.headers), timing: timing)
         case .invalidate:
             await self.cache.remove(stored)
         case .none:

@@ -339,6 +339,20 @@ struct CachePolicyTests {
         ])
     }
 
+    @Test func whatAnUpdateKeepsLeavesOutTheCookieAndPrivateFields() {
+        let stored = Self.headers([("Content-Type", "text/plain"), ("Cache-Control", "max-age=60"), ("X-Token", "old")])
+        let notModified = Self.headers([
+            ("Cache-Control", "max-age=120, private=\"X-Token\""), ("Set-Cookie", "session=app-a"), ("X-Token", "new"), ("X-New", "1"),
+        ])
+        // The app that asked sees all of it...
+        #expect(CachePolicy.updatedHeaders(stored: stored, from: notModified).contains(name: "set-cookie"))
+        // ...the entry keeps neither its cookie nor the fields it made private.
+        let kept = CachePolicy.updatedStoredHeaders(stored: stored, from: notModified)
+        #expect(kept.map { "\($0.name): \($0.value)" } == [
+            "Content-Type: text/plain", "Cache-Control: max-age=120, private=\"X-Token\"", "X-New: 1",
+        ])
+    }
+
     struct HeadCase: Sendable, CustomTestStringConvertible {
         var status = 200
         var request: [(String, String)] = []

@@ -93,7 +93,8 @@ struct CacheTests {
                 // Conditional fields ignored (as an origin may): always the full head, no body.
                 // /head-update's is the stored GET's representation, fresh again; /head-changed's a new one.
                 let tag = path == "/head-update" ? "\"h1\"" : "\"h2\""
-                return "HTTP/1.1 200 OK\r\nContent-Length: 7\r\nETag: \(tag)\r\nCache-Control: max-age=600\r\nX-Version: 2\r\nConnection: close\r\n\r\n"
+                return "HTTP/1.1 200 OK\r\nContent-Length: 7\r\nETag: \(tag)\r\nCache-Control: max-age=600\r\nX-Version: 2\r\n"
+                    + "Set-Cookie: session=app-a\r\nConnection: close\r\n\r\n"
             default:
                 // A forged member naming the broker: never reaches the app, miss or hit.
                 return reply(["Cache-Control: max-age=600", "Content-Type: text/plain", "Cache-Status: authbrokerd; hit"], "\(path) #\(count)")
@@ -367,8 +368,11 @@ struct CacheTests {
             // Same ETag and length: the stored GET takes the HEAD's fields, fresh for 600 s.
             let head = try UnixSocketConnection(path: socket).request("HEAD", base + "/head-update")
             #expect(head.status == 200 && head.header("X-Version") == "2", "\(head.status) \(head.headers)")
+            #expect(head.header("Set-Cookie") == "session=app-a")
             let updated = try Self.get(daemon, base + "/head-update")
             #expect(updated.text == "head #1" && updated.header("X-Version") == "2", "\(updated.text) \(updated.headers)")
+            // The cookie was the app's that sent the HEAD: the entry does not keep it.
+            #expect(updated.header("Set-Cookie") == nil)
             #expect(updated.header("Cache-Status") == "authbrokerd; hit")
             #expect(origin.requests("GET", "/head-update").count == 1)
             // Another ETag: the stored GET describes what is no longer there, and goes.

@@ -96,12 +96,19 @@ package enum CachePolicy {
         if let length = responseHeaders.first(name: "content-length").flatMap({ Int($0) }), length > settings.maxObjectBytes {
             return .dontStore(.tooLarge)
         }
+        return .store(omitting: Self.omittedFields(responseHeaders))
+    }
+
+    /// The (lowercased) fields of a response the cache never keeps, of those it carries: §3.1's
+    /// hop-by-hop fields and those a qualified `private` names, and `Set-Cookie`.
+    package static func omittedFields(_ responseHeaders: HTTPHeaders) -> [String] {
+        let directives = CacheControl(fieldValues: responseHeaders["cache-control"])
         var omitted = Set(directives.privateFields).union(ProxyHeaders.connectionOptions(responseHeaders))
         omitted.formUnion(Self.hopByHop)
         // A cookie the origin set for the app that asked is that app's: another app served
         // from the cache does not get it (as a shared cache would not hand it to another user).
         omitted.insert("set-cookie")
-        return .store(omitting: omitted.filter { !$0.isEmpty && responseHeaders.contains(name: $0) }.sorted())
+        return omitted.filter { !$0.isEmpty && responseHeaders.contains(name: $0) }.sorted()
     }
 
     /// The header fields kept of a response the policy said to store.
@@ -356,6 +363,13 @@ package enum CachePolicy {
             updated.add(name: name, value: value)
         }
         return updated
+    }
+
+    /// The stored fields to keep after an update from a 304 or a HEAD response: the updated
+    /// ones without what the cache never keeps of that response (`omittedFields`: its
+    /// `Set-Cookie` is the asking app's, not every app's).
+    package static func updatedStoredHeaders(stored: HTTPHeaders, from response: HTTPHeaders) -> HTTPHeaders {
+        Self.storedHeaders(Self.updatedHeaders(stored: stored, from: response), omitting: Self.omittedFields(response))
     }
 
     /// What a HEAD response the origin sent does to the stored GET response the same request
