@@ -14,6 +14,8 @@
 ///   agent once; a yes connects anew, a no (or a second failure) is the broker's error.
 /// - **The client's broken body outranks the origin**: a body that broke HTTP/1.1 framing is a
 ///   400 for the client, unless the origin's answer already reached it.
+/// - **A 304 that does not select what the cache validated is asked again** (the shell removes
+///   the cache's conditional fields; the cache gives a validation up once).
 /// - **Challenges are answered on all but the last attempt** (`mayAnswerChallenges`), so a
 ///   request makes at most `maxAttempts` attempts for credentials.
 /// - **Keep-alive**: the client connection stays open only when the request was read whole, the
@@ -133,6 +135,8 @@ package struct RequestStateMachine: Sendable {
         case challengeAnswered(upstreamKeepAlive: Bool)
         /// The origin refused the `Expect` the broker added (417), before the body.
         case expectationRefused
+        /// A 304 to the cache's own validation did not select its stored response; read away.
+        case cacheValidationNotSelected(upstreamKeepAlive: Bool)
     }
 
     /// An attempt's end, with what the request side learned meanwhile.
@@ -230,7 +234,7 @@ package struct RequestStateMachine: Sendable {
         // reached the client, the error is the client's.
         if end.malformedBody {
             switch end.exchange {
-            case .failedBeforeHead, .challengeAnswered, .expectationRefused:
+            case .failedBeforeHead, .challengeAnswered, .expectationRefused, .cacheValidationNotSelected:
                 return Step(release: .close, next: self.finish(.respondWithError(.malformedBody, clientKeepAlive: false, requestEnded: true)))
             case .completed, .errorSent, .abortedAfterHead:
                 break
@@ -253,7 +257,7 @@ package struct RequestStateMachine: Sendable {
             return Step(release: .close, next: self.finish(.finish(keepAlive: keepAlive && end.requestComplete && !end.draining)))
         case .abortedAfterHead:
             return Step(release: .close, next: self.finish(.finishAborting))
-        case .challengeAnswered(let upstreamKeepAlive):
+        case .challengeAnswered(let upstreamKeepAlive), .cacheValidationNotSelected(let upstreamKeepAlive):
             // A connection whose request body was withheld is out of step with the origin.
             let reuse = end.requestComplete && upstreamKeepAlive && end.connectionUsable
             return Step(release: reuse ? .reuse : .close, next: self.nextAttempt())

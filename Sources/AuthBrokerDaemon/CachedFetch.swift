@@ -19,10 +19,11 @@ final class CacheExchange: Sendable {
     let pathAndQuery: String
     /// The client's request fields (what `Vary` selects on).
     let requestHeaders: HTTPHeaders
-    /// The stored response this request validates with the conditional fields the broker added;
-    /// a 304 that selects it is answered from it.
-    let validating: ResponseCache.Entry?
-    /// A stored response that may be served if the origin cannot be reached.
+    /// The stored response this request validates, and the conditional fields the broker added
+    /// for it: a 304 that selects it is answered from it.
+    private let validation: NIOLockedValueBox<ValidationState>
+    /// The stored response the lookup found: served instead of the origin's answer where
+    /// `CachePolicy.mayServeStale` allows (the origin unreachable, or its 5xx).
     let fallback: ResponseCache.Entry?
     /// Whether a response may be stored (`Authbroker-Cache: no-store` says not).
     let mayStore: Bool
@@ -33,9 +34,22 @@ final class CacheExchange: Sendable {
     private let writer = NIOLockedValueBox<CacheEntryWriter?>(nil)
     private let fillEnded = NIOLockedValueBox(false)
 
+    struct Validation {
+        var entry: ResponseCache.Entry
+        var fields: [CachePolicy.ConditionalField]
+    }
+
+    private enum ValidationState {
+        case none
+        case validating(Validation)
+        /// A 304 did not select the stored response: the next attempt goes without these
+        /// fields, and its answer is the client's, 304 or not.
+        case abandoned(fieldNames: [String])
+    }
+
     init(
         cache: ResponseCache, method: HTTPMethod, origin: CanonicalOrigin, pathAndQuery: String, requestHeaders: HTTPHeaders,
-        validating: ResponseCache.Entry?, fallback: ResponseCache.Entry?, mayStore: Bool, fills: Bool = false
+        validation: Validation?, fallback: ResponseCache.Entry?, mayStore: Bool, fills: Bool = false
     ) {
         self.fills = fills
         self.cache = cache
@@ -44,7 +58,7 @@ final class CacheExchange: Sendable {
         self.origin = origin
         self.pathAndQuery = pathAndQuery
         self.requestHeaders = requestHeaders
-        self.validating = validating
+        self.validation = NIOLockedValueBox(validation.map { .validating($0) } ?? .none)
         self.fallback = fallback
         self.mayStore = mayStore
     }
@@ -52,14 +66,19 @@ final class CacheExchange: Sendable {
     enum HeadDecision {
         /// The origin's response goes to the client (stored on the way, or not).
         case forward
-        /// The origin said the stored response is still good (304): it goes to the client, with
-        /// these updated fields.
-        case serveStored(OpenedCacheEntry, HTTPHeaders, age: Int)
+        /// A stored response answers instead (the origin said with a 304 that it is still good,
+        /// or failed where a stale one may answer), with these fields, `Age` and `Cache-Status`;
+        /// the origin's body is read away.
+        case serveStored(OpenedCacheEntry, HTTPHeaders, age: Int, cacheStatus: String)
+        /// A 304 that did not select the stored response the broker validated: it is read away,
+        /// and the request goes again without the broker's conditional fields.
+        case repeatUnconditionally
     }
 
     /// The origin's final response head: unsafe methods invalidate (§4.4), a 304 to the
-    /// broker's validation refreshes the stored response (§4.3.4), anything storable starts
-    /// being stored.
+    /// broker's validation refreshes the stored response (§4.3.4) or, naming another, sends the
+    /// request again (§4.3.3), a 5xx may be answered stale (RFC 5861 §4), a HEAD response
+    /// updates or removes the stored GET (§4.3.5), anything storable starts being stored.
     func finalHead(_ head: HTTPResponseHead, requestCarriedCredentials: Bool) async -> HeadDecision {
         let status = Int(head.status.code)
         let invalidated = CachePolicy.invalidatedURLs(
@@ -70,17 +89,47 @@ final class CacheExchange: Sendable {
             await self.cache.remove(urls: invalidated)
             return .forward
         }
-        if status == 304, let stored = self.validating,
-            CachePolicy.notModifiedSelects(storedHeaders: stored.headers, notModified: head.headers)
-        {
+        let validated = self.validation.withLockedValue { state -> ResponseCache.Entry? in
+            if case .validating(let validation) = state { validation.entry } else { nil }
+        }
+        switch CachePolicy.validationAnswer(status: status, headers: head.headers, validated: validated?.headers) {
+        case .serveStored:
             // Opened before its file is replaced by one with the new head (the descriptor keeps
-            // the old file). A file gone meanwhile leaves the 304 to the client, as sent.
-            guard let opened = await self.cache.open(stored) else { return .forward }
+            // the old file). A file gone meanwhile: the client, which did not ask
+            // conditionally, cannot use the 304 either.
+            guard let stored = validated, let opened = await self.cache.open(stored) else { return self.abandonValidation() }
+            // The client gets every field of the 304; the entry keeps what the cache may keep.
             let updated = CachePolicy.updatedHeaders(stored: stored.headers, from: head.headers)
             let timing = CachePolicy.Timing(requestTime: self.requestTime, responseTime: Date())
-            await self.cache.replaceHeaders(of: stored, with: updated, timing: timing)
+            await self.cache.replaceHeaders(
+                of: stored, with: CachePolicy.updatedStoredHeaders(stored: stored.headers, from: head.headers), timing: timing
+            )
             self.cache.count(.revalidated)
-            return .serveStored(opened, updated, age: CachePolicy.currentAge(headers: updated, timing: timing, now: Date()))
+            return .serveStored(
+                opened, updated, age: CachePolicy.currentAge(headers: updated, timing: timing, now: Date()),
+                cacheStatus: CacheStatusField.revalidated()
+            )
+        case .repeatUnconditionally:
+            return self.abandonValidation()
+        case .forward:
+            break
+        }
+        if let stored = self.fallback,
+            CachePolicy.mayServeStale(
+                .originAnswered(status: status), status: stored.head.status, storedHeaders: stored.headers, timing: stored.head.timing,
+                requestHeaders: self.requestHeaders, now: Date()
+            ),
+            let opened = await self.cache.open(stored)
+        {
+            self.cache.count(.servedStale)
+            return .serveStored(
+                opened, stored.headers, age: CachePolicy.currentAge(headers: stored.headers, timing: stored.head.timing, now: Date()),
+                cacheStatus: CacheStatusField.servedStale(originStatus: status)
+            )
+        }
+        if self.method == .HEAD {
+            await self.headResponse(head)
+            return .forward
         }
         guard self.mayStore else {
             self.endFill()
@@ -108,6 +157,40 @@ final class CacheExchange: Sendable {
         let writer = await self.cache.startEntry(entryHead)
         self.writer.withLockedValue { $0 = writer }
         return .forward
+    }
+
+    /// Gives the broker's validation up, once: the next attempt goes without its conditional
+    /// fields (`removeAbandonedConditions`).
+    private func abandonValidation() -> HeadDecision {
+        self.validation.withLockedValue { state in
+            if case .validating(let validation) = state { state = .abandoned(fieldNames: validation.fields.map(\.name)) }
+        }
+        return .repeatUnconditionally
+    }
+
+    /// Removes the conditional fields of a validation given up from an attempt's head: what
+    /// remains is the client's request.
+    func removeAbandonedConditions(from headers: inout HTTPHeaders) {
+        guard case .abandoned(let names) = self.validation.withLockedValue({ $0 }) else { return }
+        for name in names { headers.remove(name: name) }
+    }
+
+    /// §4.3.5: the origin's response to a HEAD updates the stored GET the request selects, or
+    /// removes it when it no longer describes the resource.
+    private func headResponse(_ head: HTTPResponseHead) async {
+        guard self.mayStore, let stored = self.cache.lookup(url: self.url, requestHeaders: self.requestHeaders) else { return }
+        switch CachePolicy.headResponseEffect(
+            status: Int(head.status.code), headers: head.headers, storedHeaders: stored.headers, storedBodyLength: stored.head.bodyLength,
+            requestHeaders: self.requestHeaders
+        ) {
+        case .update:
+            let timing = CachePolicy.Timing(requestTime: self.requestTime, responseTime: Date())
+            await self.cache.replaceHeaders(of: stored, with: CachePolicy.updatedStoredHeaders(stored: stored.headers, from: head.headers), timing: timing)
+        case .invalidate:
+            await self.cache.remove(stored)
+        case .none:
+            break
+        }
     }
 
     /// A part of the body going to the client; it goes to the entry being written too.
@@ -144,6 +227,9 @@ enum CacheStatusField {
     static func servedStale(offline: Bool) -> String {
         "\(ProxyStatusField.proxyName); hit; detail=\"\(offline ? "offline" : "origin-unreachable")\""
     }
+    /// A stale response in place of the origin's error: it was asked (`fwd=stale`), and said
+    /// this (RFC 9211 §2.4, §2.5).
+    static func servedStale(originStatus: Int) -> String { "\(ProxyStatusField.proxyName); fwd=stale; fwd-status=\(originStatus)" }
 }
 
 extension Interceptor {
@@ -171,7 +257,7 @@ extension Interceptor {
             // An unsafe method's answer invalidates what is stored for its target.
             client.cache = CacheExchange(
                 cache: cache, method: head.method, origin: origin, pathAndQuery: pathAndQuery, requestHeaders: head.headers,
-                validating: nil, fallback: nil, mayStore: false
+                validation: nil, fallback: nil, mayStore: false
             )
             return await self.proxy(head: head, origin: origin, pathAndQuery: pathAndQuery, client: client, requests: &requests)
         }
@@ -184,7 +270,7 @@ extension Interceptor {
         // it (a 200 may still be stored).
         let clientConditional = ResponseCache.appValidationFields.contains { head.headers.contains(name: $0) }
         let stored = use == .refresh || clientConditional ? nil : cache.lookup(url: url, requestHeaders: head.headers)
-        var validating: ResponseCache.Entry?
+        var validation: CacheExchange.Validation?
         var upstreamHead = head
         if let stored {
             let reuse = CachePolicy.reuse(
@@ -200,7 +286,12 @@ extension Interceptor {
                     return outcome
                 }
             case .validate(let fields):
-                if offline, CachePolicy.servableWhileDisconnected(storedHeaders: stored.headers) {
+                if offline,
+                    CachePolicy.mayServeStale(
+                        .disconnected, status: stored.head.status, storedHeaders: stored.headers, timing: stored.head.timing,
+                        requestHeaders: head.headers, now: Date()
+                    )
+                {
                     if let outcome = await self.answer(
                         from: cache, stored, age: CachePolicy.currentAge(headers: stored.headers, timing: stored.head.timing, now: Date()),
                         counting: .servedStale, cacheStatus: CacheStatusField.servedStale(offline: true), head: head, client: client,
@@ -209,7 +300,7 @@ extension Interceptor {
                         return outcome
                     }
                 } else if !onlyIfCached {
-                    validating = stored
+                    validation = CacheExchange.Validation(entry: stored, fields: fields)
                     for field in fields { upstreamHead.headers.replaceOrAdd(name: field.name, value: field.value) }
                 }
             }
@@ -241,11 +332,10 @@ extension Interceptor {
                 }
             }
         }
-        if validating == nil { cache.count(.miss) }
-        let fallback = stored.flatMap { CachePolicy.servableWhileDisconnected(storedHeaders: $0.headers) ? $0 : nil }
+        if validation == nil { cache.count(.miss) }
         let exchange = CacheExchange(
             cache: cache, method: head.method, origin: origin, pathAndQuery: pathAndQuery, requestHeaders: head.headers,
-            validating: validating, fallback: fallback, mayStore: use != .noStore, fills: fills
+            validation: validation, fallback: stored, mayStore: use != .noStore, fills: fills
         )
         client.cache = exchange
         // However the request ends (an error before any response, a client gone), its fill ends.
@@ -281,6 +371,10 @@ extension Interceptor {
     func serveFallback(_ exchange: CacheExchange, error: BrokerError, head: HTTPRequestHead, client: ClientSide) async -> RequestOutcome? {
         guard let stored = exchange.fallback, let errorType = error.proxyErrorType,
             error.code != .shuttingDown, error.code != .connectionLimitReached,
+            CachePolicy.mayServeStale(
+                .disconnected, status: stored.head.status, storedHeaders: stored.headers, timing: stored.head.timing,
+                requestHeaders: exchange.requestHeaders, now: Date()
+            ),
             let opened = await exchange.cache.open(stored)
         else { return nil }
         client.logger.debug("the origin cannot be reached; serving a stored response", metadata: ["error": "\(error.code)"])

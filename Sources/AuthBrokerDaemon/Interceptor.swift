@@ -203,6 +203,7 @@ package struct Interceptor: Sendable {
 
             case .send(let attempt):
                 var attemptHead = upstreamHead
+                client.cache?.removeAbandonedConditions(from: &attemptHead.headers)
                 if attempt.uploadPlan.addsExpect {
                     attemptHead.headers.replaceOrAdd(name: "Expect", value: "100-continue")
                 }
@@ -267,6 +268,8 @@ package struct Interceptor: Sendable {
                     logger.debug("answered the \(byProxy ? "proxy's" : "origin's") challenge from the store; sending the request again")
                 case .expectationRefused:
                     logger.debug("the origin refused Expect: 100-continue; sending the request again without it")
+                case .cacheValidationNotSelected:
+                    logger.debug("the origin's 304 is not about the stored response; sending the request again without conditions")
                 case .failedBeforeHead:
                     if case .send = step.next { logger.debug("pooled connection was closed by the origin; retrying once on a new one") }
                 default:
@@ -590,6 +593,9 @@ package struct Interceptor: Sendable {
         /// The origin answered 417 to the broker's own `Expect` before the body; nothing reached
         /// the client.
         case expectationRefused
+        /// A 304 to the cache's own validation did not select the stored response; it was read
+        /// away, and nothing reached the client.
+        case cacheValidationNotSelected(upstreamKeepAlive: Bool)
 
         /// The exchange's end as the request state machine reads it.
         var exchange: RequestStateMachine.Exchange {
@@ -602,6 +608,7 @@ package struct Interceptor: Sendable {
             case .abortedAfterHead: .abortedAfterHead
             case .challengeAnswered(let upstreamKeepAlive, _): .challengeAnswered(upstreamKeepAlive: upstreamKeepAlive)
             case .expectationRefused: .expectationRefused
+            case .cacheValidationNotSelected(let upstreamKeepAlive): .cacheValidationNotSelected(upstreamKeepAlive: upstreamKeepAlive)
             }
         }
     }
@@ -703,11 +710,19 @@ package struct Interceptor: Sendable {
                     upstreamKeepAlive = head.isKeepAlive
                     if let cache {
                         let carriedCredentials = auth.head.headers.contains(name: "authorization") || auth.state.withLockedValue { $0.authorization } != nil
-                        if case .serveStored(let opened, let updated, let age) = await cache.finalHead(head, requestCarriedCredentials: carriedCredentials) {
-                            // The origin's 304 to the broker's own validation: the stored response answers.
+                        switch await cache.finalHead(head, requestCarriedCredentials: carriedCredentials) {
+                        case .forward:
+                            break
+                        case .repeatUnconditionally:
+                            // Nothing reached the client: the machine sends the request again.
+                            let readToEnd = await Self.readAway(&iterator)
+                            return .cacheValidationNotSelected(upstreamKeepAlive: readToEnd && head.isKeepAlive)
+                        case .serveStored(let opened, let headers, let age, let cacheStatus):
+                            // A stored response answers instead (`CacheExchange.finalHead` says
+                            // why); the origin's body is read away first so its connection stays usable.
                             let readToEnd = await Self.readAway(&iterator)
                             let served = await self.writeStored(
-                                opened, headers: updated, age: age, cacheStatus: CacheStatusField.revalidated(), proxyStatus: nil,
+                                opened, headers: headers, age: age, cacheStatus: cacheStatus, proxyStatus: nil,
                                 head: auth.head, client: client, drained: .ended
                             )
                             return .completed(

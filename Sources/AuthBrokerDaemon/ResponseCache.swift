@@ -258,14 +258,19 @@ package final class ResponseCache: Sendable {
         }) ?? 0
     }
 
-    /// Removes one entry found unusable when read (a torn or altered file).
-    package func discard(_ entry: Entry) async {
+    /// Removes one entry (a HEAD response said it is no longer the resource's, RFC 9111 §4.3.5).
+    package func remove(_ entry: Entry) async {
         _ = try? await NIOThreadPool.singleton.runIfActive {
             self.state.withLockedValue { state in
                 guard Self.entry(named: entry.fileName, in: state) != nil else { return }
                 self.drop(entry, from: &state)
             }
         }
+    }
+
+    /// Removes one entry found unusable when read (a torn or altered file).
+    package func discard(_ entry: Entry) async {
+        await self.remove(entry)
         self.logger.warning("dropped a cache entry that did not match its head", metadata: ["file": "\(entry.fileName)"])
     }
 

@@ -173,10 +173,83 @@ struct CachePolicyTests {
         #expect(reuse == .validate([]))
     }
 
-    @Test func offlineServesStaleUnlessTheOriginForbade() {
-        #expect(CachePolicy.servableWhileDisconnected(storedHeaders: Self.headers([("Cache-Control", "max-age=60")])))
-        #expect(!CachePolicy.servableWhileDisconnected(storedHeaders: Self.headers([("Cache-Control", "max-age=60, must-revalidate")])))
-        #expect(!CachePolicy.servableWhileDisconnected(storedHeaders: Self.headers([("Cache-Control", "no-cache")])))
+    struct StaleCase: Sendable, CustomTestStringConvertible {
+        var occasion: CachePolicy.StaleOccasion
+        var stored: [(String, String)]
+        var request: [(String, String)] = []
+        /// Seconds since the response arrived.
+        var after: TimeInterval = 100
+        var expected: Bool
+        var note: String
+        var testDescription: String { self.note }
+    }
+
+    /// Each stored response is fresh for 60 s; 100 s after it arrived it is 101 s old (a second in
+    /// transit), so 41 s stale.
+    static let staleCases: [StaleCase] = [
+        StaleCase(occasion: .disconnected, stored: [("Cache-Control", "max-age=60")], expected: true, note: "disconnected: any staleness"),
+        StaleCase(
+            occasion: .disconnected, stored: [("Cache-Control", "max-age=60, must-revalidate")], expected: false,
+            note: "disconnected, must-revalidate"
+        ),
+        StaleCase(occasion: .disconnected, stored: [("Cache-Control", "no-cache")], expected: false, note: "disconnected, no-cache"),
+        StaleCase(
+            occasion: .disconnected, stored: [("Cache-Control", "max-age=60, proxy-revalidate")], expected: true,
+            note: "proxy-revalidate binds shared caches only"
+        ),
+        StaleCase(
+            occasion: .originAnswered(status: 503), stored: [("Cache-Control", "max-age=60")], expected: false,
+            note: "an error without stale-if-error goes to the client"
+        ),
+        StaleCase(
+            occasion: .originAnswered(status: 503), stored: [("Cache-Control", "max-age=60, stale-if-error=41")], expected: true,
+            note: "stale-if-error in the response, within it"
+        ),
+        StaleCase(
+            occasion: .originAnswered(status: 500), stored: [("Cache-Control", "max-age=60, stale-if-error=40")], expected: false,
+            note: "stale-if-error in the response, staler than it"
+        ),
+        StaleCase(
+            occasion: .originAnswered(status: 502), stored: [("Cache-Control", "max-age=60")], request: [("Cache-Control", "stale-if-error=300")],
+            expected: true, note: "stale-if-error in the request"
+        ),
+        StaleCase(
+            occasion: .originAnswered(status: 504), stored: [("Cache-Control", "max-age=60")], request: [("Cache-Control", "stale-if-error=10")],
+            expected: false, note: "stale-if-error in the request, staler than it"
+        ),
+        StaleCase(
+            occasion: .originAnswered(status: 503), stored: [("Cache-Control", "max-age=60, stale-if-error")], expected: false,
+            note: "stale-if-error without a value permits nothing"
+        ),
+        StaleCase(
+            occasion: .originAnswered(status: 503), stored: [("Cache-Control", "max-age=60, must-revalidate, stale-if-error=600")],
+            expected: false, note: "must-revalidate outranks stale-if-error"
+        ),
+        StaleCase(
+            occasion: .originAnswered(status: 503), stored: [("Cache-Control", "no-cache, stale-if-error=600")], expected: false,
+            note: "no-cache outranks stale-if-error"
+        ),
+        StaleCase(
+            occasion: .originAnswered(status: 501), stored: [("Cache-Control", "max-age=60, stale-if-error=600")], expected: false,
+            note: "501 is not an error RFC 5861 covers"
+        ),
+        StaleCase(
+            occasion: .originAnswered(status: 404), stored: [("Cache-Control", "max-age=60, stale-if-error=600")], expected: false,
+            note: "a 4xx is the origin's answer"
+        ),
+        StaleCase(
+            occasion: .originAnswered(status: 503), stored: [("Cache-Control", "max-age=600")], request: [("Cache-Control", "no-cache, stale-if-error=0")],
+            expected: true, note: "still fresh (the client asked to validate): within any window"
+        ),
+    ]
+
+    @Test(arguments: staleCases)
+    func whenAStaleResponseMayAnswer(_ example: StaleCase) {
+        let served = CachePolicy.mayServeStale(
+            example.occasion, status: 200, storedHeaders: Self.headers(example.stored), timing: Self.timing,
+            requestHeaders: Self.headers(example.request), now: Self.received.addingTimeInterval(example.after)
+        )
+        #expect(served == example.expected)
     }
 
     // MARK: Vary (§4.1)
@@ -203,6 +276,54 @@ struct CachePolicyTests {
         #expect(CachePolicy.notModifiedSelects(storedHeaders: stored, notModified: Self.headers([("ETag", "W/\"v1\""), ("Last-Modified", Self.date(-3600))])))
         #expect(!CachePolicy.notModifiedSelects(storedHeaders: stored, notModified: Self.headers([("Last-Modified", Self.date(-10))])))
         #expect(CachePolicy.notModifiedSelects(storedHeaders: stored, notModified: Self.headers([("Date", Self.date(0))])))
+        // A weak tag is compared weakly, and must match too: the date alone does not select.
+        #expect(!CachePolicy.notModifiedSelects(storedHeaders: stored, notModified: Self.headers([("ETag", "W/\"v2\""), ("Last-Modified", Self.date(-3600))])))
+        #expect(CachePolicy.notModifiedSelects(storedHeaders: Self.headers([("ETag", "W/\"v1\"")]), notModified: Self.headers([("ETag", "W/\"v1\"")])))
+        // A strong tag never selects a weak one (the strong comparison).
+        #expect(!CachePolicy.notModifiedSelects(storedHeaders: Self.headers([("ETag", "W/\"v1\"")]), notModified: Self.headers([("ETag", "\"v1\"")])))
+        #expect(!CachePolicy.notModifiedSelects(storedHeaders: Self.headers([]), notModified: Self.headers([("ETag", "\"v1\"")])))
+    }
+
+    struct ValidationCase: Sendable, CustomTestStringConvertible {
+        var status: Int
+        var response: [(String, String)]
+        /// The stored response the cache validated; nil: the request's conditions were the client's.
+        var validated: [(String, String)]?
+        var expected: CachePolicy.ValidationAnswer
+        var note: String
+        var testDescription: String { self.note }
+    }
+
+    static let validationCases: [ValidationCase] = [
+        ValidationCase(
+            status: 304, response: [("ETag", "\"v1\"")], validated: [("ETag", "\"v1\"")], expected: .serveStored,
+            note: "the cache's validation, a 304 naming the stored tag"
+        ),
+        ValidationCase(
+            status: 304, response: [("ETag", "\"v2\"")], validated: [("ETag", "\"v1\"")], expected: .repeatUnconditionally,
+            note: "the cache's validation, a 304 naming another tag: never to the client"
+        ),
+        ValidationCase(
+            status: 304, response: [("Last-Modified", date(-10))], validated: [("Last-Modified", date(-3600))],
+            expected: .repeatUnconditionally, note: "the cache's validation, a 304 with another date"
+        ),
+        ValidationCase(
+            status: 304, response: [("ETag", "\"v2\"")], validated: nil, expected: .forward,
+            note: "the client's own conditional request: its 304, whatever it names"
+        ),
+        ValidationCase(
+            status: 200, response: [("ETag", "\"v2\"")], validated: [("ETag", "\"v1\"")], expected: .forward,
+            note: "a full response to the cache's validation goes on"
+        ),
+        ValidationCase(status: 200, response: [], validated: nil, expected: .forward, note: "no validation at all"),
+    ]
+
+    @Test(arguments: validationCases)
+    func answersToTheCachesValidation(_ example: ValidationCase) {
+        let answer = CachePolicy.validationAnswer(
+            status: example.status, headers: Self.headers(example.response), validated: example.validated.map { Self.headers($0) }
+        )
+        #expect(answer == example.expected)
     }
 
     @Test func aNotModifiedUpdatesTheStoredFieldsButNotTheLength() {
@@ -216,6 +337,65 @@ struct CachePolicyTests {
         #expect(updated.map { "\($0.name): \($0.value)" } == [
             "Content-Type: text/plain", "Content-Length: 5", "ETag: \"x\"", "X-Old: 1", "Cache-Control: max-age=120", "Date: \(Self.date(0))",
         ])
+    }
+
+    @Test func whatAnUpdateKeepsLeavesOutTheCookieAndPrivateFields() {
+        let stored = Self.headers([("Content-Type", "text/plain"), ("Cache-Control", "max-age=60"), ("X-Token", "old")])
+        let notModified = Self.headers([
+            ("Cache-Control", "max-age=120, private=\"X-Token\""), ("Set-Cookie", "session=app-a"), ("X-Token", "new"), ("X-New", "1"),
+        ])
+        // The app that asked sees all of it...
+        #expect(CachePolicy.updatedHeaders(stored: stored, from: notModified).contains(name: "set-cookie"))
+        // ...the entry keeps neither its cookie nor the fields it made private.
+        let kept = CachePolicy.updatedStoredHeaders(stored: stored, from: notModified)
+        #expect(kept.map { "\($0.name): \($0.value)" } == [
+            "Content-Type: text/plain", "Cache-Control: max-age=120, private=\"X-Token\"", "X-New: 1",
+        ])
+    }
+
+    struct HeadCase: Sendable, CustomTestStringConvertible {
+        var status = 200
+        var request: [(String, String)] = []
+        var response: [(String, String)]
+        var expected: CachePolicy.HeadResponseEffect
+        var note: String
+        var testDescription: String { self.note }
+    }
+
+    /// Against a stored GET with `ETag: "a"`, a `Last-Modified` and a 5-byte body.
+    static let headCases: [HeadCase] = [
+        HeadCase(response: [("ETag", "\"a\""), ("Content-Length", "5")], expected: .update, note: "same tag and length"),
+        HeadCase(response: [("Last-Modified", date(-3600))], expected: .update, note: "same date, no length"),
+        HeadCase(
+            response: [("ETag", "\"a\""), ("Last-Modified", date(-3600)), ("Content-Length", " 5")], expected: .update,
+            note: "every validator the same"
+        ),
+        HeadCase(response: [("ETag", "\"b\""), ("Content-Length", "5")], expected: .invalidate, note: "another tag"),
+        HeadCase(response: [("ETag", "W/\"a\"")], expected: .invalidate, note: "a weak tag is not the stored strong one"),
+        HeadCase(response: [("ETag", "\"a\""), ("Last-Modified", date(-10))], expected: .invalidate, note: "same tag, another date"),
+        HeadCase(response: [("ETag", "\"a\""), ("Content-Length", "6")], expected: .invalidate, note: "same tag, another length"),
+        HeadCase(response: [("Last-Modified", "yesterday")], expected: .invalidate, note: "a date that does not parse"),
+        HeadCase(response: [("Content-Length", "5")], expected: .invalidate, note: "no validator: nothing ties it to the stored body"),
+        HeadCase(
+            request: [("Cache-Control", "no-store")], response: [("ETag", "\"a\"")], expected: .none,
+            note: "the request's no-store: nothing of its response is kept"
+        ),
+        HeadCase(
+            request: [("Cache-Control", "no-store")], response: [("ETag", "\"b\"")], expected: .invalidate,
+            note: "the request's no-store still lets a changed resource's entry go"
+        ),
+        HeadCase(status: 404, response: [("ETag", "\"b\"")], expected: .none, note: "not a 200"),
+        HeadCase(status: 304, response: [("ETag", "\"a\"")], expected: .none, note: "a 304 is the validation's (§4.3.4), not this"),
+    ]
+
+    @Test(arguments: headCases)
+    func aHeadResponseUpdatesOrInvalidatesTheStoredGet(_ example: HeadCase) {
+        let stored = Self.headers([("ETag", "\"a\""), ("Last-Modified", Self.date(-3600)), ("Cache-Control", "max-age=60")])
+        let effect = CachePolicy.headResponseEffect(
+            status: example.status, headers: Self.headers(example.response), storedHeaders: stored, storedBodyLength: 5,
+            requestHeaders: Self.headers(example.request)
+        )
+        #expect(effect == example.expected)
     }
 
     // MARK: Invalidation (§4.4)

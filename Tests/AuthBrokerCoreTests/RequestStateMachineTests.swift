@@ -142,6 +142,17 @@ struct RequestStateMachineTests {
         #expect(!attempt.mayAnswerChallenges, "the sixth attempt's 401 goes to the client")
     }
 
+    @Test("a 304 that did not select what the cache validated sends the request again, on the same connection when it stayed in step")
+    func cacheValidationNotSelected() throws {
+        var (machine, first) = try Self.startedWithoutBody()
+        let step = machine.attemptEnded(.init(exchange: .cacheValidationNotSelected(upstreamKeepAlive: true), requestComplete: true))
+        #expect(step.release == .reuse)
+        guard case .send(let second) = step.next else { Issue.record("no resend"); return }
+        #expect(second.number == first.number + 1 && second.requestEnded && second.mayAnswerChallenges)
+        var (closing, _) = try Self.startedWithoutBody()
+        #expect(closing.attemptEnded(.init(exchange: .cacheValidationNotSelected(upstreamKeepAlive: false), requestComplete: true)).release == .close)
+    }
+
     @Test("a body withheld for 100 Continue leaves the connection out of step, and the client connection ends")
     func withheldBody() {
         var machine = Machine(Self.request(hasBody: true, holdsBody: true))

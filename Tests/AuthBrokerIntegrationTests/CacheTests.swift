@@ -8,7 +8,8 @@ import TestSupport
 @Suite("HTTP cache", .serialized)
 struct CacheTests {
     /// An origin that logs every request head and answers by path (one request per connection,
-    /// `Connection: close`), so a test can count what the cache let through.
+    /// `Connection: close`, unless it keeps connections alive), so a test can count what the
+    /// cache let through.
     final class CountingOrigin: Sendable {
         let raw: RawOrigin
         private let log: NIOLockedValueBox<[String]>
@@ -20,9 +21,10 @@ struct CacheTests {
 
         var port: Int { self.raw.port }
 
-        static func start() async throws -> CountingOrigin {
+        /// `keepAlive`: connections stay open for further requests (no `Connection: close`).
+        static func start(keepAlive: Bool = false) async throws -> CountingOrigin {
             let log = NIOLockedValueBox<[String]>([])
-            let raw = try await RawOrigin.start { received in
+            let raw = try await RawOrigin.start(everyRequest: keepAlive) { received in
                 guard let end = RawOrigin.headEnd(in: received) else { return nil }
                 let head = String(decoding: received[..<end], as: UTF8.self)
                 let bodyLength = head.split(separator: "\r\n").first { $0.lowercased().hasPrefix("content-length:") }
@@ -37,7 +39,9 @@ struct CacheTests {
                 if Self.requestLine(head).contains(" /hang-later "), count > 1 { return nil }
                 // /slow answers after a moment, so that requests for it overlap.
                 let slow = Self.requestLine(head).contains(" /slow")
-                return RawOrigin.Reply(Self.answer(head, count: count), close: true, delay: slow ? .milliseconds(300) : nil)
+                let answer = Self.answer(head, count: count)
+                if keepAlive { return RawOrigin.Reply(answer.replacingOccurrences(of: "Connection: close\r\n", with: "")) }
+                return RawOrigin.Reply(answer, close: true, delay: slow ? .milliseconds(300) : nil)
             }
             return CountingOrigin(raw: raw, log: log)
         }
@@ -74,6 +78,23 @@ struct CacheTests {
                 return reply(["Cache-Control: max-age=0"], "hang-later #\(count)")
             case ("GET", "/must-revalidate"):
                 return reply(["Cache-Control: max-age=0, must-revalidate"], "must #\(count)")
+            case ("GET", "/etag-changed"):
+                // The representation changed: the 304 names another one than the cache holds.
+                if field("if-none-match") != nil { return "HTTP/1.1 304 Not Modified\r\nETag: \"v2\"\r\nConnection: close\r\n\r\n" }
+                return reply(["ETag: \"\(count == 1 ? "v1" : "v2")\"", "Cache-Control: max-age=0"], "etag-changed #\(count)")
+            case ("GET", "/stale-if-error"), ("GET", "/error"), ("GET", "/error-must-revalidate"):
+                // Stored at once stale; every later request finds the origin failing.
+                if count > 1 { return reply(["Content-Type: text/plain"], "the origin is down", status: "503 Service Unavailable") }
+                let directives = ["/stale-if-error": ", stale-if-error=600", "/error-must-revalidate": ", must-revalidate, stale-if-error=600"]
+                return reply(["Cache-Control: max-age=0" + (directives[path] ?? "")], "\(path) #\(count)")
+            case ("GET", "/head-update"), ("GET", "/head-changed"):
+                return reply(["ETag: \"h1\"", "Cache-Control: max-age=\(path == "/head-update" ? 0 : 600)", "X-Version: 1"], "head #\(count)")
+            case ("HEAD", "/head-update"), ("HEAD", "/head-changed"):
+                // Conditional fields ignored (as an origin may): always the full head, no body.
+                // /head-update's is the stored GET's representation, fresh again; /head-changed's a new one.
+                let tag = path == "/head-update" ? "\"h1\"" : "\"h2\""
+                return "HTTP/1.1 200 OK\r\nContent-Length: 7\r\nETag: \(tag)\r\nCache-Control: max-age=600\r\nX-Version: 2\r\n"
+                    + "Set-Cookie: session=app-a\r\nConnection: close\r\n\r\n"
             default:
                 // A forged member naming the broker: never reaches the app, miss or hit.
                 return reply(["Cache-Control: max-age=600", "Content-Type: text/plain", "Cache-Status: authbrokerd; hit"], "\(path) #\(count)")
@@ -109,10 +130,10 @@ struct CacheTests {
     /// `body` gets the daemon, the origin, its base URL and the cache directory. `prepare` may
     /// put files in the cache directory before the daemon starts.
     static func withCachingDaemon(
-        prepare: (String) throws -> Void = { _ in },
+        keepAlive: Bool = false, prepare: (String) throws -> Void = { _ in },
         _ body: (DaemonProcess, CountingOrigin, String, String) async throws -> Void
     ) async throws {
-        let origin = try await CountingOrigin.start()
+        let origin = try await CountingOrigin.start(keepAlive: keepAlive)
         defer { Task { await origin.stop() } }
         let directory = try DaemonProcess.makeTemporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
@@ -270,6 +291,96 @@ struct CacheTests {
             // Nothing stored: the broker's error, as without a cache.
             #expect(try Self.get(daemon, base + "/never").header("Authbroker-Error") == "connection_refused")
             #expect(try Self.get(daemon, base + "/must-revalidate").header("Authbroker-Error") == "connection_refused")
+        }
+    }
+
+    @Test("a 304 that does not select the stored response never reaches an app that did not ask conditionally")
+    func notModifiedForAnotherRepresentation() async throws {
+        try await Self.withCachingDaemon { daemon, origin, base, _ in
+            #expect(try Self.get(daemon, base + "/etag-changed").text == "etag-changed #1")
+            // Stale: the broker validates with "v1"; the origin's 304 names "v2", so the request
+            // goes again as the app sent it, and the app gets the full response.
+            let second = try Self.get(daemon, base + "/etag-changed")
+            #expect(second.status == 200 && second.text == "etag-changed #3", "\(second.status) \(second.text) \(second.headers)")
+            let requests = origin.requests("GET", "/etag-changed").map { $0.lowercased() }
+            #expect(requests.count == 3)
+            #expect(requests.dropFirst().first?.contains("if-none-match: \"v1\"") == true)
+            #expect(requests.last?.contains("if-none-match") == false, "\(requests)")
+            // What it got is stored: the next validation names "v2", and the 304 selects it.
+            let third = try Self.get(daemon, base + "/etag-changed")
+            #expect(third.status == 200 && third.text == "etag-changed #3")
+            #expect(third.header("Cache-Status") == "authbrokerd; fwd=stale; fwd-status=304")
+            #expect(origin.requests("GET", "/etag-changed").last?.lowercased().contains("if-none-match: \"v2\"") == true)
+            // The app's own conditional request gets the origin's 304, whatever it names.
+            let conditional = try Self.get(daemon, base + "/etag-changed", [("If-None-Match", "\"v1\"")])
+            #expect(conditional.status == 304 && conditional.header("ETag") == "\"v2\"")
+        }
+    }
+
+    @Test("stale-if-error: a stored response answers for an origin that fails with 5xx, unless it may not be served stale")
+    func staleIfError() async throws {
+        try await Self.withCachingDaemon { daemon, origin, base, _ in
+            for path in ["/stale-if-error", "/error", "/error-must-revalidate"] {
+                #expect(try Self.get(daemon, base + path).text == "\(path) #1")
+            }
+            // The origin permits it: the stored response, marked, instead of the 503.
+            let stale = try Self.get(daemon, base + "/stale-if-error")
+            #expect(stale.status == 200 && stale.text == "/stale-if-error #1", "\(stale.status) \(stale.text) \(stale.headers)")
+            #expect(stale.header("Cache-Status") == "authbrokerd; fwd=stale; fwd-status=503")
+            #expect(stale.header("Age").flatMap(Int.init) != nil)
+            #expect(stale.header("Authbroker-Error") == nil && stale.header("Warning") == nil)
+            // The error's body was read away: the daemon answers the next request as before.
+            #expect(try Self.get(daemon, base + "/stale-if-error").text == "/stale-if-error #1")
+            #expect(origin.requests("GET", "/stale-if-error").count == 3)
+            // Nothing permits it: the origin's 503 goes to the app.
+            let error = try Self.get(daemon, base + "/error")
+            #expect(error.status == 503 && error.text == "the origin is down")
+            #expect(error.header("Cache-Status") == nil)
+            // The app permits it.
+            let asked = try Self.get(daemon, base + "/error", [("Cache-Control", "stale-if-error=600")])
+            #expect(asked.status == 200 && asked.text == "/error #1", "\(asked.status) \(asked.text)")
+            // must-revalidate outranks stale-if-error.
+            let mustRevalidate = try Self.get(daemon, base + "/error-must-revalidate")
+            #expect(mustRevalidate.status == 503 && mustRevalidate.text == "the origin is down")
+            let status = try CLIAndClientsTests.ctl(daemon, ["cache", "status", "--json"])
+            let counters = try #require(try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [String: Any])
+            #expect(counters["served_stale"] as? Int == 3, "\(counters)")
+        }
+        // An origin that keeps its connection: the 503's body is read away, and the pooled
+        // connection carries the next request.
+        try await Self.withCachingDaemon(keepAlive: true) { daemon, origin, base, _ in
+            #expect(try Self.get(daemon, base + "/stale-if-error").text == "/stale-if-error #1")
+            for _ in 0..<2 {
+                let stale = try Self.get(daemon, base + "/stale-if-error")
+                #expect(stale.status == 200 && stale.text == "/stale-if-error #1", "\(stale.status) \(stale.text)")
+            }
+            #expect(origin.requests("GET", "/stale-if-error").count == 3)
+            #expect(origin.raw.acceptedConnections == 1)
+        }
+    }
+
+    @Test("a HEAD response freshens the stored GET it matches, and removes one it does not")
+    func headUpdatesStoredGet() async throws {
+        try await Self.withCachingDaemon { daemon, origin, base, _ in
+            #expect(try Self.get(daemon, base + "/head-update").text == "head #1")
+            #expect(try Self.get(daemon, base + "/head-changed").text == "head #1")
+            let socket = daemon.socketPath
+            // Same ETag and length: the stored GET takes the HEAD's fields, fresh for 600 s.
+            let head = try UnixSocketConnection(path: socket).request("HEAD", base + "/head-update")
+            #expect(head.status == 200 && head.header("X-Version") == "2", "\(head.status) \(head.headers)")
+            #expect(head.header("Set-Cookie") == "session=app-a")
+            let updated = try Self.get(daemon, base + "/head-update")
+            #expect(updated.text == "head #1" && updated.header("X-Version") == "2", "\(updated.text) \(updated.headers)")
+            // The cookie was the app's that sent the HEAD: the entry does not keep it.
+            #expect(updated.header("Set-Cookie") == nil)
+            #expect(updated.header("Cache-Status") == "authbrokerd; hit")
+            #expect(origin.requests("GET", "/head-update").count == 1)
+            // Another ETag: the stored GET describes what is no longer there, and goes.
+            let changed = try UnixSocketConnection(path: socket).request("HEAD", base + "/head-changed", headers: [("Cache-Control", "no-cache")])
+            #expect(changed.status == 200 && changed.header("ETag") == "\"h2\"")
+            #expect(origin.requests("HEAD", "/head-changed").count == 1)
+            let refetched = try Self.get(daemon, base + "/head-changed")
+            #expect(refetched.text == "head #2" && refetched.header("Cache-Status") == nil, "\(refetched.text) \(refetched.headers)")
         }
     }
 

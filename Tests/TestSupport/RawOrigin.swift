@@ -8,7 +8,8 @@ import NIOConcurrencyHelpers
 ///
 /// `respond` is asked after every read with all the bytes the connection has sent so far; it
 /// returns nil to wait for more, or the reply. A connection gets one reply; later bytes are only
-/// recorded.
+/// recorded. With `everyRequest`, a connection gets a reply per request: after each reply,
+/// `respond` is given only the bytes that came since (requests are not pipelined).
 package final class RawOrigin: Sendable {
     package struct Reply: Sendable {
         package var bytes: [UInt8]
@@ -48,7 +49,7 @@ package final class RawOrigin: Sendable {
         try await self.start { _ in nil }
     }
 
-    package static func start(respond: @escaping @Sendable ([UInt8]) -> Reply?) async throws -> RawOrigin {
+    package static func start(everyRequest: Bool = false, respond: @escaping @Sendable ([UInt8]) -> Reply?) async throws -> RawOrigin {
         let record = Record()
         let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
@@ -60,7 +61,7 @@ package final class RawOrigin: Sendable {
                         return connections.count - 1
                     }
                     try channel.pipeline.syncOperations.addHandler(
-                        RawReplyHandler(index: index, record: record, respond: respond)
+                        RawReplyHandler(index: index, record: record, everyRequest: everyRequest, respond: respond)
                     )
                 }
             }
@@ -113,11 +114,15 @@ private final class RawReplyHandler: ChannelInboundHandler {
     private let index: Int
     private let record: RawOrigin.Record
     private let respond: @Sendable ([UInt8]) -> RawOrigin.Reply?
+    private let everyRequest: Bool
     private var replied = false
+    /// What the connection sent since its last reply (`everyRequest`).
+    private var pending: [UInt8] = []
 
-    init(index: Int, record: RawOrigin.Record, respond: @escaping @Sendable ([UInt8]) -> RawOrigin.Reply?) {
+    init(index: Int, record: RawOrigin.Record, everyRequest: Bool, respond: @escaping @Sendable ([UInt8]) -> RawOrigin.Reply?) {
         self.index = index
         self.record = record
+        self.everyRequest = everyRequest
         self.respond = respond
     }
 
@@ -127,8 +132,10 @@ private final class RawReplyHandler: ChannelInboundHandler {
             connections[self.index].received += buffer.readableBytesView
             return connections[self.index].received
         }
-        guard !self.replied, let reply = self.respond(received) else { return }
-        self.replied = true
+        self.pending += buffer.readableBytesView
+        guard !self.replied, let reply = self.respond(self.everyRequest ? self.pending : received) else { return }
+        self.replied = !self.everyRequest
+        self.pending = []
         let channel = context.channel
         let write: @Sendable () -> Void = {
             let written = channel.writeAndFlush(ByteBuffer(bytes: reply.bytes))

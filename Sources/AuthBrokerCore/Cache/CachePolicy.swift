@@ -96,12 +96,19 @@ package enum CachePolicy {
         if let length = responseHeaders.first(name: "content-length").flatMap({ Int($0) }), length > settings.maxObjectBytes {
             return .dontStore(.tooLarge)
         }
+        return .store(omitting: Self.omittedFields(responseHeaders))
+    }
+
+    /// The (lowercased) fields of a response the cache never keeps, of those it carries: §3.1's
+    /// hop-by-hop fields and those a qualified `private` names, and `Set-Cookie`.
+    package static func omittedFields(_ responseHeaders: HTTPHeaders) -> [String] {
+        let directives = CacheControl(fieldValues: responseHeaders["cache-control"])
         var omitted = Set(directives.privateFields).union(ProxyHeaders.connectionOptions(responseHeaders))
         omitted.formUnion(Self.hopByHop)
         // A cookie the origin set for the app that asked is that app's: another app served
         // from the cache does not get it (as a shared cache would not hand it to another user).
         omitted.insert("set-cookie")
-        return .store(omitting: omitted.filter { !$0.isEmpty && responseHeaders.contains(name: $0) }.sorted())
+        return omitted.filter { !$0.isEmpty && responseHeaders.contains(name: $0) }.sorted()
     }
 
     /// The header fields kept of a response the policy said to store.
@@ -248,11 +255,38 @@ package enum CachePolicy {
         }
     }
 
-    /// §4.2.4 and RFC 5861: whether a stale stored response may be served when the origin cannot
-    /// be reached (the offline mode, or a failed fetch or validation).
-    package static func servableWhileDisconnected(storedHeaders: HTTPHeaders) -> Bool {
+    /// When a stale stored response is considered in place of the origin's answer.
+    package enum StaleOccasion: Sendable, Equatable {
+        /// The origin cannot be reached (no connection, no answer in time), or the offline mode:
+        /// §4.2.4 lets a disconnected cache serve stale.
+        case disconnected
+        /// The origin answered with this status: an error of RFC 5861 §4 (500, 502, 503, 504)
+        /// lets a stale response answer where `stale-if-error` permits it.
+        case originAnswered(status: Int)
+    }
+
+    /// The statuses RFC 5861 §4 counts as an error `stale-if-error` may answer for.
+    static let staleIfErrorStatuses: Set<Int> = [500, 502, 503, 504]
+
+    /// §4.2.4 and RFC 5861: whether the stored response may be served, stale or not, instead of
+    /// the origin's answer. Never for `must-revalidate` or `no-cache` (§5.2.2.2, §5.2.2.4);
+    /// `proxy-revalidate` does not bind a private cache (§5.2.2.8). Disconnected, any staleness
+    /// goes; for an origin's error, only within a `stale-if-error` of the stored response (the
+    /// origin's permission) or of the request (the client's).
+    package static func mayServeStale(
+        _ occasion: StaleOccasion, status: Int, storedHeaders: HTTPHeaders, timing: Timing, requestHeaders: HTTPHeaders, now: Date
+    ) -> Bool {
         let stored = CacheControl(fieldValues: storedHeaders["cache-control"])
-        return !stored.mustRevalidate && !stored.noCache
+        guard !stored.mustRevalidate, !stored.noCache else { return false }
+        guard case .originAnswered(let answered) = occasion else { return true }
+        guard Self.staleIfErrorStatuses.contains(answered) else { return false }
+        let lifetime = Self.freshnessLifetime(status: status, headers: storedHeaders, timing: timing).seconds
+        let staleness = Self.currentAge(headers: storedHeaders, timing: timing, now: now) - lifetime
+        let request = CacheControl(fieldValues: requestHeaders["cache-control"])
+        return [stored.staleIfError, request.staleIfError].contains { permitted in
+            if case .value(let seconds)? = permitted { return staleness <= seconds }
+            return false
+        }
     }
 
     /// §4.3.1: the validators of a stored response, as fields of a conditional request.
@@ -268,16 +302,54 @@ package enum CachePolicy {
 
     // MARK: Validation answers (§4.3.3, §4.3.4, §3.2)
 
-    /// §4.3.4: whether a 304 is about this stored response: a strong `ETag` in it equals the
-    /// stored one, or else its `Last-Modified` equals the stored one, or it carries neither.
+    /// §4.3.4: whether a 304 is about this stored response. A strong `ETag` in it decides alone:
+    /// the stored one must be the same strong tag. Otherwise each validator it carries must
+    /// match the stored one's: a weak `ETag` by the weak comparison (RFC 9110 §8.8.3.2), a
+    /// `Last-Modified` by its date. A 304 with neither is taken as about the only response
+    /// stored for the request (the cache keeps one per variant).
     package static func notModifiedSelects(storedHeaders: HTTPHeaders, notModified: HTTPHeaders) -> Bool {
-        if let tag = notModified.first(name: "etag")?.trimmingCharacters(in: .whitespaces), !tag.hasPrefix("W/") {
-            return storedHeaders.first(name: "etag")?.trimmingCharacters(in: .whitespaces) == tag
+        let storedTag = storedHeaders.first(name: "etag").map { EntityTag($0) }
+        if let tag = notModified.first(name: "etag").map({ EntityTag($0) }) {
+            if !tag.weak { return storedTag.map { !$0.weak && $0.opaque == tag.opaque } ?? false }
+            guard storedTag?.opaque == tag.opaque else { return false }
         }
         if let modified = notModified.first(name: "last-modified") {
             return storedHeaders.first(name: "last-modified").flatMap { HTTPDate.parse($0) } == HTTPDate.parse(modified)
         }
         return true
+    }
+
+    /// An `ETag` value split into its weakness and its opaque tag (RFC 9110 §8.8.3), as text.
+    private struct EntityTag: Equatable {
+        var weak: Bool
+        var opaque: Substring
+
+        init(_ value: String) {
+            let trimmed = value.trimmingCharacters(in: .whitespaces)
+            self.weak = trimmed.hasPrefix("W/")
+            self.opaque = self.weak ? trimmed.dropFirst(2) : Substring(trimmed)
+        }
+    }
+
+    /// What becomes of the origin's answer to a request the cache sent with conditional fields
+    /// of its own, to validate a stored response (§4.3.1).
+    package enum ValidationAnswer: Sendable, Equatable {
+        /// A 304 that selects the stored response: it answers, its fields updated (§4.3.4).
+        case serveStored
+        /// A 304 about another representation: it updates nothing (§4.3.4), and the client, whose
+        /// request was not conditional, cannot use a 304 (RFC 9110 §15.4.5 sends one only to a
+        /// conditional request). The request goes once more without the cache's fields.
+        case repeatUnconditionally
+        /// Anything else goes on as a response to the request.
+        case forward
+    }
+
+    /// §4.3.3: the answer to a validation the cache started. `validated`: the stored response
+    /// whose validators the cache added to the request; nil when it added none (the request's
+    /// conditional fields, if any, are the client's, and so is the 304).
+    package static func validationAnswer(status: Int, headers: HTTPHeaders, validated storedHeaders: HTTPHeaders?) -> ValidationAnswer {
+        guard status == 304, let storedHeaders else { return .forward }
+        return Self.notModifiedSelects(storedHeaders: storedHeaders, notModified: headers) ? .serveStored : .repeatUnconditionally
     }
 
     /// §3.2: the stored response's fields updated from a 304 (or a HEAD response): each field it
@@ -291,6 +363,48 @@ package enum CachePolicy {
             updated.add(name: name, value: value)
         }
         return updated
+    }
+
+    /// The stored fields to keep after an update from a 304 or a HEAD response: the updated
+    /// ones without what the cache never keeps of that response (`omittedFields`: its
+    /// `Set-Cookie` is the asking app's, not every app's).
+    package static func updatedStoredHeaders(stored: HTTPHeaders, from response: HTTPHeaders) -> HTTPHeaders {
+        Self.storedHeaders(Self.updatedHeaders(stored: stored, from: response), omitting: Self.omittedFields(response))
+    }
+
+    /// What a HEAD response the origin sent does to the stored GET response the same request
+    /// selects (§4.3.5).
+    package enum HeadResponseEffect: Sendable, Equatable {
+        /// It describes the stored response: the stored fields are updated from it (§3.2).
+        case update
+        /// Its validators or length differ: the stored response is no longer the resource's, and
+        /// goes (§4.3.5 has it considered stale; removed, it is never served stale either).
+        case invalidate
+        /// Not a 200: it says nothing about the stored response.
+        case none
+    }
+
+    /// §4.3.5: a 200 to HEAD updates the stored GET when it carries a validator (`ETag`,
+    /// `Last-Modified`), each one it carries equals the stored one's, and its `Content-Length`,
+    /// if any, is the stored body's length; otherwise the stored GET is invalidated. Without any
+    /// validator nothing ties the HEAD response to the stored body. A request's `no-store`
+    /// forbids keeping any part of its response (§5.2.1.5): no update then.
+    package static func headResponseEffect(
+        status: Int, headers: HTTPHeaders, storedHeaders: HTTPHeaders, storedBodyLength: Int64, requestHeaders: HTTPHeaders
+    ) -> HeadResponseEffect {
+        guard status == 200 else { return .none }
+        let tag = headers.first(name: "etag")?.trimmingCharacters(in: .whitespaces)
+        let modified = headers.first(name: "last-modified")
+        guard tag != nil || modified != nil else { return .invalidate }
+        if let tag, storedHeaders.first(name: "etag")?.trimmingCharacters(in: .whitespaces) != tag { return .invalidate }
+        if let modified {
+            guard let date = HTTPDate.parse(modified), storedHeaders.first(name: "last-modified").flatMap({ HTTPDate.parse($0) }) == date
+            else { return .invalidate }
+        }
+        if let length = headers.first(name: "content-length") {
+            guard Int64(length.trimmingCharacters(in: .whitespaces)) == storedBodyLength else { return .invalidate }
+        }
+        return CacheControl(fieldValues: requestHeaders["cache-control"]).noStore ? .none : .update
     }
 
     // MARK: Invalidation (§4.4)
