@@ -116,7 +116,7 @@ final class CacheExchange: Sendable {
         }
         if let stored = self.fallback,
             CachePolicy.mayServeStale(
-                .originAnswered(status: status), status: stored.head.status, storedHeaders: stored.headers, timing: stored.head.timing,
+                .originAnswered(status: status), storedStatus: stored.head.status, storedHeaders: stored.headers, timing: stored.head.timing,
                 requestHeaders: self.requestHeaders, now: Date()
             ),
             let opened = await self.cache.open(stored)
@@ -128,7 +128,7 @@ final class CacheExchange: Sendable {
             )
         }
         if self.method == .HEAD {
-            await self.headResponse(head)
+            await self.headResponse(head, requestCarriedCredentials: requestCarriedCredentials)
             return .forward
         }
         guard self.mayStore else {
@@ -177,15 +177,26 @@ final class CacheExchange: Sendable {
 
     /// §4.3.5: the origin's response to a HEAD updates the stored GET the request selects, or
     /// removes it when it no longer describes the resource.
-    private func headResponse(_ head: HTTPResponseHead) async {
+    private func headResponse(_ head: HTTPResponseHead, requestCarriedCredentials: Bool) async {
         guard self.mayStore, let stored = self.cache.lookup(url: self.url, requestHeaders: self.requestHeaders) else { return }
+        // Its fields are kept only where the GET's own would be: never from a response to a
+        // request with credentials (another app's login), nor against a `no-store`.
+        let storage = CachePolicy.storage(
+            method: "GET", host: self.origin.host, requestHeaders: self.requestHeaders,
+            requestCarriedCredentials: requestCarriedCredentials, status: Int(head.status.code), responseHeaders: head.headers,
+            settings: self.cache.settings.policy
+        )
+        let mayKeep = if case .store = storage { true } else { false }
         switch CachePolicy.headResponseEffect(
             status: Int(head.status.code), headers: head.headers, storedHeaders: stored.headers, storedBodyLength: stored.head.bodyLength,
-            requestHeaders: self.requestHeaders
+            mayKeep: mayKeep
         ) {
         case .update:
+            let updated = CachePolicy.updatedStoredHeaders(stored: stored.headers, from: head.headers)
+            // Rewriting an entry copies its whole body: not for fields that did not change.
+            guard !updated.elementsEqual(stored.headers, by: { $0.name == $1.name && $0.value == $1.value }) else { return }
             let timing = CachePolicy.Timing(requestTime: self.requestTime, responseTime: Date())
-            await self.cache.replaceHeaders(of: stored, with: CachePolicy.updatedStoredHeaders(stored: stored.headers, from: head.headers), timing: timing)
+            await self.cache.replaceHeaders(of: stored, with: updated, timing: timing)
         case .invalidate:
             await self.cache.remove(stored)
         case .none:
@@ -288,7 +299,7 @@ extension Interceptor {
             case .validate(let fields):
                 if offline,
                     CachePolicy.mayServeStale(
-                        .disconnected, status: stored.head.status, storedHeaders: stored.headers, timing: stored.head.timing,
+                        .disconnected, storedStatus: stored.head.status, storedHeaders: stored.headers, timing: stored.head.timing,
                         requestHeaders: head.headers, now: Date()
                     )
                 {
@@ -372,7 +383,7 @@ extension Interceptor {
         guard let stored = exchange.fallback, let errorType = error.proxyErrorType,
             error.code != .shuttingDown, error.code != .connectionLimitReached,
             CachePolicy.mayServeStale(
-                .disconnected, status: stored.head.status, storedHeaders: stored.headers, timing: stored.head.timing,
+                .disconnected, storedStatus: stored.head.status, storedHeaders: stored.headers, timing: stored.head.timing,
                 requestHeaders: exchange.requestHeaders, now: Date()
             ),
             let opened = await exchange.cache.open(stored)

@@ -258,7 +258,7 @@ package final class ResponseCache: Sendable {
         }) ?? 0
     }
 
-    /// Removes one entry (a HEAD response said it is no longer the resource's, RFC 9111 §4.3.5).
+    /// Removes one entry, its file and its index entry (if it is still the one stored).
     package func remove(_ entry: Entry) async {
         _ = try? await NIOThreadPool.singleton.runIfActive {
             self.state.withLockedValue { state in

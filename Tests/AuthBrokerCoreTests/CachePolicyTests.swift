@@ -246,7 +246,7 @@ struct CachePolicyTests {
     @Test(arguments: staleCases)
     func whenAStaleResponseMayAnswer(_ example: StaleCase) {
         let served = CachePolicy.mayServeStale(
-            example.occasion, status: 200, storedHeaders: Self.headers(example.stored), timing: Self.timing,
+            example.occasion, storedStatus: 200, storedHeaders: Self.headers(example.stored), timing: Self.timing,
             requestHeaders: Self.headers(example.request), now: Self.received.addingTimeInterval(example.after)
         )
         #expect(served == example.expected)
@@ -351,11 +351,17 @@ struct CachePolicyTests {
         #expect(kept.map { "\($0.name): \($0.value)" } == [
             "Content-Type: text/plain", "Cache-Control: max-age=120, private=\"X-Token\"", "X-New: 1",
         ])
+        // A field the response's Connection names was for that message alone: the stored one stays.
+        let hopByHop = Self.headers([("Connection", "ETag"), ("ETag", "\"hop\""), ("X-New", "2")])
+        let withTag = Self.headers([("ETag", "\"a\""), ("Content-Type", "text/plain")])
+        #expect(CachePolicy.updatedStoredHeaders(stored: withTag, from: hopByHop).map { "\($0.name): \($0.value)" } == [
+            "ETag: \"a\"", "Content-Type: text/plain", "X-New: 2",
+        ])
     }
 
     struct HeadCase: Sendable, CustomTestStringConvertible {
         var status = 200
-        var request: [(String, String)] = []
+        var mayKeep = true
         var response: [(String, String)]
         var expected: CachePolicy.HeadResponseEffect
         var note: String
@@ -377,12 +383,12 @@ struct CachePolicyTests {
         HeadCase(response: [("Last-Modified", "yesterday")], expected: .invalidate, note: "a date that does not parse"),
         HeadCase(response: [("Content-Length", "5")], expected: .invalidate, note: "no validator: nothing ties it to the stored body"),
         HeadCase(
-            request: [("Cache-Control", "no-store")], response: [("ETag", "\"a\"")], expected: .none,
-            note: "the request's no-store: nothing of its response is kept"
+            mayKeep: false, response: [("ETag", "\"a\"")], expected: .none,
+            note: "a response the cache may not keep (no-store, credentials): nothing of it is kept"
         ),
         HeadCase(
-            request: [("Cache-Control", "no-store")], response: [("ETag", "\"b\"")], expected: .invalidate,
-            note: "the request's no-store still lets a changed resource's entry go"
+            mayKeep: false, response: [("ETag", "\"b\"")], expected: .invalidate,
+            note: "a response the cache may not keep still lets a changed resource's entry go"
         ),
         HeadCase(status: 404, response: [("ETag", "\"b\"")], expected: .none, note: "not a 200"),
         HeadCase(status: 304, response: [("ETag", "\"a\"")], expected: .none, note: "a 304 is the validation's (§4.3.4), not this"),
@@ -393,7 +399,7 @@ struct CachePolicyTests {
         let stored = Self.headers([("ETag", "\"a\""), ("Last-Modified", Self.date(-3600)), ("Cache-Control", "max-age=60")])
         let effect = CachePolicy.headResponseEffect(
             status: example.status, headers: Self.headers(example.response), storedHeaders: stored, storedBodyLength: 5,
-            requestHeaders: Self.headers(example.request)
+            mayKeep: example.mayKeep
         )
         #expect(effect == example.expected)
     }

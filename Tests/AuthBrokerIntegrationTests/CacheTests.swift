@@ -347,11 +347,13 @@ struct CacheTests {
             #expect(counters["served_stale"] as? Int == 3, "\(counters)")
         }
         // An origin that keeps its connection: the 503's body is read away, and the pooled
-        // connection carries the next request.
+        // connection carries the next request. One client connection, so each request starts
+        // only after the last one's upstream connection went back to the pool.
         try await Self.withCachingDaemon(keepAlive: true) { daemon, origin, base, _ in
-            #expect(try Self.get(daemon, base + "/stale-if-error").text == "/stale-if-error #1")
+            let client = try UnixSocketConnection(path: daemon.socketPath)
+            #expect(try client.request("GET", base + "/stale-if-error").text == "/stale-if-error #1")
             for _ in 0..<2 {
-                let stale = try Self.get(daemon, base + "/stale-if-error")
+                let stale = try client.request("GET", base + "/stale-if-error")
                 #expect(stale.status == 200 && stale.text == "/stale-if-error #1", "\(stale.status) \(stale.text)")
             }
             #expect(origin.requests("GET", "/stale-if-error").count == 3)
@@ -381,6 +383,18 @@ struct CacheTests {
             #expect(origin.requests("HEAD", "/head-changed").count == 1)
             let refetched = try Self.get(daemon, base + "/head-changed")
             #expect(refetched.text == "head #2" && refetched.header("Cache-Status") == nil, "\(refetched.text) \(refetched.headers)")
+        }
+        // A HEAD that carried credentials: its response is that app's, and updates nothing the
+        // other apps are served.
+        try await Self.withCachingDaemon { daemon, origin, base, _ in
+            #expect(try Self.get(daemon, base + "/head-update").text == "head #1")
+            let head = try UnixSocketConnection(path: daemon.socketPath).request(
+                "HEAD", base + "/head-update", headers: [("Authorization", "Basic YWxpY2U6c2VjcmV0")]
+            )
+            #expect(head.status == 200 && head.header("X-Version") == "2")
+            let after = try Self.get(daemon, base + "/head-update")
+            #expect(after.header("X-Version") == "1" && after.header("Cache-Status") != "authbrokerd; hit", "\(after.headers)")
+            #expect(origin.requests("GET", "/head-update").count == 2)
         }
     }
 

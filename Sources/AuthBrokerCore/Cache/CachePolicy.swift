@@ -274,13 +274,13 @@ package enum CachePolicy {
     /// goes; for an origin's error, only within a `stale-if-error` of the stored response (the
     /// origin's permission) or of the request (the client's).
     package static func mayServeStale(
-        _ occasion: StaleOccasion, status: Int, storedHeaders: HTTPHeaders, timing: Timing, requestHeaders: HTTPHeaders, now: Date
+        _ occasion: StaleOccasion, storedStatus: Int, storedHeaders: HTTPHeaders, timing: Timing, requestHeaders: HTTPHeaders, now: Date
     ) -> Bool {
         let stored = CacheControl(fieldValues: storedHeaders["cache-control"])
         guard !stored.mustRevalidate, !stored.noCache else { return false }
         guard case .originAnswered(let answered) = occasion else { return true }
         guard Self.staleIfErrorStatuses.contains(answered) else { return false }
-        let lifetime = Self.freshnessLifetime(status: status, headers: storedHeaders, timing: timing).seconds
+        let lifetime = Self.freshnessLifetime(status: storedStatus, headers: storedHeaders, timing: timing).seconds
         let staleness = Self.currentAge(headers: storedHeaders, timing: timing, now: now) - lifetime
         let request = CacheControl(fieldValues: requestHeaders["cache-control"])
         return [stored.staleIfError, request.staleIfError].contains { permitted in
@@ -365,11 +365,16 @@ package enum CachePolicy {
         return updated
     }
 
-    /// The stored fields to keep after an update from a 304 or a HEAD response: the updated
-    /// ones without what the cache never keeps of that response (`omittedFields`: its
-    /// `Set-Cookie` is the asking app's, not every app's).
+    /// The stored fields to keep after an update from a 304 or a HEAD response: the response
+    /// contributes what the cache would keep of it (`omittedFields`: not its `Set-Cookie`, which
+    /// is the asking app's, nor the fields its `Connection` names, which were for that message
+    /// alone); and since the entry now has the response's `Cache-Control`, the fields that names
+    /// `private` go from the stored ones too.
     package static func updatedStoredHeaders(stored: HTTPHeaders, from response: HTTPHeaders) -> HTTPHeaders {
-        Self.storedHeaders(Self.updatedHeaders(stored: stored, from: response), omitting: Self.omittedFields(response))
+        let contribution = Self.storedHeaders(response, omitting: Self.omittedFields(response))
+        let updated = Self.updatedHeaders(stored: stored, from: contribution)
+        let privateFields = CacheControl(fieldValues: updated["cache-control"]).privateFields
+        return privateFields.isEmpty ? updated : Self.storedHeaders(updated, omitting: privateFields)
     }
 
     /// What a HEAD response the origin sent does to the stored GET response the same request
@@ -387,10 +392,13 @@ package enum CachePolicy {
     /// §4.3.5: a 200 to HEAD updates the stored GET when it carries a validator (`ETag`,
     /// `Last-Modified`), each one it carries equals the stored one's, and its `Content-Length`,
     /// if any, is the stored body's length; otherwise the stored GET is invalidated. Without any
-    /// validator nothing ties the HEAD response to the stored body. A request's `no-store`
-    /// forbids keeping any part of its response (§5.2.1.5): no update then.
+    /// validator nothing ties the HEAD response to the stored body (a deliberate reading of
+    /// §4.3.5, which would update a stored response without validators: removed, it is asked
+    /// for again). `mayKeep`: whether the cache could keep this response's fields, as `storage`
+    /// decides for a GET with the HEAD's request and response (its `no-store`, a request that
+    /// carried credentials): if not, nothing of it is kept, but a changed resource's entry still goes.
     package static func headResponseEffect(
-        status: Int, headers: HTTPHeaders, storedHeaders: HTTPHeaders, storedBodyLength: Int64, requestHeaders: HTTPHeaders
+        status: Int, headers: HTTPHeaders, storedHeaders: HTTPHeaders, storedBodyLength: Int64, mayKeep: Bool
     ) -> HeadResponseEffect {
         guard status == 200 else { return .none }
         let tag = headers.first(name: "etag")?.trimmingCharacters(in: .whitespaces)
@@ -404,7 +412,7 @@ package enum CachePolicy {
         if let length = headers.first(name: "content-length") {
             guard Int64(length.trimmingCharacters(in: .whitespaces)) == storedBodyLength else { return .invalidate }
         }
-        return CacheControl(fieldValues: requestHeaders["cache-control"]).noStore ? .none : .update
+        return mayKeep ? .update : .none
     }
 
     // MARK: Invalidation (§4.4)
