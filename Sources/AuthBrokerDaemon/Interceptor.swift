@@ -139,15 +139,25 @@ package struct Interceptor: Sendable {
         // The body is kept (up to a bound) so the request can be sent again after a 401.
         let replay = ReplayBuffer(limit: self.settings.limits.requestBodyBufferBytes, head: head)
         let auth = NIOLockedValueBox(RequestAuthState(headers: head.headers))
-        // An adopted exchange went without a credential (the relay takes no origin with a known
-        // space); one that became known meanwhile must not be taken as sent.
-        if adopted == nil {
+        // A credential up front for a known space, and a fresh Kerberos token where one was taken
+        // before (off the event loop): for the first attempt, and again for an attempt after a
+        // response that used the last one up (a Digest nc, a token a replay cache keeps).
+        let authorizeUpFront = { @Sendable () async in
             auth.withLockedValue { state in
+                state = RequestAuthState(headers: head.headers)
                 self.authenticator.authorizePreemptively(
                     origin: origin, method: head.method, uri: pathAndQuery, requester: { peer?.requester }, state: &state
                 )
             }
+            if self.authenticator.knowsNegotiate(at: origin) {
+                var state = auth.withLockedValue { $0 }
+                await self.authenticator.negotiatePreemptively(origin, uri: pathAndQuery, requester: peer?.requester, state: &state)
+                auth.withLockedValue { $0 = state }
+            }
         }
+        // An adopted exchange went without a credential (the relay takes no origin with a known
+        // space); one that became known meanwhile must not be taken as sent.
+        if adopted == nil { await authorizeUpFront() }
         let proxyAuth = NIOLockedValueBox(RequestAuthState(proxyAuthorization: forwardProxy == nil ? nil : clientProxyAuthorization))
         if let forwardProxy {
             proxyAuth.withLockedValue { state in
@@ -156,12 +166,6 @@ package struct Interceptor: Sendable {
                     state: &state
                 )
             }
-        }
-        // A server that took a Kerberos token before gets a fresh one up front (off the event loop).
-        if adopted == nil, self.authenticator.knowsNegotiate(at: origin) {
-            var state = auth.withLockedValue { $0 }
-            await self.authenticator.negotiatePreemptively(origin, uri: pathAndQuery, requester: peer?.requester, state: &state)
-            auth.withLockedValue { $0 = state }
         }
         // A body too large to keep for a resend goes to a space the broker cannot authorize up
         // front only after the origin's 100 (or a timeout): its 401 comes first and is answered.
@@ -270,6 +274,7 @@ package struct Interceptor: Sendable {
                     logger.debug("the origin refused Expect: 100-continue; sending the request again without it")
                 case .cacheValidationNotSelected:
                     logger.debug("the origin's 304 is not about the stored response; sending the request again without conditions")
+                    if case .send = step.next { await authorizeUpFront() }
                 case .failedBeforeHead:
                     if case .send = step.next { logger.debug("pooled connection was closed by the origin; retrying once on a new one") }
                 default:
@@ -719,8 +724,10 @@ package struct Interceptor: Sendable {
                             return .cacheValidationNotSelected(upstreamKeepAlive: readToEnd && head.isKeepAlive)
                         case .serveStored(let opened, let headers, let age, let cacheStatus):
                             // A stored response answers instead (`CacheExchange.finalHead` says
-                            // why); the origin's body is read away first so its connection stays usable.
-                            let readToEnd = await Self.readAway(&iterator)
+                            // why). A small body of the origin's (a 304 has none) is read away
+                            // first so its connection stays usable; a large or unknown one (an
+                            // error page that does not end) is not waited for: the connection closes.
+                            let readToEnd = Self.isSmallBody(head) ? await Self.readAway(&iterator) : false
                             let served = await self.writeStored(
                                 opened, headers: headers, age: age, cacheStatus: cacheStatus, proxyStatus: nil,
                                 head: auth.head, client: client, drained: .ended
@@ -909,6 +916,14 @@ package struct Interceptor: Sendable {
         try? await writer.write(contentsOf: [.head(head), .body(.byteBuffer(body)), .end(nil)])
         if !requestDone { closeClient() }
         return .errorSent(brokerError, bytes: body.readableBytes, keepAlive: keepAlive)
+    }
+
+    /// Whether a response's body is known to be small enough to read away rather than close its
+    /// connection: none (a 304, a 204), or a `Content-Length` of at most 64 KiB.
+    private static func isSmallBody(_ head: HTTPResponseHead) -> Bool {
+        guard head.status.mayHaveResponseBody else { return true }
+        guard let length = head.headers.first(name: "content-length").flatMap({ Int($0) }) else { return false }
+        return length <= 64 * 1024
     }
 
     /// Reads the rest of a response the client will not see (an answered 401 or 407, a 417)
