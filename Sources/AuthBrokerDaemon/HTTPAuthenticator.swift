@@ -75,12 +75,13 @@ package struct RequestAuthState: Sendable {
 ///
 /// Once a space answered, later requests to it carry credentials up front: Basic for URIs under
 /// the challenged one's directory (RFC 7617 §2.2), Digest with the remembered nonce and the next
-/// `nc` anywhere on the origin (RFC 7616 §3.3), so repeated requests skip the 401 round trip.
+/// `nc` under the challenge's `domain`, or anywhere on the origin without one (RFC 7616 §3.3), so
+/// repeated requests skip the 401 round trip.
 package final class HTTPAuthenticator: Sendable {
     private struct KnownSpace: Sendable {
         var space: ProtectionSpace
-        /// Basic: the directory of the URI that was challenged; Digest: "/"; a proxy's: "" (every
-        /// request through the proxy).
+        /// Basic: the directory of the URI that was challenged; Digest: each path of
+        /// `DigestChallenge.preemptionPaths`; a proxy's: "" (every request through the proxy).
         var pathPrefix: String
     }
 
@@ -526,7 +527,7 @@ package final class HTTPAuthenticator: Sendable {
             prefixes = [Self.directory(of: uri)]
         } else {
             let challenge = self.digestSessions.withLockedValue { $0[space]?.challenge }
-            prefixes = challenge?.preemptionPaths(origin: origin, requestDirectory: Self.directory(of: uri)) ?? [Self.directory(of: uri)]
+            prefixes = challenge?.preemptionPaths(origin: origin, requestPath: Self.path(of: uri)) ?? [Self.path(of: uri)]
         }
         let authority = Authority(origin: origin, isProxy: space.isProxy)
         self.knownSpaces.withLockedValue { known in

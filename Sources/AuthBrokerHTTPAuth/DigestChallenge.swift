@@ -110,13 +110,14 @@ extension DigestChallenge {
     package static let maxDomainPaths = 8
 
     /// The paths on `origin` under which this space's password may be sent up front, once a
-    /// request under `requestDirectory` (the accepted request's directory, `/a/b/`) was
-    /// accepted: RFC 7616 §3.3's `domain`, any URI with one of its URIs as prefix, or the whole
-    /// origin when the challenge has none. Entries naming another origin are not ours to answer
-    /// up front. The accepted request's directory is in the space too (it was challenged there),
-    /// so it is added when no entry covers it, as for Basic (RFC 7617 §2.2).
-    package func preemptionPaths(origin: CanonicalOrigin, requestDirectory: String) -> [String] {
+    /// request for `requestPath` (without its query) was accepted: RFC 7616 §3.3's `domain`, any
+    /// URI with one of its URIs as prefix, or the whole origin when the challenge has none.
+    /// Entries naming another origin are not ours to answer up front. The accepted request's own
+    /// path is in the space too (it was challenged there), so it is added when no entry covers
+    /// it: the path, not its directory, which for `/login` would be the whole origin.
+    package func preemptionPaths(origin: CanonicalOrigin, requestPath: String) -> [String] {
         guard !self.domain.isEmpty else { return ["/"] }
+        let requestDirectory = requestPath.lastIndex(of: "/").map { String(requestPath[...$0]) } ?? "/"
         var paths: [String] = []
         for entry in self.domain where paths.count < Self.maxDomainPaths {
             let path: String
@@ -134,7 +135,7 @@ extension DigestChallenge {
             let bare = String(path.prefix { $0 != "?" && $0 != "#" })
             if !paths.contains(bare) { paths.append(bare) }
         }
-        if !paths.contains(where: { requestDirectory.hasPrefix($0) }) { paths.append(requestDirectory) }
+        if !paths.contains(where: { requestPath.hasPrefix($0) }) { paths.append(requestPath) }
         return paths
     }
 }

@@ -235,28 +235,29 @@ struct DigestTests {
         "the paths a Digest password goes to up front follow domain (RFC 7616 §3.3)",
         arguments: [
             // No domain: the whole origin.
-            (#"Digest realm="r", nonce="n""#, "/a/", ["/"]),
-            (#"Digest realm="r", domain="", nonce="n""#, "/a/", ["/"]),
-            // Paths; the accepted request's directory is covered, so not added.
-            (#"Digest realm="r", domain="/a/ /b/", nonce="n""#, "/a/x/", ["/a/", "/b/"]),
-            // Not covered: added, since it was challenged in this space.
-            (#"Digest realm="r", domain="/b/", nonce="n""#, "/a/", ["/b/", "/a/"]),
+            (#"Digest realm="r", nonce="n""#, "/a/x", ["/"]),
+            (#"Digest realm="r", domain="", nonce="n""#, "/a/x", ["/"]),
+            // Paths; the accepted request's path is covered, so not added.
+            (#"Digest realm="r", domain="/a/ /b/", nonce="n""#, "/a/x/y", ["/a/", "/b/"]),
+            // Not covered: its path is added (it was challenged in this space), not its directory.
+            (#"Digest realm="r", domain="/b/", nonce="n""#, "/a/x", ["/b/", "/a/x"]),
+            (#"Digest realm="r", domain="/app/", nonce="n""#, "/login", ["/app/", "/login"]),
             // Absolute URIs on this origin count by their path; other origins (scheme, host, port) not.
             (
                 #"Digest realm="r", domain="https://example.com/c/?q http://example.com/d/ https://other.example/e/ https://example.com:8443/f/", nonce="n""#,
-                "/c/", ["/c/"]
+                "/c/x", ["/c/"]
             ),
             // Relative references resolve against the request's directory; fragments go.
-            (#"Digest realm="r", domain="docs/ /g#top", nonce="n""#, "/a/", ["/a/docs/", "/g", "/a/"]),
+            (#"Digest realm="r", domain="docs/ /g#top", nonce="n""#, "/a/x", ["/a/docs/", "/g", "/a/x"]),
             // Only the first eight entries.
-            (#"Digest realm="r", domain="/1 /2 /3 /4 /5 /6 /7 /8 /9 /10", nonce="n""#, "/", ["/1", "/2", "/3", "/4", "/5", "/6", "/7", "/8", "/"]),
-            // Nothing on this origin: the request's directory alone.
-            (#"Digest realm="r", domain="https://other.example/", nonce="n""#, "/a/", ["/a/"]),
+            (#"Digest realm="r", domain="/1 /2 /3 /4 /5 /6 /7 /8 /9 /10", nonce="n""#, "/x", ["/1", "/2", "/3", "/4", "/5", "/6", "/7", "/8", "/x"]),
+            // Nothing on this origin: the request's path alone.
+            (#"Digest realm="r", domain="https://other.example/", nonce="n""#, "/a/x", ["/a/x"]),
         ]
     )
-    func preemptionPaths(header: String, requestDirectory: String, expected: [String]) throws {
+    func preemptionPaths(header: String, requestPath: String, expected: [String]) throws {
         let origin = try CanonicalOrigin(scheme: .https, host: "example.com", port: nil)
-        #expect(try digestChallenge(header).preemptionPaths(origin: origin, requestDirectory: requestDirectory) == expected)
+        #expect(try digestChallenge(header).preemptionPaths(origin: origin, requestPath: requestPath) == expected)
     }
 
     @Test("what cannot go into the header is refused")
