@@ -152,15 +152,17 @@ struct InterceptionTests {
             let saved = daemon.directory + "/saved"
             try FileManager.default.createDirectory(atPath: home, withIntermediateDirectories: true)
             try "output_document = \(saved)\nhttp_password = Not-Copied-7\n".write(toFile: home + "/.wgetrc", atomically: true, encoding: .utf8)
+            // The test runner's own WGETRC would win over HOME's .wgetrc: left out.
+            let asAlice = ["-u", "WGETRC", "HOME=\(home)"]
             let ctl = [Self.ctl, "run", "--socket", daemon.socketPath, "--"]
-            let fetched = try ExternalCommand.run("/usr/bin/env", ["HOME=\(home)"] + ctl + [wget, "-q"] + urls)
+            let fetched = try ExternalCommand.run("/usr/bin/env", asAlice + ctl + [wget, "-q"] + urls)
             #expect(fetched.status == 0, "\(fetched.stderr)\n\(site.errorLog)")
             #expect((try? String(contentsOfFile: saved, encoding: .utf8)) == "ref: refs/heads/main\n" + ApacheTLSSite.projectPage)
             let log = site.accessLog
             #expect(log.contains("alice alice-laptop \"GET /simple/\(ApacheTLSSite.packageName)/ HTTP/1.1\" 200"), "\(log)")
             #expect(log.contains("alice alice-laptop \"GET /git/repo.git/HEAD HTTP/1.1\" 200"), "\(log)")
             // The file: private, the user's lines less the password, then the bundle.
-            let env = try ExternalCommand.run("/usr/bin/env", ["HOME=\(home)", Self.ctl, "env", "--socket", daemon.socketPath])
+            let env = try ExternalCommand.run("/usr/bin/env", asAlice + [Self.ctl, "env", "--socket", daemon.socketPath])
             let line = try #require(env.stdout.split(separator: "\n").first { $0.hasPrefix("export WGETRC=") }, "\(env.stdout)")
             let wgetrc = String(line.dropFirst("export WGETRC='".count).dropLast())
             let show = try ExternalCommand.run(Self.ctl, ["ca", "show", "--json", "--socket", daemon.socketPath])
@@ -173,7 +175,7 @@ struct InterceptionTests {
             let attributes = try FileManager.default.attributesOfItem(atPath: wgetrc)
             #expect((attributes[.posixPermissions] as? Int) == 0o600)
             // Without it, wget does not trust the intercepted host (it reads no CA variable).
-            let without = try ExternalCommand.run("/usr/bin/env", ["HOME=\(home)"] + ctl + ["/usr/bin/env", "-u", "WGETRC", wget, "-q", "-O", "/dev/null", urls[0]])
+            let without = try ExternalCommand.run("/usr/bin/env", asAlice + ctl + ["/usr/bin/env", "-u", "WGETRC", wget, "-q", "-O", "/dev/null", urls[0]])
             #expect(without.status == 5, "\(without.status) \(without.stderr)")
         }
     }
