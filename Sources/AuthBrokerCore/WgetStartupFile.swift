@@ -26,19 +26,28 @@ package enum WgetStartupFile {
     }
 
     /// The file's content: `userSettings` (the user's startup file, nil when there is none)
-    /// without its password lines, then `ca_certificate = caBundle`. Nil when `caBundle` cannot
-    /// be written as a wgetrc value (a line break in it).
+    /// without its password lines, then `ca_certificate = caBundle`. Lines end in `\n` (a `\r\n`
+    /// of the user's file too). Nil when `caBundle` cannot be written as a wgetrc value (a line
+    /// break in it).
     package static func content(userSettings: String?, caBundle: String) -> String? {
         guard !caBundle.isEmpty, !caBundle.contains(where: \.isNewline) else { return nil }
         var lines: [Substring] = []
         if let userSettings {
-            lines = userSettings.split(separator: "\n", omittingEmptySubsequences: false)
-            if lines.last == "" { lines.removeLast() }
+            lines = Self.lines(of: userSettings)
             lines.removeAll { line in Self.command(of: line).map { Self.omittedCommands.contains($0) } ?? false }
         }
         lines.append("# Added by authbrokerctl: trust the broker's local CA (and the system anchors).")
         lines.append("ca_certificate = \(caBundle)")
         return lines.joined(separator: "\n") + "\n"
+    }
+
+    /// The lines of a startup file as wget reads them: split at each `\n` (never within a
+    /// character: in Swift `"\r\n"` is one), each without its `\r\n` or `\n`; no empty last line
+    /// after a final line end.
+    static func lines(of text: String) -> [Substring] {
+        var lines = text.utf8.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false).map { Substring($0) }
+        if lines.last?.isEmpty == true { lines.removeLast() }
+        return lines.map { $0.utf8.last == UInt8(ascii: "\r") ? $0.dropLast() : $0 }
     }
 
     /// The command a wgetrc line sets, normalised (lower case, without `_` and `-`), or nil for

@@ -21,7 +21,7 @@ struct WgetStartupFileTests {
     }
 
     @Test(
-        "password lines are not copied, however wget would spell them; other lines naming passwords are",
+        "password lines are not copied, however wget would spell them, with LF or CRLF line ends; other lines naming passwords are",
         arguments: [
             ("password = hunter2", false),
             ("  HTTP_Password=hunter2", false),
@@ -37,9 +37,23 @@ struct WgetStartupFileTests {
         ]
     )
     func passwordsLeftOut(line: String, kept: Bool) throws {
-        let content = try #require(WgetStartupFile.content(userSettings: "tries = 3\n\(line)\ntimeout = 9\n", caBundle: Self.bundle))
-        #expect(content.contains(line) == kept, "\(content)")
-        #expect(content.hasPrefix("tries = 3\n") && content.hasSuffix(Self.added) && content.contains("timeout = 9\n"))
+        for end in ["\n", "\r\n"] {
+            let user = ["tries = 3", line, "timeout = 9"].map { $0 + end }.joined()
+            let content = try #require(WgetStartupFile.content(userSettings: user, caBundle: Self.bundle))
+            #expect(content.contains(line) == kept, "\(content)")
+            #expect(!content.contains("hunter2") || kept, "\(content)")
+            #expect(content == (kept ? "tries = 3\n\(line)\ntimeout = 9\n" : "tries = 3\ntimeout = 9\n") + Self.added, "\(content)")
+        }
+    }
+
+    @Test("a CRLF file is read line by line and written with LF; a lone CR is no line end (nor is it to wget)")
+    func lineEnds() {
+        let crlf = "tries = 3\r\n\r\npassword = hunter2\r\ntimeout = 9"
+        #expect(WgetStartupFile.content(userSettings: crlf, caBundle: Self.bundle) == "tries = 3\n\ntimeout = 9\n" + Self.added)
+        let mixed = "tries = 3\npassword = hunter2\r\nhttp_password = hunter2\n"
+        #expect(WgetStartupFile.content(userSettings: mixed, caBundle: Self.bundle) == "tries = 3\n" + Self.added)
+        let lone = "tries = 3\rpassword = hunter2\n"
+        #expect(WgetStartupFile.content(userSettings: lone, caBundle: Self.bundle) == lone + Self.added)
     }
 
     @Test("a bundle path that a wgetrc cannot hold gives no file")
