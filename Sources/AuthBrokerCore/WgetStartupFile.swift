@@ -13,6 +13,9 @@ package enum WgetStartupFile {
     /// case, `_` and `-` do not count.
     static let omittedCommands: Set<String> = ["password", "httppassword", "ftppassword", "proxypassword"]
 
+    /// Header fields whose `header = ...` lines are not copied: they carry credentials.
+    static let omittedHeaderFields: Set<String> = ["authorization", "proxy-authorization"]
+
     /// The file holding the user's own settings, as wget chooses it: the one `WGETRC` names when
     /// set and not empty, else `~/.wgetrc` (nil without a home directory). `ours` (the file this
     /// writes) is skipped, so a program run from a shell that already has the broker's
@@ -26,15 +29,15 @@ package enum WgetStartupFile {
     }
 
     /// The file's content: `userSettings` (the user's startup file, nil when there is none)
-    /// without its password lines, then `ca_certificate = caBundle`. Lines end in `\n` (a `\r\n`
-    /// of the user's file too). Nil when `caBundle` cannot be written as a wgetrc value (a line
-    /// break in it).
+    /// without the lines that hold secrets (`isSecret`), then `ca_certificate = caBundle`. Lines
+    /// end in `\n` (a `\r\n` of the user's file too). Nil when `caBundle` cannot be written as a
+    /// wgetrc value (a line break in it).
     package static func content(userSettings: String?, caBundle: String) -> String? {
         guard !caBundle.isEmpty, !caBundle.contains(where: \.isNewline) else { return nil }
         var lines: [Substring] = []
         if let userSettings {
             lines = Self.lines(of: userSettings)
-            lines.removeAll { line in Self.command(of: line).map { Self.omittedCommands.contains($0) } ?? false }
+            lines.removeAll(where: Self.isSecret)
         }
         lines.append("# Added by authbrokerctl: trust the broker's local CA (and the system anchors).")
         lines.append("ca_certificate = \(caBundle)")
@@ -50,14 +53,44 @@ package enum WgetStartupFile {
         return lines.map { $0.utf8.last == UInt8(ascii: "\r") ? $0.dropLast() : $0 }
     }
 
-    /// The command a wgetrc line sets, normalised (lower case, without `_` and `-`), or nil for
-    /// a blank line, a comment or a line wget would not parse.
-    static func command(of line: Substring) -> String? {
+    /// Whether `line` holds a secret, so it is not copied: a password command; a `header` line
+    /// sending `Authorization` or `Proxy-Authorization`; a proxy URL (`http_proxy`,
+    /// `https_proxy`, `ftp_proxy`) with a password in it (`user:password@`).
+    static func isSecret(_ line: Substring) -> Bool {
+        guard let (command, value) = Self.setting(of: line) else { return false }
+        if Self.omittedCommands.contains(command) { return true }
+        if command == "header" {
+            let field = value.prefix { $0 != ":" }.trimmingSpaceAndTab()
+            return value.contains(":") && Self.omittedHeaderFields.contains(field.lowercased())
+        }
+        if command.hasSuffix("proxy") {
+            var authority = value[...]
+            if let scheme = authority.firstRange(of: "://") { authority = authority[scheme.upperBound...] }
+            authority = authority.prefix { $0 != "/" && $0 != "?" && $0 != "#" }
+            guard let at = authority.lastIndex(of: "@") else { return false }
+            return authority[..<at].contains(":")
+        }
+        return false
+    }
+
+    /// The command a wgetrc line sets, normalised (lower case, without `_` and `-`), and its
+    /// value without the spaces around it; nil for a blank line, a comment or a line wget would
+    /// not parse.
+    static func setting(of line: Substring) -> (command: String, value: Substring)? {
         let trimmed = line.drop { $0 == " " || $0 == "\t" }
         guard let first = trimmed.first, first != "#" else { return nil }
         let name = trimmed.prefix { $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "_" || $0 == "-") }
         let rest = trimmed.dropFirst(name.count).drop { $0 == " " || $0 == "\t" }
         guard !name.isEmpty, rest.first == "=" else { return nil }
-        return String(name.lowercased().filter { $0 != "_" && $0 != "-" })
+        return (String(name.lowercased().filter { $0 != "_" && $0 != "-" }), rest.dropFirst().trimmingSpaceAndTab())
+    }
+}
+
+extension Substring {
+    /// Without the spaces and tabs at either end.
+    fileprivate func trimmingSpaceAndTab() -> Substring {
+        var text = self.drop { $0 == " " || $0 == "\t" }
+        while let last = text.last, last == " " || last == "\t" { text = text.dropLast() }
+        return text
     }
 }

@@ -21,7 +21,7 @@ struct WgetStartupFileTests {
     }
 
     @Test(
-        "password lines are not copied, however wget would spell them, with LF or CRLF line ends; other lines naming passwords are",
+        "lines holding secrets are not copied, however wget would spell them, with LF or CRLF line ends; other lines naming them are",
         arguments: [
             ("password = hunter2", false),
             ("  HTTP_Password=hunter2", false),
@@ -29,14 +29,26 @@ struct WgetStartupFileTests {
             ("ftppassword = hunter2", false),
             ("proxy_password = hunter2", false),
             ("\tProxy-Password\t= hunter2", false),
+            ("header = Authorization: Basic YWxpY2U6aHVudGVyMg==", false),
+            ("Header=authorization:Bearer x", false),
+            ("header = Proxy-Authorization : Basic YWxpY2U6aHVudGVyMg==", false),
+            ("https_proxy = http://alice:hunter2@proxy.corp.test:3128/", false),
+            ("http-proxy = alice:hunter2@proxy.corp.test:3128", false),
+            ("ftp_proxy = http://alice:hunter2@proxy.corp.test:3128", false),
             ("# password = a comment", true),
             ("http_user = alice", true),
             ("ask_password = on", true),
             ("use_askpass = /usr/bin/askpass", true),
             ("passwordish", true),
+            ("header = Accept: text/html", true),
+            ("header = X-Authorization-Hint: none", true),
+            ("https_proxy = http://proxy.corp.test:3128/", true),
+            ("https_proxy = http://alice@proxy.corp.test:3128/", true),
+            ("http_proxy = http://proxy.corp.test:3128/a:b@c", true),
+            ("use_proxy = on", true),
         ]
     )
-    func passwordsLeftOut(line: String, kept: Bool) throws {
+    func secretsLeftOut(line: String, kept: Bool) throws {
         for end in ["\n", "\r\n"] {
             let user = ["tries = 3", line, "timeout = 9"].map { $0 + end }.joined()
             let content = try #require(WgetStartupFile.content(userSettings: user, caBundle: Self.bundle))

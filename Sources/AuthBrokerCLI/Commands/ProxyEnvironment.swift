@@ -155,8 +155,8 @@ struct Env: AsyncParsableCommand {
             GIT_SSL_CAINFO, PIP_CERT, CARGO_HTTP_CAINFO, AWS_CA_BUNDLE: the system anchors \
             plus the broker's local CA; NODE_EXTRA_CA_CERTS: the local CA), and WGETRC: a \
             startup file for wget, written beside the bundle, holding your ~/.wgetrc (less its \
-            passwords) and ca_certificate. Programs that honour them (curl, wget, git, pip, \
-            Python requests, Go tools) then reach \
+            passwords, Authorization headers and proxy passwords) and ca_certificate. \
+            Programs that honour them (curl, wget, git, pip, Python requests, Go tools) then reach \
             http:// servers through the broker, which answers their 401s from stored \
             passwords, and https:// servers through it too: intercepted (see `authbrokerctl ca`) \
             where you hold something for the host, a tunnel elsewhere.
