@@ -4,9 +4,55 @@
 /// `WGETRC` names in place of `~/.wgetrc` (`/etc/wgetrc` is still read first). `authbrokerctl env`
 /// and `run` write one beside the CA bundle: the user's own startup file, then
 /// `ca_certificate = <bundle>` (a later setting wins over an earlier one).
+///
+/// Its content depends on the caller (its `WGETRC` and `HOME`), so each content has its own file,
+/// named after a checksum of it: a caller with other settings never rewrites the file a shell
+/// set up earlier still names, and an unchanged content reuses its file.
 package enum WgetStartupFile {
-    /// Its name, in the directory of the CA bundle (the daemon's state directory).
-    package static let fileName = "wgetrc"
+    /// How the names of the files start, in the directory of the CA bundle (the daemon's state
+    /// directory).
+    package static let fileNamePrefix = "wgetrc-"
+    /// The one file earlier versions wrote, for every caller alike.
+    static let legacyFileName = "wgetrc"
+    /// How long a file nobody was handed goes unremoved (`env` and `run` touch the file they
+    /// hand out, so this counts from the last time any caller got that content).
+    package static let unusedLifetimeSeconds: Int64 = 30 * 24 * 60 * 60
+
+    /// The file's name for `content`: the prefix and 8 hex digits of its CRC-32. Two contents
+    /// may share a name (one chance in 2^32); the writer then replaces the file, as when there
+    /// was one file for all.
+    package static func fileName(content: String) -> String {
+        let hex = String(CRC32.checksum(content.utf8), radix: 16)
+        return Self.fileNamePrefix + String(repeating: "0", count: 8 - hex.count) + hex
+    }
+
+    /// Whether `name` is one of the names the broker gives these files (`fileName(content:)`, or
+    /// the one file of earlier versions).
+    package static func isBrokerFileName(_ name: Substring) -> Bool {
+        if name == Self.legacyFileName[...] { return true }
+        guard name.hasPrefix(Self.fileNamePrefix) else { return false }
+        let digits = name.dropFirst(Self.fileNamePrefix.count).utf8
+        return digits.count == 8 && digits.allSatisfy { (0x30...0x39).contains($0) || (0x61...0x66).contains($0) }
+    }
+
+    /// Whether `path` names a file the broker wrote in `directory`: then it is no user's file.
+    package static func isBrokerFile(_ path: String, directory: String) -> Bool {
+        guard let slash = path.lastIndex(of: "/") else { return false }
+        func trimmed(_ text: Substring) -> Substring {
+            var text = text
+            while text.count > 1, text.last == "/" { text = text.dropLast() }
+            return text
+        }
+        let parent = path[..<slash].isEmpty ? "/"[...] : trimmed(path[..<slash])
+        return parent == trimmed(directory[...]) && Self.isBrokerFileName(path[path.index(after: slash)...])
+    }
+
+    /// Whether a file named `name`, last modified `age` seconds ago, is one of ours nobody has
+    /// been handed for `unusedLifetimeSeconds`, and so may be removed. `current` (the file just
+    /// handed out) never is.
+    package static func isStale(name: String, current: String, ageSeconds: Int64) -> Bool {
+        name != current && Self.isBrokerFileName(name[...]) && ageSeconds > Self.unusedLifetimeSeconds
+    }
 
     /// Commands not copied: passwords stay where the user put them (wget still reads `~/.netrc`;
     /// the broker answers with its stored passwords). Normalised as wget compares commands:
@@ -17,11 +63,11 @@ package enum WgetStartupFile {
     static let omittedHeaderFields: Set<String> = ["authorization", "proxy-authorization"]
 
     /// The file holding the user's own settings, as wget chooses it: the one `WGETRC` names when
-    /// set and not empty, else `~/.wgetrc` (nil without a home directory). `ours` (the file this
-    /// writes) is skipped, so a program run from a shell that already has the broker's
-    /// environment does not copy the copy.
-    package static func userFile(environment: [String: String], home: String?, ours: String) -> String? {
-        if let named = environment["WGETRC"], !named.isEmpty, named != ours {
+    /// set and not empty, else `~/.wgetrc` (nil without a home directory). A file the broker
+    /// wrote in `brokerDirectory` is skipped, so a program run from a shell that already has the
+    /// broker's environment does not copy the copy.
+    package static func userFile(environment: [String: String], home: String?, brokerDirectory: String) -> String? {
+        if let named = environment["WGETRC"], !named.isEmpty, !Self.isBrokerFile(named, directory: brokerDirectory) {
             return named
         }
         guard let home, !home.isEmpty else { return nil }
