@@ -199,6 +199,30 @@ struct InterceptionTests {
         return String(line.dropFirst("export WGETRC='".count).dropLast())
     }
 
+    @Test("env reads no WGETRC that is not a regular file (stdin, a FIFO, a directory) nor one too large, and says why")
+    func envRefusesWgetrcThatIsNoRegularFile() async throws {
+        try await withDaemon { daemon in
+            let fifo = daemon.directory + "/fifo"
+            #expect(mkfifo(fifo, 0o600) == 0)
+            let large = daemon.directory + "/large.wgetrc"
+            try String(repeating: "# padding\n", count: 110_000).write(toFile: large, atomically: true, encoding: .utf8)
+            let cases: [(wgetrc: String, says: String)] = [
+                ("-", "cannot read -"),
+                (fifo, "\(fifo) is a FIFO (named pipe), not a wget startup file; it was not read"),
+                (daemon.directory, "\(daemon.directory) is a directory, not a wget startup file; it was not read"),
+                (large, "\(large) is larger than 1024 KiB; is it really a wget startup file?"),
+            ]
+            for (wgetrc, says) in cases {
+                // Standard input holds a startup file: `-` must not read it (a terminal there would block).
+                let env = try ExternalCommand.run(Self.ctl, ["env", "--socket", daemon.socketPath], environment: ["WGETRC": wgetrc], input: "password = hunter2\n")
+                #expect(env.status == 0, "\(wgetrc): \(env.stderr)")
+                #expect(!env.stdout.contains("WGETRC"), "\(wgetrc): \(env.stdout)")
+                #expect(env.stderr.contains("warning: WGETRC not set") && env.stderr.contains(says), "\(wgetrc): \(env.stderr)")
+                #expect(env.stderr.contains("Set WGETRC to a readable wget startup file"), "\(wgetrc): \(env.stderr)")
+            }
+        }
+    }
+
     @Test("env removes its own wgetrc files nobody was handed for over 30 days; newer ones, and others' files, stay")
     func envRemovesStaleWgetrcFiles() async throws {
         try await withDaemon { daemon in

@@ -86,10 +86,16 @@ package enum ProxyEnvironment {
         if let source = WgetStartupFile.userFile(environment: environment, home: home, brokerDirectory: directory),
             environment["WGETRC"] == source || FileManager.default.fileExists(atPath: source)
         {
+            let named = environment["WGETRC"] == source
             do {
-                settings = String(decoding: try LocalFile.readAll(source, limit: 1 << 20), as: UTF8.self)
+                let data = try LocalFile.readRegularFile(source, limit: 1 << 20, what: "a wget startup file")
+                settings = String(decoding: data, as: UTF8.self)
             } catch let failure as LocalFile.Failure {
-                return skip("\(failure.message). Make it readable (or unset WGETRC if it names a file that is gone).")
+                let remedy =
+                    named
+                    ? "Set WGETRC to a readable wget startup file (a regular file), or unset it to use ~/.wgetrc."
+                    : "Make it a readable wget startup file (a regular file), or move it away."
+                return skip("\(failure.message). \(remedy)")
             } catch {
                 return skip("cannot read \(source): \(error).")
             }
