@@ -41,10 +41,42 @@ package enum LocalFile {
         return descriptor
     }
 
-    /// Reads a whole small file (or stdin for `-`), refusing more than `limit` bytes.
-    package static func readAll(_ path: String, limit: Int) throws -> Data {
+    /// Reads a whole small file (or stdin for `-`), refusing more than `limit` bytes; `what`
+    /// names what the file should be, for the message when it is larger.
+    package static func readAll(_ path: String, limit: Int, what: String = "a PEM certificate file") throws -> Data {
         let (descriptor, _) = try openForReading(path)
         defer { if descriptor != STDIN_FILENO { close(descriptor) } }
+        return try Self.readAll(descriptor, path: path, limit: limit, what: what)
+    }
+
+    /// Reads a whole small regular file, refusing more than `limit` bytes, and refusing without
+    /// reading a byte anything else `path` names: a FIFO or a terminal could block, a device
+    /// never end. `-` is a file of that name here, not stdin. `what` names what the file should
+    /// be, for the messages.
+    package static func readRegularFile(_ path: String, limit: Int, what: String) throws -> Data {
+        // O_NONBLOCK: opening a FIFO without a writer would otherwise wait for one.
+        let descriptor = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)
+        guard descriptor >= 0 else { throw failure("cannot read \(path)") }
+        defer { close(descriptor) }
+        var info = stat()
+        guard fstat(descriptor, &info) == 0 else { throw failure("cannot read \(path)") }
+        let kind: String? =
+            switch info.st_mode & S_IFMT {
+            case S_IFREG: nil
+            case S_IFDIR: "a directory"
+            case S_IFIFO: "a FIFO (named pipe)"
+            case S_IFCHR, S_IFBLK: "a device"
+            case S_IFSOCK: "a socket"
+            default: "not a regular file"
+            }
+        if let kind {
+            throw Failure(message: "\(path) is \(kind), not \(what); it was not read")
+        }
+        return try Self.readAll(descriptor, path: path, limit: limit, what: what)
+    }
+
+    /// The rest of `descriptor`, at most `limit` bytes.
+    private static func readAll(_ descriptor: CInt, path: String, limit: Int, what: String) throws -> Data {
         var data = Data()
         var chunk = [UInt8](repeating: 0, count: 64 * 1024)
         while true {
@@ -56,7 +88,7 @@ package enum LocalFile {
             if count == 0 { return data }
             data.append(contentsOf: chunk[..<count])
             guard data.count <= limit else {
-                throw Failure(message: "\(path) is larger than \(limit / 1024) KiB; is it really a PEM certificate file?")
+                throw Failure(message: "\(path) is larger than \(limit / 1024) KiB; is it really \(what)?")
             }
         }
     }

@@ -141,40 +141,107 @@ struct InterceptionTests {
         }
     }
 
-    @Test("wget, unmodified, trusts the local CA through the WGETRC the broker writes (keeping ~/.wgetrc, less its passwords): Basic and Digest behind a client certificate")
+    @Test("wget, unmodified, trusts the local CA through the WGETRC the broker writes (keeping ~/.wgetrc, less its secrets, CRLF or not; one file per content): Basic and Digest behind a client certificate")
     func wgetFromACorporateApache() async throws {
         guard let wget = Self.installed("/usr/bin/wget", package: "wget") else { return }
         try await Self.withCorpApache(host: "files.corp.test") { site, daemon, base in
             // Basic first: a password once answered with Digest is never sent as Basic on that origin.
             let urls = ["\(base)/git/repo.git/HEAD", "\(base)/simple/\(ApacheTLSSite.packageName)/"]
-            // The user's own startup file: its settings still apply, its password is not copied.
+            // The user's own startup file (CRLF line ends, which wget accepts): its settings
+            // still apply, its password and Authorization header are not copied.
             let home = daemon.directory + "/home"
             let saved = daemon.directory + "/saved"
             try FileManager.default.createDirectory(atPath: home, withIntermediateDirectories: true)
-            try "output_document = \(saved)\nhttp_password = Not-Copied-7\n".write(toFile: home + "/.wgetrc", atomically: true, encoding: .utf8)
+            try "output_document = \(saved)\r\nhttp_password = Not-Copied-7\r\nheader = Authorization: Bearer Not-Copied-8\r\n"
+                .write(toFile: home + "/.wgetrc", atomically: true, encoding: .utf8)
+            // The test runner's own WGETRC would win over HOME's .wgetrc: left out.
+            let asAlice = ["-u", "WGETRC", "HOME=\(home)"]
             let ctl = [Self.ctl, "run", "--socket", daemon.socketPath, "--"]
-            let fetched = try ExternalCommand.run("/usr/bin/env", ["HOME=\(home)"] + ctl + [wget, "-q"] + urls)
+            let fetched = try ExternalCommand.run("/usr/bin/env", asAlice + ctl + [wget, "-q"] + urls)
             #expect(fetched.status == 0, "\(fetched.stderr)\n\(site.errorLog)")
             #expect((try? String(contentsOfFile: saved, encoding: .utf8)) == "ref: refs/heads/main\n" + ApacheTLSSite.projectPage)
             let log = site.accessLog
             #expect(log.contains("alice alice-laptop \"GET /simple/\(ApacheTLSSite.packageName)/ HTTP/1.1\" 200"), "\(log)")
             #expect(log.contains("alice alice-laptop \"GET /git/repo.git/HEAD HTTP/1.1\" 200"), "\(log)")
-            // The file: private, the user's lines less the password, then the bundle.
-            let env = try ExternalCommand.run("/usr/bin/env", ["HOME=\(home)", Self.ctl, "env", "--socket", daemon.socketPath])
-            let line = try #require(env.stdout.split(separator: "\n").first { $0.hasPrefix("export WGETRC=") }, "\(env.stdout)")
-            let wgetrc = String(line.dropFirst("export WGETRC='".count).dropLast())
+            // The file: private, named after its content, the user's lines less the secrets, then the bundle.
+            let wgetrc = try Self.wgetrc(daemon, environment: asAlice)
             let show = try ExternalCommand.run(Self.ctl, ["ca", "show", "--json", "--socket", daemon.socketPath])
             let record = try #require(try JSONSerialization.jsonObject(with: Data(show.stdout.utf8)) as? [String: Any])
             let bundle = try #require(record["bundle_file"] as? String)
-            #expect(wgetrc == AtomicFile.directory(of: bundle) + "/wgetrc")
             let content = try String(contentsOfFile: wgetrc, encoding: .utf8)
+            #expect(wgetrc == AtomicFile.directory(of: bundle) + "/" + WgetStartupFile.fileName(content: content))
             #expect(content.hasPrefix("output_document = \(saved)\n") && content.hasSuffix("ca_certificate = \(bundle)\n"), "\(content)")
-            #expect(!content.contains("Not-Copied-7"))
+            #expect(!content.contains("Not-Copied-7") && !content.contains("Not-Copied-8") && !content.contains("\r"), "\(content)")
             let attributes = try FileManager.default.attributesOfItem(atPath: wgetrc)
             #expect((attributes[.posixPermissions] as? Int) == 0o600)
+            // Another caller's settings get another file; the first stays as it was, and is
+            // handed out again for the same settings (also from a shell that already names it).
+            let project = daemon.directory + "/project.wgetrc"
+            try "tries = 2\n".write(toFile: project, atomically: true, encoding: .utf8)
+            let other = try Self.wgetrc(daemon, environment: ["HOME=\(home)", "WGETRC=\(project)"])
+            #expect(other != wgetrc && AtomicFile.directory(of: other) == AtomicFile.directory(of: wgetrc))
+            #expect(try String(contentsOfFile: other, encoding: .utf8).hasPrefix("tries = 2\n"))
+            #expect(try String(contentsOfFile: wgetrc, encoding: .utf8) == content)
+            #expect(try Self.wgetrc(daemon, environment: asAlice) == wgetrc)
+            #expect(try Self.wgetrc(daemon, environment: ["HOME=\(home)", "WGETRC=\(other)"]) == wgetrc)
             // Without it, wget does not trust the intercepted host (it reads no CA variable).
-            let without = try ExternalCommand.run("/usr/bin/env", ["HOME=\(home)"] + ctl + ["/usr/bin/env", "-u", "WGETRC", wget, "-q", "-O", "/dev/null", urls[0]])
+            let without = try ExternalCommand.run("/usr/bin/env", asAlice + ctl + ["/usr/bin/env", "-u", "WGETRC", wget, "-q", "-O", "/dev/null", urls[0]])
             #expect(without.status == 5, "\(without.status) \(without.stderr)")
+        }
+    }
+
+    /// The wgetrc `authbrokerctl env` names when run with `environment` (`env`'s arguments:
+    /// `-u NAME`, `NAME=value`).
+    static func wgetrc(_ daemon: DaemonProcess, environment: [String]) throws -> String {
+        let env = try ExternalCommand.run("/usr/bin/env", environment + [Self.ctl, "env", "--socket", daemon.socketPath])
+        #expect(env.status == 0, "\(env.stderr)")
+        let line = try #require(env.stdout.split(separator: "\n").first { $0.hasPrefix("export WGETRC=") }, "\(env.stdout)")
+        return String(line.dropFirst("export WGETRC='".count).dropLast())
+    }
+
+    @Test("env reads no WGETRC that is not a regular file (stdin, a FIFO, a directory) nor one too large, and says why")
+    func envRefusesWgetrcThatIsNoRegularFile() async throws {
+        try await withDaemon { daemon in
+            let fifo = daemon.directory + "/fifo"
+            #expect(mkfifo(fifo, 0o600) == 0)
+            let large = daemon.directory + "/large.wgetrc"
+            try String(repeating: "# padding\n", count: 110_000).write(toFile: large, atomically: true, encoding: .utf8)
+            let cases: [(wgetrc: String, says: String)] = [
+                ("-", "cannot read -"),
+                (fifo, "\(fifo) is a FIFO (named pipe), not a wget startup file; it was not read"),
+                (daemon.directory, "\(daemon.directory) is a directory, not a wget startup file; it was not read"),
+                (large, "\(large) is larger than 1024 KiB; is it really a wget startup file?"),
+            ]
+            for (wgetrc, says) in cases {
+                // Standard input holds a startup file: `-` must not read it (a terminal there would block).
+                let env = try ExternalCommand.run(Self.ctl, ["env", "--socket", daemon.socketPath], environment: ["WGETRC": wgetrc], input: "password = hunter2\n")
+                #expect(env.status == 0, "\(wgetrc): \(env.stderr)")
+                #expect(!env.stdout.contains("WGETRC"), "\(wgetrc): \(env.stdout)")
+                #expect(env.stderr.contains("warning: WGETRC not set") && env.stderr.contains(says), "\(wgetrc): \(env.stderr)")
+                #expect(env.stderr.contains("Set WGETRC to a readable wget startup file"), "\(wgetrc): \(env.stderr)")
+            }
+        }
+    }
+
+    @Test("env removes its own wgetrc files nobody was handed for over 30 days; newer ones, and others' files, stay")
+    func envRemovesStaleWgetrcFiles() async throws {
+        try await withDaemon { daemon in
+            let first = try Self.wgetrc(daemon, environment: ["-u", "WGETRC", "HOME=\(daemon.directory)"])
+            let directory = AtomicFile.directory(of: first)
+            let old = Date(timeIntervalSinceNow: -31 * 86400)
+            let files = ["wgetrc-0badc0de": old, "wgetrc": old, "wgetrc-00c0ffee": Date(timeIntervalSinceNow: -29 * 86400), "wgetrc-mine": old]
+            for (name, modified) in files {
+                try "tries = 1\n".write(toFile: directory + "/" + name, atomically: true, encoding: .utf8)
+                try FileManager.default.setAttributes([.modificationDate: modified], ofItemAtPath: directory + "/" + name)
+            }
+            try FileManager.default.setAttributes([.modificationDate: old], ofItemAtPath: first)
+            #expect(try Self.wgetrc(daemon, environment: ["-u", "WGETRC", "HOME=\(daemon.directory)"]) == first)
+            for (name, kept) in [("wgetrc-0badc0de", false), ("wgetrc", false), ("wgetrc-00c0ffee", true), ("wgetrc-mine", true)] {
+                #expect(FileManager.default.fileExists(atPath: directory + "/" + name) == kept, "\(name)")
+            }
+            // The file handed out was touched, so it is not swept while in use.
+            let touched = try #require(try FileManager.default.attributesOfItem(atPath: first)[.modificationDate] as? Date)
+            #expect(touched.timeIntervalSinceNow > -3600)
         }
     }
 

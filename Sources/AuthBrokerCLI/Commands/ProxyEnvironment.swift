@@ -71,10 +71,11 @@ package enum ProxyEnvironment {
         return Self.variables(proxy: proxy, ca: ca, wgetrc: Self.writeWgetStartupFile(bundle: ca.bundle))
     }
 
-    /// Writes wget's startup file beside `bundle` (see `WgetStartupFile`) and returns its path,
-    /// or nil, with a warning that says why and what to do, when it cannot be written.
+    /// Writes wget's startup file beside `bundle` (see `WgetStartupFile`: named after its
+    /// content) and returns its path, or nil, with a warning that says why and what to do, when
+    /// it cannot be written. Then removes the files of ours nobody was handed for a while.
     static func writeWgetStartupFile(bundle: String) -> String? {
-        let path = AtomicFile.directory(of: bundle) + "/" + WgetStartupFile.fileName
+        let directory = AtomicFile.directory(of: bundle)
         let environment = ProcessInfo.processInfo.environment
         let home = environment["HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? getpwuid(getuid()).flatMap { $0.pointee.pw_dir.map { String(cString: $0) } }
         func skip(_ reason: String) -> String? {
@@ -82,13 +83,19 @@ package enum ProxyEnvironment {
             return nil
         }
         var settings: String?
-        if let source = WgetStartupFile.userFile(environment: environment, home: home, ours: path),
+        if let source = WgetStartupFile.userFile(environment: environment, home: home, brokerDirectory: directory),
             environment["WGETRC"] == source || FileManager.default.fileExists(atPath: source)
         {
+            let named = environment["WGETRC"] == source
             do {
-                settings = String(decoding: try LocalFile.readAll(source, limit: 1 << 20), as: UTF8.self)
+                let data = try LocalFile.readRegularFile(source, limit: 1 << 20, what: "a wget startup file")
+                settings = String(decoding: data, as: UTF8.self)
             } catch let failure as LocalFile.Failure {
-                return skip("\(failure.message). Make it readable (or unset WGETRC if it names a file that is gone).")
+                let remedy =
+                    named
+                    ? "Set WGETRC to a readable wget startup file (a regular file), or unset it to use ~/.wgetrc."
+                    : "Make it a readable wget startup file (a regular file), or move it away."
+                return skip("\(failure.message). \(remedy)")
             } catch {
                 return skip("cannot read \(source): \(error).")
             }
@@ -96,19 +103,42 @@ package enum ProxyEnvironment {
         guard let content = WgetStartupFile.content(userSettings: settings, caBundle: bundle) else {
             return skip("the CA bundle's path (\(bundle)) holds a line break; set state_dir to a plainer path.")
         }
+        let name = WgetStartupFile.fileName(content: content)
+        let path = directory + "/" + name
         let bytes = Array(content.utf8)
-        // Unchanged (the usual case): no rewrite, no fsync.
+        // Unchanged (the usual case): no rewrite, no fsync; touched, so the sweep below counts
+        // from the last time a caller was handed it.
         if let existing = try? PrivateFiles.readOwnedFile(path, what: "wget's startup file", maxBytes: bytes.count, forbiddenModeBits: 0o077),
             existing == bytes
         {
-            return path
+            _ = utimensat(AT_FDCWD, path, nil, 0)
+        } else {
+            do {
+                try AtomicFile.write(bytes, to: path)
+            } catch {
+                return skip("cannot write \(path) (\(error.description)). Check that the directory is yours and writable.")
+            }
         }
-        do {
-            try AtomicFile.write(bytes, to: path)
-        } catch {
-            return skip("cannot write \(path) (\(error.description)). Check that the directory is yours and writable.")
-        }
+        Self.removeStaleWgetStartupFiles(in: directory, keeping: name)
         return path
+    }
+
+    /// Best effort, and cheap (one directory listing): removes the startup files of ours (by
+    /// name, regular, the user's) that no `env` or `run` has handed out for
+    /// `WgetStartupFile.unusedLifetimeSeconds`. Each different ~/.wgetrc leaves one, so without
+    /// this they would pile up. A shell still naming one that old gets wget's "WGETRC points
+    /// to ..." error, and running `env` again mends it.
+    static func removeStaleWgetStartupFiles(in directory: String, keeping current: String) {
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return }
+        let now = Int64(time(nil))
+        for name in names where WgetStartupFile.isBrokerFileName(name[...]) && name != current {
+            let path = directory + "/" + name
+            var info = stat()
+            guard lstat(path, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, info.st_uid == getuid() else { continue }
+            if WgetStartupFile.isStale(name: name, current: current, ageSeconds: now - Int64(info.st_mtim.tv_sec)) {
+                unlink(path)
+            }
+        }
     }
 
     /// The shells `env` writes for.
@@ -155,8 +185,8 @@ struct Env: AsyncParsableCommand {
             GIT_SSL_CAINFO, PIP_CERT, CARGO_HTTP_CAINFO, AWS_CA_BUNDLE: the system anchors \
             plus the broker's local CA; NODE_EXTRA_CA_CERTS: the local CA), and WGETRC: a \
             startup file for wget, written beside the bundle, holding your ~/.wgetrc (less its \
-            passwords) and ca_certificate. Programs that honour them (curl, wget, git, pip, \
-            Python requests, Go tools) then reach \
+            passwords, Authorization headers and proxy passwords) and ca_certificate. \
+            Programs that honour them (curl, wget, git, pip, Python requests, Go tools) then reach \
             http:// servers through the broker, which answers their 401s from stored \
             passwords, and https:// servers through it too: intercepted (see `authbrokerctl ca`) \
             where you hold something for the host, a tunnel elsewhere.
