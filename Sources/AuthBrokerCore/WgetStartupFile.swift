@@ -106,7 +106,7 @@ package enum WgetStartupFile {
         guard let (command, value) = Self.setting(of: line) else { return false }
         if Self.omittedCommands.contains(command) { return true }
         if command == "header" {
-            let field = value.prefix { $0 != ":" }.trimmingSpaceAndTab()
+            let field = value.prefix { $0 != ":" }.trimmingASCIIWhitespace()
             return value.contains(":") && Self.omittedHeaderFields.contains(field.lowercased())
         }
         if command.hasSuffix("proxy") {
@@ -128,15 +128,6 @@ package enum WgetStartupFile {
         let name = trimmed.prefix { $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "_" || $0 == "-") }
         let rest = trimmed.dropFirst(name.count).drop { $0 == " " || $0 == "\t" }
         guard !name.isEmpty, rest.first == "=" else { return nil }
-        return (String(name.lowercased().filter { $0 != "_" && $0 != "-" }), rest.dropFirst().trimmingSpaceAndTab())
-    }
-}
-
-extension Substring {
-    /// Without the spaces and tabs at either end.
-    fileprivate func trimmingSpaceAndTab() -> Substring {
-        var text = self.drop { $0 == " " || $0 == "\t" }
-        while let last = text.last, last == " " || last == "\t" { text = text.dropLast() }
-        return text
+        return (String(name.lowercased().filter { $0 != "_" && $0 != "-" }), rest.dropFirst().trimmingASCIIWhitespace())
     }
 }

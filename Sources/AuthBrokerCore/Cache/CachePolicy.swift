@@ -401,10 +401,10 @@ package enum CachePolicy {
         status: Int, headers: HTTPHeaders, storedHeaders: HTTPHeaders, storedBodyLength: Int64, mayKeep: Bool
     ) -> HeadResponseEffect {
         guard status == 200 else { return .none }
-        let tag = headers.first(name: "etag")?.trimmingCharacters(in: .whitespaces)
+        let tag = headers.first(name: "etag").map { EntityTag($0) }
         let modified = headers.first(name: "last-modified")
         guard tag != nil || modified != nil else { return .invalidate }
-        if let tag, storedHeaders.first(name: "etag")?.trimmingCharacters(in: .whitespaces) != tag { return .invalidate }
+        if let tag, storedHeaders.first(name: "etag").map({ EntityTag($0) }) != tag { return .invalidate }
         if let modified {
             guard let date = HTTPDate.parse(modified), storedHeaders.first(name: "last-modified").flatMap({ HTTPDate.parse($0) }) == date
             else { return .invalidate }
