@@ -119,8 +119,8 @@ package enum ProxyHeaders {
     /// `Proxy-Authenticate` (the upstream's challenge to a proxy, which is not the client),
     /// `Trailer` and `Upgrade`; `Via` gains the broker's
     /// entry. Everything else keeps its order, except an `Authbroker-Request-Id` of the origin's:
-    /// the broker's own, `requestID`, comes last instead.
-    package static func clientResponseHeaders(_ headers: HTTPHeaders, requestID: String) -> HTTPHeaders {
+    /// the broker's own, `requestID` when given, comes last instead.
+    package static func clientResponseHeaders(_ headers: HTTPHeaders, requestID: String?) -> HTTPHeaders {
         let named = connectionOptions(headers)
         // As in `upstreamRequestHeaders`: the names passed the response decoder's checks.
         var result: [(String, String)] = []
@@ -147,7 +147,7 @@ package enum ProxyHeaders {
             result.append((name, value))
         }
         result.append(("Via", Self.viaValue(appendingTo: via)))
-        result.append((BrokerHeaders.requestID, requestID))
+        if let requestID { result.append((BrokerHeaders.requestID, requestID)) }
         return HTTPHeaders(result)
     }
 

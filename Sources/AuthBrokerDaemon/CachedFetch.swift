@@ -123,7 +123,7 @@ final class CacheExchange: Sendable {
         {
             self.cache.count(.servedStale)
             return .serveStored(
-                opened, stored.headers, age: CachePolicy.currentAge(headers: stored.headers, timing: stored.head.timing, now: Date()),
+                opened, stored.headers, age: stored.freshness.age(now: Date()),
                 cacheStatus: CacheStatusField.servedStale(originStatus: status)
             )
         }
@@ -284,10 +284,7 @@ extension Interceptor {
         var validation: CacheExchange.Validation?
         var upstreamHead = head
         if let stored {
-            let reuse = CachePolicy.reuse(
-                requestHeaders: head.headers, status: stored.head.status, storedHeaders: stored.headers, timing: stored.head.timing,
-                now: Date()
-            )
+            let reuse = CachePolicy.reuse(requestHeaders: head.headers, stored: stored.freshness, storedHeaders: stored.headers, now: Date())
             switch reuse {
             case .fresh(let age), .staleAllowed(let age):
                 if let outcome = await self.answer(
@@ -304,7 +301,7 @@ extension Interceptor {
                     )
                 {
                     if let outcome = await self.answer(
-                        from: cache, stored, age: CachePolicy.currentAge(headers: stored.headers, timing: stored.head.timing, now: Date()),
+                        from: cache, stored, age: stored.freshness.age(now: Date()),
                         counting: .servedStale, cacheStatus: CacheStatusField.servedStale(offline: true), head: head, client: client,
                         requests: &requests
                     ) {
@@ -331,8 +328,7 @@ extension Interceptor {
                 await cache.waitForFill(url: url, timeout: CacheExchange.collapsedWait)
                 if let entry = cache.lookup(url: url, requestHeaders: head.headers),
                     case .fresh(let age) = CachePolicy.reuse(
-                        requestHeaders: head.headers, status: entry.head.status, storedHeaders: entry.headers,
-                        timing: entry.head.timing, now: Date()
+                        requestHeaders: head.headers, stored: entry.freshness, storedHeaders: entry.headers, now: Date()
                     ),
                     let outcome = await self.answer(
                         from: cache, entry, age: age, counting: .hit, cacheStatus: CacheStatusField.hit(), head: head, client: client,
@@ -361,18 +357,41 @@ extension Interceptor {
         _ entry: ResponseCache.Entry, headers stored: HTTPHeaders, age: Int, cacheStatus: String, proxyStatus: String? = nil,
         requestID: String, keepAlive: Bool, rewrite: RewriteRule?, logger: Logger
     ) -> HTTPResponseHead {
-        let status = HTTPResponseStatus(statusCode: entry.head.status)
-        var headers = ProxyHeaders.clientResponseHeaders(stored, requestID: requestID)
-        Self.keepOnlyStandardChallenges(status: status, in: &headers, logger: logger)
-        headers.replaceOrAdd(name: "Age", value: String(age))
-        if entry.head.status != 204, entry.head.status != 304 {
-            headers.replaceOrAdd(name: "Content-Length", value: String(entry.head.bodyLength))
-        }
+        let clientHeaders = Self.storedClientHeaders(stored, status: entry.head.status, bodyLength: entry.head.bodyLength, logger: logger)
+        return Self.storedResponseHead(
+            entry, clientHeaders: clientHeaders, age: age, cacheStatus: cacheStatus, proxyStatus: proxyStatus, requestID: requestID,
+            keepAlive: keepAlive, rewrite: rewrite
+        )
+    }
+
+    /// `storedResponseHead` from the fields `storedClientHeaders` made: the per-request ones
+    /// added (`Age`, `Cache-Status`, the request id, `Connection`).
+    static func storedResponseHead(
+        _ entry: ResponseCache.Entry, clientHeaders: HTTPHeaders, age: Int, cacheStatus: String, proxyStatus: String? = nil,
+        requestID: String, keepAlive: Bool, rewrite: RewriteRule?
+    ) -> HTTPResponseHead {
+        var headers = clientHeaders
+        headers.add(name: "Age", value: String(age))
+        headers.add(name: BrokerHeaders.requestID, value: requestID)
         headers.add(name: CacheStatusField.name, value: cacheStatus)
         if let proxyStatus { headers.add(name: "Proxy-Status", value: proxyStatus) }
         rewrite?.editResponse(&headers)
         if !keepAlive { headers.replaceOrAdd(name: "Connection", value: "close") }
-        return HTTPResponseHead(version: .http1_1, status: status, headers: headers)
+        return HTTPResponseHead(version: .http1_1, status: HTTPResponseStatus(statusCode: entry.head.status), headers: headers)
+    }
+
+    /// A stored response's fields as every client gets them, whatever the request: the
+    /// client-side rules (`ProxyHeaders.clientResponseHeaders`, challenges only Basic and
+    /// Digest), its own `Content-Length`, and no `Age` (each answer adds its own). Made once per
+    /// entry for the direct relay's hits (`ResponseCache.Entry.clientHeaders`).
+    static func storedClientHeaders(_ stored: HTTPHeaders, status: Int, bodyLength: Int64, logger: Logger) -> HTTPHeaders {
+        var headers = ProxyHeaders.clientResponseHeaders(stored, requestID: nil)
+        Self.keepOnlyStandardChallenges(status: HTTPResponseStatus(statusCode: status), in: &headers, logger: logger)
+        headers.remove(name: "Age")
+        if status != 204, status != 304 {
+            headers.replaceOrAdd(name: "Content-Length", value: String(bodyLength))
+        }
+        return headers
     }
 
     /// When the origin cannot be reached (no DNS answer, no connection, no TLS session, no
@@ -391,7 +410,7 @@ extension Interceptor {
         client.logger.debug("the origin cannot be reached; serving a stored response", metadata: ["error": "\(error.code)"])
         exchange.cache.count(.servedStale)
         return await self.writeStored(
-            opened, headers: stored.headers, age: CachePolicy.currentAge(headers: stored.headers, timing: stored.head.timing, now: Date()),
+            opened, headers: stored.headers, age: stored.freshness.age(now: Date()),
             cacheStatus: CacheStatusField.servedStale(offline: false),
             proxyStatus: ProxyStatusField.render(error: errorType, details: "served from the cache: \(error.title)"), head: head,
             client: client, drained: .ended

@@ -1136,8 +1136,8 @@ struct CacheEntryJSON: Encodable {
         self.status = entry.head.status
         self.bodyBytes = entry.head.bodyLength
         self.storedAt = entry.head.timing.responseTime
-        self.ageSeconds = CachePolicy.currentAge(headers: entry.headers, timing: entry.head.timing, now: now)
-        self.fresh = self.ageSeconds < CachePolicy.freshnessLifetime(status: entry.head.status, headers: entry.headers, timing: entry.head.timing).seconds
+        self.ageSeconds = entry.freshness.age(now: now)
+        self.fresh = self.ageSeconds < entry.freshness.lifetime
         self.vary = entry.head.varyFields
     }
 

@@ -262,8 +262,8 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
         else { return nil }
         interceptor.counters.requestsInFlight.add(1)
         let relayed = RelayedRequest(
-            handler: self, head: head, route: route, originDescription: known.originDescription,
-            upstreamHead: Interceptor.upstreamHead(for: head, hostHeader: known.hostHeader, pathAndQuery: pathAndQuery)
+            handler: self, head: head, route: route, originDescription: known.originDescription, hostHeader: known.hostHeader,
+            pathAndQuery: pathAndQuery
         )
         if let flows = interceptor.flows, flows.isRecording {
             relayed.flow = RelayedFlow(url: known.originDescription + pathAndQuery, bodyLimit: flows.bodyLimit)
@@ -303,8 +303,8 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
         let interceptor = self.relay.interceptor
         relayed.clientKeepAlive = !self.relay.registry.isDraining
         let head = Interceptor.storedResponseHead(
-            hit.entry, headers: hit.entry.headers, age: hit.age, cacheStatus: CacheStatusField.hit(), requestID: relayed.requestID,
-            keepAlive: relayed.clientKeepAlive, rewrite: nil, logger: self.relay.logger
+            hit.entry, clientHeaders: hit.entry.clientHeaders, age: hit.age, cacheStatus: CacheStatusField.hit(),
+            requestID: relayed.requestID, keepAlive: relayed.clientKeepAlive, rewrite: nil
         )
         interceptor.cache?.count(.hit)
         relayed.status = hit.entry.head.status
@@ -521,7 +521,10 @@ final class RelayedRequest: UpstreamRelaySink {
     let route: UpstreamRoute
     /// `route.origin.description`, for the access line.
     let originDescription: String
-    let upstreamHead: HTTPRequestHead
+    private let hostHeader: String
+    private let pathAndQuery: String
+    /// Made when the request goes upstream: a cache hit never does.
+    lazy var upstreamHead = Interceptor.upstreamHead(for: self.head, hostHeader: self.hostHeader, pathAndQuery: self.pathAndQuery)
     let requestID = RequestIDs.make()
     let started = ContinuousClock.now
     var phase = Phase.awaitingRequestEnd
@@ -538,14 +541,15 @@ final class RelayedRequest: UpstreamRelaySink {
     var cachedHit: (entry: ResponseCache.Entry, age: Int)?
 
     init(
-        handler: DirectRelayHandler, head: HTTPRequestHead, route: UpstreamRoute, originDescription: String,
-        upstreamHead: HTTPRequestHead
+        handler: DirectRelayHandler, head: HTTPRequestHead, route: UpstreamRoute, originDescription: String, hostHeader: String,
+        pathAndQuery: String
     ) {
         self.handler = handler
         self.head = head
         self.route = route
         self.originDescription = originDescription
-        self.upstreamHead = upstreamHead
+        self.hostHeader = hostHeader
+        self.pathAndQuery = pathAndQuery
     }
 
     func upstreamReceived(_ part: HTTPClientResponsePart) {

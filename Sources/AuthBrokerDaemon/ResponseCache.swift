@@ -29,6 +29,11 @@ package final class ResponseCache: Sendable {
         /// The body, for a small entry held in memory too (`memoryEntryLimit`): a hit then
         /// needs no trip to the thread pool.
         package var memoryBody: ByteBuffer? = nil
+        /// Its freshness and age, worked out once here rather than on every hit.
+        package let freshness: CachePolicy.StoredFreshness
+        /// The fields every client gets with it (`Interceptor.storedClientHeaders`), made once
+        /// for the direct relay's hits.
+        package let clientHeaders: HTTPHeaders
 
         package var fileBytes: Int64 { Int64(self.bodyOffset) + self.head.bodyLength }
 
@@ -36,6 +41,11 @@ package final class ResponseCache: Sendable {
         init(head: CacheEntryFormat.Head, bodyOffset: Int, fileName: String? = nil) {
             self.head = head
             self.headers = HTTPHeaders(head.fields.map { ($0.name, $0.value) })
+            self.freshness = CachePolicy.StoredFreshness(status: head.status, headers: self.headers, timing: head.timing)
+            // The full path logged any challenge it removed when the response first went out.
+            self.clientHeaders = Interceptor.storedClientHeaders(
+                self.headers, status: head.status, bodyLength: head.bodyLength, logger: Logger(label: "", factory: { _ in SwiftLogNoOpLogHandler() })
+            )
             self.fileName = fileName ?? CacheEntryFormat.fileName(method: head.method, url: head.url, variantKey: head.variantKey)
             self.bodyOffset = bodyOffset
         }
@@ -157,10 +167,7 @@ package final class ResponseCache: Sendable {
     package func directHit(for head: HTTPRequestHead, url: String) -> (entry: Entry, age: Int)? {
         for name in Self.fieldsForTheFullPath where head.headers.contains(name: name) { return nil }
         guard let entry = self.lookup(url: url, requestHeaders: head.headers), entry.head.bodyLength == 0 || entry.memoryBody != nil,
-            case .fresh(let age) = CachePolicy.reuse(
-                requestHeaders: head.headers, status: entry.head.status, storedHeaders: entry.headers, timing: entry.head.timing,
-                now: Date()
-            )
+            case .fresh(let age) = CachePolicy.reuse(requestHeaders: head.headers, stored: entry.freshness, storedHeaders: entry.headers, now: Date())
         else { return nil }
         return (entry, age)
     }
