@@ -3,6 +3,7 @@ import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -132,6 +133,10 @@ enum ProxyPort {
         }
     }
 
+    /// The process that opened the last proxy-port connection: its descriptors are read first
+    /// for the next one (`TCPSocketOwner.process(holding:uid:hint:)`).
+    private static let lastClientProcess = Atomic<Int32>(0)
+
     /// The client's socket must belong to this user; then its process is looked up.
     private static func checkOwner(
         _ channel: any Channel, uid: UInt32, counters: BrokerCounters, logger: Logger
@@ -153,7 +158,8 @@ enum ProxyPort {
         case .success(let owner):
             // Reading the user's descriptor tables takes a while: not on the event loop.
             return NIOThreadPool.singleton.runIfActive(eventLoop: channel.eventLoop) {
-                let pid = TCPSocketOwner.process(holding: owner.inode, uid: owner.uid) ?? 0
+                let pid = TCPSocketOwner.process(holding: owner.inode, uid: owner.uid, hint: Self.lastClientProcess.load(ordering: .relaxed)) ?? 0
+                if pid > 0 { Self.lastClientProcess.store(pid, ordering: .relaxed) }
                 return ConnectionPeer(credentials: PeerCredentials(pid: pid, uid: owner.uid))
             }
         }

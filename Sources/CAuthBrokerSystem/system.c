@@ -193,45 +193,62 @@ int cab_tcp_socket_owner(int family, const uint8_t *src, uint16_t src_port, cons
     return 0;
 }
 
-int cab_socket_inode_pid(uint64_t inode, uint32_t uid, int32_t *pid) {
+/// Whether the process `name` (a directory of /proc, opened as `proc`) belongs to `uid` and
+/// holds the descriptor whose link reads `wanted`.
+static int process_holds(int proc, const char *name, uint32_t uid, const char *wanted, int wanted_length) {
+    struct stat status;
+    if (fstatat(proc, name, &status, 0) != 0 || status.st_uid != uid) {
+        return 0;
+    }
+    char path[64];
+    snprintf(path, sizeof(path), "%s/fd", name);
+    int fds = openat(proc, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fds < 0) {
+        return 0;
+    }
+    DIR *entries = fdopendir(fds);
+    if (entries == NULL) {
+        close(fds);
+        return 0;
+    }
+    int found = 0;
+    struct dirent *entry;
+    while (!found && (entry = readdir(entries)) != NULL) {
+        char target[64];
+        ssize_t length = readlinkat(dirfd(entries), entry->d_name, target, sizeof(target));
+        found = length == wanted_length && memcmp(target, wanted, (size_t)length) == 0;
+    }
+    closedir(entries);
+    return found;
+}
+
+int cab_socket_inode_pid(uint64_t inode, uint32_t uid, int32_t hint, int32_t *pid) {
     char wanted[64];
     int wanted_length = snprintf(wanted, sizeof(wanted), "socket:[%llu]", (unsigned long long)inode);
     DIR *processes = opendir("/proc");
     if (processes == NULL) {
         return errno;
     }
+    char hint_name[16];
+    hint_name[0] = 0;
+    if (hint > 0) {
+        snprintf(hint_name, sizeof(hint_name), "%d", (int)hint);
+        if (process_holds(dirfd(processes), hint_name, uid, wanted, wanted_length)) {
+            *pid = hint;
+            closedir(processes);
+            return 0;
+        }
+    }
     struct dirent *process;
     while ((process = readdir(processes)) != NULL) {
-        if (process->d_name[0] < '1' || process->d_name[0] > '9') {
+        if (process->d_name[0] < '1' || process->d_name[0] > '9' || strcmp(process->d_name, hint_name) == 0) {
             continue;
         }
-        struct stat status;
-        if (fstatat(dirfd(processes), process->d_name, &status, 0) != 0 || status.st_uid != uid) {
-            continue;
+        if (process_holds(dirfd(processes), process->d_name, uid, wanted, wanted_length)) {
+            *pid = (int32_t)strtol(process->d_name, NULL, 10);
+            closedir(processes);
+            return 0;
         }
-        char path[64];
-        snprintf(path, sizeof(path), "%s/fd", process->d_name);
-        int fds = openat(dirfd(processes), path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (fds < 0) {
-            continue;
-        }
-        DIR *entries = fdopendir(fds);
-        if (entries == NULL) {
-            close(fds);
-            continue;
-        }
-        struct dirent *entry;
-        while ((entry = readdir(entries)) != NULL) {
-            char target[64];
-            ssize_t length = readlinkat(dirfd(entries), entry->d_name, target, sizeof(target));
-            if (length == wanted_length && memcmp(target, wanted, (size_t)length) == 0) {
-                *pid = (int32_t)strtol(process->d_name, NULL, 10);
-                closedir(entries);
-                closedir(processes);
-                return 0;
-            }
-        }
-        closedir(entries);
     }
     closedir(processes);
     return ENOENT;

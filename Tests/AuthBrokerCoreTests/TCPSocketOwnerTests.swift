@@ -85,6 +85,21 @@ struct TCPSocketOwnerTests {
         #expect(TCPSocketOwner.process(holding: owner.inode, uid: owner.uid) == getpid())
     }
 
+    @Test("a hint is read first but never trusted: a wrong, dead or absent hint still finds the holder")
+    func processHint() throws {
+        let pair = try Pair()
+        let owner = try TCPSocketOwner.lookup(client: pair.clientAddress, server: pair.serverAddress).get()
+        #expect(TCPSocketOwner.process(holding: owner.inode, uid: owner.uid, hint: getpid()) == getpid())
+        // Another live process (pid 1), a pid no process has, and a negative one.
+        for hint: Int32 in [1, Int32.max, -5, 0] {
+            #expect(TCPSocketOwner.process(holding: owner.inode, uid: owner.uid, hint: hint) == getpid(), "hint \(hint)")
+        }
+        // The hint does not make a socket nobody holds (inode 1) appear held.
+        #expect(TCPSocketOwner.process(holding: 1, uid: getuid(), hint: getpid()) == nil)
+        // Nor is it taken for a process of another user.
+        #expect(TCPSocketOwner.process(holding: owner.inode, uid: getuid() &+ 1, hint: getpid()) == nil)
+    }
+
     @Test("the lookup is exact: the server's own end is told apart, and a pair no socket has is not found")
     func lookupIsExact() throws {
         let pair = try Pair()

@@ -44,8 +44,9 @@ int cab_tcp_socket_owner(int family, const uint8_t *src, uint16_t src_port, cons
                          uint16_t dst_port, uint32_t *uid, uint64_t *inode);
 
 /// The process holding the socket with `inode` (its `/proc/PID/fd` entry reads
-/// `socket:[inode]`), looking only at processes of `uid`. Returns 0 and fills `pid`, or ENOENT.
-int cab_socket_inode_pid(uint64_t inode, uint32_t uid, int32_t *pid);
+/// `socket:[inode]`), looking only at processes of `uid`, and first at `hint` when it is above
+/// 0. Returns 0 and fills `pid`, or ENOENT.
+int cab_socket_inode_pid(uint64_t inode, uint32_t uid, int32_t hint, int32_t *pid);
 
 /// glibc's malloc_trim(0): returns free heap pages to the kernel (1 if any were). 0 elsewhere.
 int cab_malloc_trim(void);
