@@ -106,6 +106,11 @@ struct CacheEntryFormatTests {
 
     @Test func crc32MatchesZlib() {
         #expect(CRC32.checksum(Array("123456789".utf8)) == 0xCBF4_3926)
+        #expect(CRC32.checksum("123456789".utf8) == 0xCBF4_3926)
         #expect(CRC32.checksum([]) == 0)
+        // Not contiguous: the same sum.
+        #expect(CRC32.checksum(Array("123456789".utf8).lazy.map { $0 }) == 0xCBF4_3926)
+        // The check value of the bytes 0...255 (the same as the table loop this replaced).
+        #expect(CRC32.checksum((0...255).map { UInt8($0) }) == 0x2905_8C73)
     }
 }
