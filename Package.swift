@@ -43,6 +43,7 @@ let package = Package(
             name: "AuthBrokerCore",
             dependencies: [
                 "CAuthBrokerSystem",
+                "CZlib",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
             ],
@@ -109,6 +110,8 @@ let package = Package(
         ),
         // Linux calls Swift cannot reach cleanly (struct ucred needs _GNU_SOURCE).
         .target(name: "CAuthBrokerSystem"),
+        // zlib, for CRC32 (the cache's entry checksums): fast where a Swift loop is not.
+        .systemLibrary(name: "CZlib", providers: [.apt(["zlib1g-dev"])]),
         // Linux-PAM's application API (libpam).
         .systemLibrary(name: "CPAM", providers: [.apt(["libpam0g-dev"])]),
         // PAM re-authentication before a secret is revealed, and the per-peer grants it gives.

@@ -17,8 +17,8 @@ import Glibc
 /// Every change to the directory's names (the rename that installs an entry, the unlinks of
 /// eviction and invalidation) happens under the index lock, on `NIOThreadPool` threads: the
 /// index never names a file another change has just replaced. Readers open a file and check
-/// its size against the head before serving it; an unlinked file stays readable to whoever has
-/// it open.
+/// its size against the head before serving it, and the body's checksum too the first time an
+/// entry found at start is served; an unlinked file stays readable to whoever has it open.
 package final class ResponseCache: Sendable {
     /// One stored response, as the index knows it.
     package struct Entry: Sendable {
@@ -27,18 +27,22 @@ package final class ResponseCache: Sendable {
         package let fileName: String
         package let bodyOffset: Int
         /// The body, for a small entry held in memory too (`memoryEntryLimit`): a hit then
-        /// needs no trip to the thread pool.
+        /// needs no trip to the thread pool. Only ever a verified body.
         package var memoryBody: ByteBuffer? = nil
         /// Its freshness and age, worked out once here rather than on every hit.
         package let freshness: CachePolicy.StoredFreshness
         /// The fields every client gets with it (`Interceptor.storedClientHeaders`), made once
         /// for the direct relay's hits.
         package let clientHeaders: HTTPHeaders
+        /// Whether the body on disk is known to match `head.bodyCRC32`: written by this process
+        /// (which computed the checksum from the bytes it wrote), or checked once since start.
+        /// An entry found at start is not, until its first use checks it (`openBody`).
+        package var bodyVerified: Bool
 
         package var fileBytes: Int64 { Int64(self.bodyOffset) + self.head.bodyLength }
 
         /// `fileName`: where it is; by default the name its key gives (`CacheEntryFormat.fileName`).
-        init(head: CacheEntryFormat.Head, bodyOffset: Int, fileName: String? = nil) {
+        init(head: CacheEntryFormat.Head, bodyOffset: Int, fileName: String? = nil, bodyVerified: Bool) {
             self.head = head
             self.headers = HTTPHeaders(head.fields.map { ($0.name, $0.value) })
             self.freshness = CachePolicy.StoredFreshness(status: head.status, headers: self.headers, timing: head.timing)
@@ -48,6 +52,8 @@ package final class ResponseCache: Sendable {
             )
             self.fileName = fileName ?? CacheEntryFormat.fileName(method: head.method, url: head.url, variantKey: head.variantKey)
             self.bodyOffset = bodyOffset
+            // An empty body has nothing to lose (`decodeHead` holds its checksum to 0).
+            self.bodyVerified = bodyVerified || head.bodyLength == 0
         }
     }
 
@@ -130,10 +136,11 @@ package final class ResponseCache: Sendable {
         }
     }
 
-    /// Reads and checks one entry's head; the body's length must match the file's size.
+    /// Reads and checks one entry's head; the body's length must match the file's size. The
+    /// body's checksum is checked at its first use, not here: a start does not read the whole cache.
     private static func readEntry(path: String, fileName: String) -> Result<(entry: Entry, modified: Int), CacheEntryFormat.Failure> {
         CacheEntryFile.readHead(path).map { head, bodyOffset, modified in
-            (Entry(head: head, bodyOffset: bodyOffset, fileName: fileName), modified)
+            (Entry(head: head, bodyOffset: bodyOffset, fileName: fileName, bodyVerified: false), modified)
         }
     }
 
@@ -269,7 +276,8 @@ package final class ResponseCache: Sendable {
     package func remove(_ entry: Entry) async {
         _ = try? await NIOThreadPool.singleton.runIfActive {
             self.state.withLockedValue { state in
-                guard Self.entry(named: entry.fileName, in: state) != nil else { return }
+                // Not another entry written since under the same name: that one is whole.
+                guard Self.indexOf(entry, in: state) != nil else { return }
                 self.drop(entry, from: &state)
             }
         }
@@ -338,32 +346,64 @@ package final class ResponseCache: Sendable {
 
     // MARK: Reading
 
-    /// A stored body, opened and checked against its head: nil when the file is gone or not
-    /// the size its head says (then the entry is dropped and the request is a miss).
+    /// A stored body, opened and checked against its head: nil when the file is gone, not the
+    /// size its head says, or (the first time an entry found at start is used) not the bytes its
+    /// checksum says; then the entry is dropped and the request is a miss.
     package func openBody(_ entry: Entry) async -> StoredBody? {
         if let memory = entry.memoryBody { return StoredBody(memory: memory) }
         let path = self.directory + "/" + entry.fileName
+        let small = entry.head.bodyLength <= Self.readChunkBytes
         let opened: StoredBody? = try? await NIOThreadPool.singleton.runIfActive {
             guard let (fd, _, _) = CacheEntryFile.openForReading(path, expectedSize: entry.fileBytes) else { return nil }
             let body = StoredBody(fd: fd, offset: Int64(entry.bodyOffset), length: entry.head.bodyLength)
-            // Most bodies are small: read them now, in the same trip to the thread pool.
-            if entry.head.bodyLength <= Self.readChunkBytes { body.readAheadOnThisThread() }
+            // Most bodies are small: read them now, in the same trip to the thread pool, and
+            // checked there too, being whole in hand.
+            if small {
+                body.readAheadOnThisThread()
+                if !entry.bodyVerified, !body.readAheadMatches(entry.head) { return nil }
+            }
             return body
         }
-        if opened == nil {
+        guard let opened else {
             await self.discard(entry)
-        } else if let body = opened?.readAheadBody, body.readableBytes <= Self.memoryEntryLimit {
+            return nil
+        }
+        if !entry.bodyVerified {
+            // A large one: one pass over the file before its first byte goes out, through the
+            // descriptor that then serves it (the bytes checked are the bytes sent).
+            if !small, !(await opened.verify(against: entry.head)) {
+                await self.discard(entry)
+                return nil
+            }
+            self.markVerified(entry)
+        }
+        if let body = opened.readAheadBody, body.readableBytes <= Self.memoryEntryLimit {
             // Read from disk once (after a restart, say): held in memory from now on.
             self.holdInMemory(entry, body: body)
         }
         return opened
     }
 
-    /// Keeps a small entry's body in memory too, if the budget allows.
+    /// The index's own copy of `entry`, if it still holds that one (not another written since
+    /// under the same name).
+    private static func indexOf(_ entry: Entry, in state: State) -> Int? {
+        state.byURL[entry.head.url]?.firstIndex { $0.fileName == entry.fileName && $0.head == entry.head }
+    }
+
+    /// Its body was checked: later uses (each request that copied the entry before this one
+    /// may still check it once) skip the pass.
+    private func markVerified(_ entry: Entry) {
+        self.state.withLockedValue { state in
+            guard let index = Self.indexOf(entry, in: state) else { return }
+            state.byURL[entry.head.url]?[index].bodyVerified = true
+        }
+    }
+
+    /// Keeps a small entry's (verified) body in memory too, if the budget allows.
     private func holdInMemory(_ entry: Entry, body: ByteBuffer) {
         self.state.withLockedValue { state in
             guard state.memoryBytes + body.readableBytes <= Self.memoryBudget,
-                let index = state.byURL[entry.head.url]?.firstIndex(where: { $0.fileName == entry.fileName }),
+                let index = Self.indexOf(entry, in: state),
                 state.byURL[entry.head.url]?[index].memoryBody == nil
             else { return }
             state.byURL[entry.head.url]?[index].memoryBody = body
@@ -439,20 +479,30 @@ package final class ResponseCache: Sendable {
         head.responseTimeMilliseconds = Int64((timing.responseTime.timeIntervalSince1970 * 1000).rounded(.down))
         guard let writer = await self.startEntry(head) else { return }
         let source = self.directory + "/" + entry.fileName
-        let copied: Bool =
-            (try? await NIOThreadPool.singleton.runIfActive {
-                guard let (input, _, _) = CacheEntryFile.openForReading(source, expectedSize: entry.fileBytes) else { return false }
+        let copied: CRC32? =
+            try? await NIOThreadPool.singleton.runIfActive {
+                guard let (input, _, _) = CacheEntryFile.openForReading(source, expectedSize: entry.fileBytes) else { return nil }
                 defer { close(input) }
-                return CacheEntryFile.copy(
-                    from: input, at: Int64(entry.bodyOffset), to: writer.fd, at: Int64(writer.bodyOffset), count: entry.head.bodyLength
+                var checksum = CRC32()
+                let copied = CacheEntryFile.copy(
+                    from: input, at: Int64(entry.bodyOffset), to: writer.fd, at: Int64(writer.bodyOffset), count: entry.head.bodyLength,
+                    checksum: &checksum
                 )
-            }) ?? false
-        if copied {
-            writer.bodyCopied(entry.head.bodyLength, memory: entry.memoryBody)
-            await writer.commit()
-        } else {
+                return copied ? checksum : nil
+            }
+        guard let copied else {
             await writer.discard()
+            return
         }
+        // The copy read every byte: one that does not match its checksum (an entry found at
+        // start whose blocks the disk lost) goes, rather than live on in a new file as checked.
+        guard case .success = CacheEntryFormat.checkBody(copied, length: entry.head.bodyLength, against: entry.head) else {
+            await writer.discard()
+            await self.discard(entry)
+            return
+        }
+        writer.bodyCopied(entry.head.bodyLength, checksum: copied, memory: entry.memoryBody)
+        await writer.commit()
     }
 
 }
@@ -489,6 +539,36 @@ package final class StoredBody: @unchecked Sendable {  // one reading task; `rea
 
     /// The whole body, when it was read in one go and not yet handed out.
     fileprivate var readAheadBody: ByteBuffer? { self.left == 0 ? self.readAhead : nil }
+
+    /// Whether the body read ahead is whole and the one `head` describes.
+    fileprivate func readAheadMatches(_ head: CacheEntryFormat.Head) -> Bool {
+        guard let body = self.readAheadBody else { return false }
+        var checksum = CRC32()
+        body.withUnsafeReadableBytes { checksum.update($0) }
+        guard case .success = CacheEntryFormat.checkBody(checksum, length: Int64(body.readableBytes), against: head) else { return false }
+        return true
+    }
+
+    /// Whether the unread body is the one `head` describes: read through once, in pieces of
+    /// `ResponseCache.readChunkBytes`, one thread-pool trip each (as serving it is), without
+    /// moving where `next` reads from. Before anything is read.
+    fileprivate func verify(against head: CacheEntryFormat.Head) async -> Bool {
+        let (fd, start, end) = (self.fd, self.offset, self.offset + self.left)
+        var checksum = CRC32()
+        var position = start
+        while position < end {
+            let (count, sum, at) = (min(end - position, Int64(ResponseCache.readChunkBytes)), checksum, position)
+            let next: CRC32? = try? await NIOThreadPool.singleton.runIfActive {
+                var sum = sum
+                return CacheEntryFile.checksum(fd, at: at, count: count, into: &sum) ? sum : nil
+            }
+            guard let next else { return false }
+            checksum = next
+            position += count
+        }
+        guard case .success = CacheEntryFormat.checkBody(checksum, length: end - start, against: head) else { return false }
+        return true
+    }
 
     deinit { if !self.closed { close(self.fd) } }
 
@@ -544,6 +624,8 @@ package final class CacheEntryWriter: @unchecked Sendable {  // one pumping task
     private let reservedJSONLength: Int
     fileprivate let bodyOffset: Int
     private var written: Int64 = 0
+    /// The CRC-32 of the `written` bytes, computed on the thread pool as they are written.
+    private var checksum = CRC32()
     private var pending: [ByteBuffer] = []
     private var pendingBytes = 0
     private var finished = false
@@ -572,9 +654,11 @@ package final class CacheEntryWriter: @unchecked Sendable {  // one pumping task
     /// Whether the response is still being stored (a write failed or the body outgrew the cache).
     package var isActive: Bool { !self.finished }
 
-    /// The body was copied into the file by other means (a 304's new head over an old body).
-    fileprivate func bodyCopied(_ bytes: Int64, memory: ByteBuffer?) {
+    /// The body was copied into the file by other means (a 304's new head over an old body),
+    /// with this checksum of the bytes copied.
+    fileprivate func bodyCopied(_ bytes: Int64, checksum: CRC32, memory: ByteBuffer?) {
         self.written = bytes
+        self.checksum = checksum
         self.kept = memory
     }
 
@@ -597,27 +681,35 @@ package final class CacheEntryWriter: @unchecked Sendable {  // one pumping task
         if self.pendingBytes >= Self.batchBytes, !(await self.flush()) { await self.discard() }
     }
 
-    /// Writes the pending body bytes at the end of the file.
+    /// Writes the pending body bytes at the end of the file, adding them to the checksum there
+    /// too (off the event loop, in the trip that writes them).
     private func flush() async -> Bool {
         guard !self.pending.isEmpty else { return true }
-        let (batch, fd, offset) = (self.pending, self.fd, Int64(self.bodyOffset) + self.written)
+        let (batch, fd, offset, checksum) = (self.pending, self.fd, Int64(self.bodyOffset) + self.written, self.checksum)
         let count = self.pendingBytes
         self.pending = []
         self.pendingBytes = 0
-        let ok =
-            (try? await NIOThreadPool.singleton.runIfActive {
-                var position = offset
-                for buffer in batch {
-                    guard buffer.withUnsafeReadableBytes({ CacheEntryFile.write(fd, $0, at: position) }) else { return false }
-                    position += Int64(buffer.readableBytes)
+        let updated: CRC32? = try? await NIOThreadPool.singleton.runIfActive {
+            var checksum = checksum
+            var position = offset
+            for buffer in batch {
+                let wrote = buffer.withUnsafeReadableBytes { bytes in
+                    checksum.update(bytes)
+                    return CacheEntryFile.write(fd, bytes, at: position)
                 }
-                return true
-            }) ?? false
-        if ok { self.written += Int64(count) }
-        return ok
+                guard wrote else { return nil }
+                position += Int64(buffer.readableBytes)
+            }
+            return checksum
+        }
+        guard let updated else { return false }
+        self.written += Int64(count)
+        self.checksum = updated
+        return true
     }
 
-    /// The response ended whole: the head gets the body's length, and the entry is installed.
+    /// The response ended whole: the head gets the body's length and checksum, and the entry is
+    /// installed.
     @discardableResult
     package func commit() async -> Bool {
         guard !self.finished else { return false }
@@ -627,9 +719,11 @@ package final class CacheEntryWriter: @unchecked Sendable {  // one pumping task
         }
         self.finished = true
         self.head.bodyLength = self.written
+        self.head.bodyCRC32 = self.checksum.value
         let bytes = CacheEntryFormat.encodeHead(self.head, paddedTo: self.reservedJSONLength)
         let (fd, path, cache) = (self.fd, self.temporaryPath, self.cache)
-        var made = ResponseCache.Entry(head: self.head, bodyOffset: bytes.count)
+        // Trusted without a check: the checksum was computed from the very bytes written.
+        var made = ResponseCache.Entry(head: self.head, bodyOffset: bytes.count, bodyVerified: true)
         made.memoryBody = self.kept
         let entry = made
         return

@@ -136,6 +136,12 @@ struct ResponseCacheTests {
         var altered = CacheEntryFormat.encodeHead(Self.head("https://a.test/altered"))
         altered[CacheEntryFormat.prefixBytes + 3] ^= 0x20
         try Data(altered).write(to: URL(fileURLWithPath: directory + "/fedcba9876543210.entry"))
+        // A whole entry of the first format (`ABCACHE1`, no body checksum): not ours any more.
+        try await Self.store(first, Self.head("https://a.test/old"), body: Array("old".utf8))
+        let old = try #require(first.lookup(url: "https://a.test/old", requestHeaders: [:]))
+        var oldBytes = try Data(contentsOf: URL(fileURLWithPath: directory + "/" + old.fileName))
+        oldBytes.replaceSubrange(0..<8, with: Data("ABCACHE1".utf8))
+        try oldBytes.write(to: URL(fileURLWithPath: directory + "/" + old.fileName))
 
         let cache = try await ResponseCache.open(directory: directory, settings: Self.settings(), fallbackRoot: nil, logger: Self.logger)
         #expect(cache.lookup(url: "https://a.test/torn", requestHeaders: [:]) == nil)
@@ -143,6 +149,81 @@ struct ResponseCacheTests {
         #expect(try await Self.readBody(cache, whole) == Array("whole".utf8))
         #expect(try FileManager.default.contentsOfDirectory(atPath: directory) == [whole.fileName])
         #expect(cache.counters.entries == 1)
+    }
+
+    /// Overwrites `count` body bytes of `entry`'s file from `at` with zeros, the length kept:
+    /// what a disk that lost blocks in a power cut leaves.
+    static func zeroBody(_ directory: String, _ entry: ResponseCache.Entry, at: Int, count: Int) throws {
+        let handle = try #require(FileHandle(forWritingAtPath: directory + "/" + entry.fileName))
+        try handle.seek(toOffset: UInt64(entry.bodyOffset + at))
+        try handle.write(contentsOf: Data(count: count))
+        try handle.close()
+    }
+
+    @Test("a body found at start is checked before it is served: lost bytes (the length intact) drop the entry, whole ones are served")
+    func lostBodyBytesAreNeverServed() async throws {
+        let directory = try Self.scratch()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let first = try await ResponseCache.open(directory: directory, settings: Self.settings(), fallbackRoot: nil, logger: Self.logger)
+        // Read whole (and checked as read) and held in memory; checked in a pass of its own
+        // (more than one read chunk, not a multiple of it).
+        let small = (0..<1024).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ 1) }
+        let large = (0..<(3 * ResponseCache.readChunkBytes + 5)).map { UInt8(truncatingIfNeeded: $0 &* 13 &+ 1) }
+        for (name, body) in [("small", small), ("large", large)] {
+            for kind in ["lost", "whole"] { try await Self.store(first, Self.head("https://a.test/\(name)-\(kind)"), body: body, parts: 3) }
+            // Written by this process: trusted, no check needed.
+            #expect(first.lookup(url: "https://a.test/\(name)-whole", requestHeaders: [:])?.bodyVerified == true)
+        }
+        for name in ["small", "large"] {
+            let entry = try #require(first.lookup(url: "https://a.test/\(name)-lost", requestHeaders: [:]))
+            // The last block of a large one: only a pass over the whole body finds it.
+            try Self.zeroBody(directory, entry, at: name == "small" ? 100 : large.count - 4096, count: name == "small" ? 512 : 4096)
+        }
+
+        let cache = try await ResponseCache.open(directory: directory, settings: Self.settings(), fallbackRoot: nil, logger: Self.logger)
+        #expect(cache.counters.entries == 4)
+        for (name, body) in [("small", small), ("large", large)] {
+            let lost = try #require(cache.lookup(url: "https://a.test/\(name)-lost", requestHeaders: [:]))
+            #expect(!lost.bodyVerified)
+            #expect(await cache.open(lost) == nil, "\(name)")
+            #expect(cache.lookup(url: "https://a.test/\(name)-lost", requestHeaders: [:]) == nil)
+            #expect(!FileManager.default.fileExists(atPath: directory + "/" + lost.fileName))
+
+            let whole = try #require(cache.lookup(url: "https://a.test/\(name)-whole", requestHeaders: [:]))
+            #expect(!whole.bodyVerified)
+            #expect(try await Self.readBody(cache, whole) == body, "\(name)")
+            // Checked once: marked so, and a small one is in memory now.
+            let again = try #require(cache.lookup(url: "https://a.test/\(name)-whole", requestHeaders: [:]))
+            #expect(again.bodyVerified)
+            #expect((again.memoryBody != nil) == (name == "small"))
+            #expect(try await Self.readBody(cache, again) == body, "\(name)")
+        }
+        #expect(cache.counters.entries == 2)
+    }
+
+    @Test("new headers from a 304 for an entry whose body the disk lost drop it, rather than copy the lost bytes as checked")
+    func replacingHeadersChecksTheBody() async throws {
+        let directory = try Self.scratch()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let first = try await ResponseCache.open(directory: directory, settings: Self.settings(), fallbackRoot: nil, logger: Self.logger)
+        let body = [UInt8](repeating: 5, count: 70_000)
+        for name in ["lost", "whole"] { try await Self.store(first, Self.head("https://a.test/\(name)"), body: body) }
+        try Self.zeroBody(directory, try #require(first.lookup(url: "https://a.test/lost", requestHeaders: [:])), at: 8192, count: 4096)
+
+        let cache = try await ResponseCache.open(directory: directory, settings: Self.settings(), fallbackRoot: nil, logger: Self.logger)
+        for name in ["lost", "whole"] {
+            let entry = try #require(cache.lookup(url: "https://a.test/\(name)", requestHeaders: [:]))
+            var updated = entry.headers
+            updated.replaceOrAdd(name: "Cache-Control", value: "max-age=60")
+            await cache.replaceHeaders(of: entry, with: updated, timing: .init(requestTime: Date(), responseTime: Date()))
+        }
+        #expect(cache.lookup(url: "https://a.test/lost", requestHeaders: [:]) == nil)
+        let replaced = try #require(cache.lookup(url: "https://a.test/whole", requestHeaders: [:]))
+        #expect(replaced.headers.first(name: "cache-control") == "max-age=60")
+        // The copy checked it: the new entry is as trusted as one written now.
+        #expect(replaced.bodyVerified)
+        #expect(try await Self.readBody(cache, replaced) == body)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory) == [replaced.fileName])
     }
 
     @Test("a small body is held in memory as well: served without its file, and read into memory again after a restart")

@@ -1,3 +1,4 @@
+import AuthBrokerCore
 import Foundation
 import NIOConcurrencyHelpers
 import NIOCore
@@ -63,6 +64,8 @@ struct CacheTests {
                     + "\r\n\r\n" + body
             }
             switch (method, path) {
+            case ("GET", _) where path.hasPrefix("/sized/"):
+                return reply(["Cache-Control: max-age=600"], Self.sizedBody(path, count: count))
             case ("GET", "/etag"):
                 if field("if-none-match") == "\"v1\"" { return "HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nCache-Control: max-age=0, x-updated\r\nConnection: close\r\n\r\n" }
                 return reply(["ETag: \"v1\"", "Cache-Control: max-age=0"], "etag #\(count)")
@@ -99,6 +102,15 @@ struct CacheTests {
                 // A forged member naming the broker: never reaches the app, miss or hit.
                 return reply(["Cache-Control: max-age=600", "Content-Type: text/plain", "Cache-Status: authbrokerd; hit"], "\(path) #\(count)")
             }
+        }
+
+        /// The body of `/sized/<bytes>/...`: that many bytes, the request's count first, then a
+        /// pattern with no zero byte in it (what a disk that lost blocks shows).
+        static func sizedBody(_ path: String, count: Int) -> String {
+            let size = Int(path.split(separator: "/")[1]) ?? 0
+            let start = "\(path) #\(count)\n"
+            let pattern = String(repeating: "0123456789abcdef", count: size / 16 + 1)
+            return String((start + pattern).prefix(size))
         }
 
         /// The request heads that reached the origin for `method path`.
@@ -432,6 +444,60 @@ struct CacheTests {
                     #expect(origin.requests("GET", path).count == 8)
                 }
             }
+        }
+    }
+
+    @Test("a body whose bytes the disk lost while the daemon was down (its length intact) is never served: the origin answers")
+    func lostBodyBytesAfterARestart() async throws {
+        let origin = try await CountingOrigin.start()
+        defer { Task { await origin.stop() } }
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let cacheDirectory = directory + "/cache"
+        try FileManager.default.createDirectory(atPath: cacheDirectory, withIntermediateDirectories: true)
+        let config = Self.config(origin, cacheDirectory: cacheDirectory)
+        let base = "http://cache.test:\(origin.port)"
+        // A body read whole (and held in memory), and one checked in a pass of its own; of each,
+        // one the disk loses blocks of and one it keeps.
+        let paths = [1024, 1 << 20].flatMap { ["/sized/\($0)/lost", "/sized/\($0)/kept"] }
+        try await withDaemon(config: config) { (daemon: DaemonProcess) async throws in
+            for path in paths {
+                #expect(try Self.get(daemon, base + path).text == CountingOrigin.sizedBody(path, count: 1))
+                #expect(try Self.get(daemon, base + path).header("Cache-Status") == "authbrokerd; hit")
+            }
+        }
+
+        // A power cut while it was down: blocks of two bodies read back as zeros, the files'
+        // lengths (so their heads' checks) intact.
+        var damaged = 0
+        for name in try FileManager.default.contentsOfDirectory(atPath: cacheDirectory) {
+            let (head, bodyOffset, _) = try CacheEntryFile.readHead(cacheDirectory + "/" + name).get()
+            guard head.url.hasSuffix("/lost") else { continue }
+            let handle = try #require(FileHandle(forWritingAtPath: cacheDirectory + "/" + name))
+            try handle.seek(toOffset: UInt64(bodyOffset) + UInt64(head.bodyLength / 2))
+            try handle.write(contentsOf: Data(count: head.bodyLength > 4096 ? 4096 : 256))
+            try handle.close()
+            damaged += 1
+        }
+        #expect(damaged == 2)
+
+        try await withDaemon(config: config) { daemon in
+            for path in paths {
+                let lost = path.hasSuffix("/lost")
+                let response = try Self.get(daemon, base + path)
+                #expect(response.status == 200)
+                #expect(!response.body.contains(0), "\(path): the lost bytes were served")
+                // The origin's new answer; the kept one still from the cache.
+                #expect(response.text == CountingOrigin.sizedBody(path, count: lost ? 2 : 1), "\(path)")
+                #expect(response.header("Cache-Status") == (lost ? nil : "authbrokerd; hit"), "\(path)")
+                #expect(origin.requests("GET", path).count == (lost ? 2 : 1), "\(path)")
+                // The new answer was stored in place of the lost one.
+                let again = try Self.get(daemon, base + path)
+                #expect(again.text == CountingOrigin.sizedBody(path, count: lost ? 2 : 1), "\(path)")
+                #expect(again.header("Cache-Status") == "authbrokerd; hit")
+            }
+            #expect(origin.requests("GET", "/sized/1024/lost").count == 2 && origin.requests("GET", "/sized/1048576/lost").count == 2)
+            #expect(daemon.log.components(separatedBy: "dropped a cache entry that did not match its head").count == 3, "\(daemon.log)")
         }
     }
 

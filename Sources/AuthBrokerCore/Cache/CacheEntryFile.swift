@@ -42,16 +42,37 @@ package enum CacheEntryFile {
         return CacheEntryFormat.decodeHead(bytes, fileSize: size).map { ($0.head, $0.bodyOffset, modified) }
     }
 
-    /// Copies `count` bytes from one descriptor to another at the given offsets.
-    package static func copy(from input: CInt, at inputOffset: Int64, to output: CInt, at outputOffset: Int64, count: Int64) -> Bool {
+    /// Copies `count` bytes from one descriptor to another at the given offsets, adding them to
+    /// `checksum` as they pass (the copy reads every byte: it checks them for free).
+    package static func copy(
+        from input: CInt, at inputOffset: Int64, to output: CInt, at outputOffset: Int64, count: Int64, checksum: inout CRC32
+    ) -> Bool {
         var buffer = [UInt8](repeating: 0, count: 1 << 16)
         var done: Int64 = 0
         while done < count {
             let wanted = Int(min(Int64(buffer.count), count - done))
             let got = buffer.withUnsafeMutableBytes { pread(input, $0.baseAddress, wanted, off_t(inputOffset + done)) }
             guard got > 0,
-                buffer.withUnsafeBytes({ Self.write(output, UnsafeRawBufferPointer(rebasing: $0[0..<got]), at: outputOffset + done) })
+                buffer.withUnsafeBytes({ bytes in
+                    let read = UnsafeRawBufferPointer(rebasing: bytes[0..<got])
+                    checksum.update(read)
+                    return Self.write(output, read, at: outputOffset + done)
+                })
             else { return false }
+            done += Int64(got)
+        }
+        return true
+    }
+
+    /// Adds `count` bytes of `fd` from `offset` to `checksum`; false when the file ends first.
+    package static func checksum(_ fd: CInt, at offset: Int64, count: Int64, into checksum: inout CRC32) -> Bool {
+        var buffer = [UInt8](repeating: 0, count: 1 << 16)
+        var done: Int64 = 0
+        while done < count {
+            let wanted = Int(min(Int64(buffer.count), count - done))
+            let got = buffer.withUnsafeMutableBytes { pread(fd, $0.baseAddress, wanted, off_t(offset + done)) }
+            guard got > 0 else { return false }
+            buffer.withUnsafeBytes { checksum.update(UnsafeRawBufferPointer(rebasing: $0[0..<got])) }
             done += Int64(got)
         }
         return true

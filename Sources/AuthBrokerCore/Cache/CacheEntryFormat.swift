@@ -1,3 +1,4 @@
+import CZlib
 import Foundation
 
 /// One stored response as the cache keeps it on disk: a file of its own, a self-describing head
@@ -7,13 +8,15 @@ import Foundation
 /// from the files' heads, so an index can never disagree with the bodies it points at. A file
 /// is written under a temporary name and renamed into place only when whole, so a crash leaves
 /// either the old entry or the new one; a file that is still wrong (a torn write the disk lost
-/// after the rename, a stranger's garbage) fails `decodeHead` or `checkBody` and is dropped,
-/// never served.
+/// after the rename, body blocks it lost with the length intact, a stranger's garbage) fails
+/// `decodeHead` or `checkBody` and is dropped, never served.
 ///
-/// Layout: the 8-byte magic `ABCACHE1`, the head's length (4 bytes, big-endian), the head as
-/// JSON, its CRC-32 (4 bytes, big-endian), then exactly `bodyLength` body bytes.
+/// Layout: the 8-byte magic `ABCACHE2`, the head's length (4 bytes, big-endian), the head as
+/// JSON, its CRC-32 (4 bytes, big-endian), then exactly `bodyLength` body bytes, whose CRC-32
+/// the head holds (`bodyCRC32`). `ABCACHE1` files (no body checksum) are not entries: dropped
+/// at start like any other file that is not.
 package enum CacheEntryFormat {
-    package static let magic: [UInt8] = Array("ABCACHE1".utf8)
+    package static let magic: [UInt8] = Array("ABCACHE2".utf8)
     /// A head beyond this is not ours (heads are bounded by the response head limit).
     package static let maxHeadBytes = 1 << 20
     /// Bytes before the head's JSON.
@@ -34,10 +37,13 @@ package enum CacheEntryFormat {
         package var requestTimeMilliseconds: Int64
         package var responseTimeMilliseconds: Int64
         package var bodyLength: Int64
+        /// The CRC-32 of the body's bytes (`checkBody`); 0 for an empty body.
+        package var bodyCRC32: UInt32
 
+        /// `bodyLength` and `bodyCRC32`: a writer learns them at the body's end, and fills them in then.
         package init(
             method: String, url: String, variantKey: String, varyFields: [String], status: Int, headers: [(String, String)],
-            requestTime: Date, responseTime: Date, bodyLength: Int64
+            requestTime: Date, responseTime: Date, bodyLength: Int64, bodyCRC32: UInt32 = 0
         ) {
             self.method = method
             self.url = url
@@ -48,6 +54,7 @@ package enum CacheEntryFormat {
             self.requestTimeMilliseconds = Int64((requestTime.timeIntervalSince1970 * 1000).rounded(.down))
             self.responseTimeMilliseconds = Int64((responseTime.timeIntervalSince1970 * 1000).rounded(.down))
             self.bodyLength = bodyLength
+            self.bodyCRC32 = bodyCRC32
         }
 
         /// The header fields as pairs; a malformed pair (not two strings) is left out.
@@ -75,6 +82,9 @@ package enum CacheEntryFormat {
         case headUnreadable
         /// The file holds more or fewer body bytes than the head says.
         case bodyLengthMismatch(expected: Int64, found: Int64)
+        /// The body's bytes do not match the head's checksum of them: blocks the disk lost (a
+        /// power cut after the rename), or an altered file.
+        case bodyCorrupt
     }
 
     /// The bytes that go before the body.
@@ -94,10 +104,11 @@ package enum CacheEntryFormat {
         return bytes
     }
 
-    /// The JSON length to pad `head` to so that the same head with any body length fits.
+    /// The JSON length to pad `head` to so that the same head with any body length and checksum fits.
     package static func reservedJSONLength(for head: Head) -> Int {
         var longest = head
         longest.bodyLength = Int64.max
+        longest.bodyCRC32 = UInt32.max
         return Self.encodeHead(longest).count - Self.prefixBytes - 4
     }
 
@@ -125,12 +136,22 @@ package enum CacheEntryFormat {
         let json = Array(bytes[Self.prefixBytes..<(needed - 4)])
         let stored = bytes[(needed - 4)..<needed].reduce(UInt32(0)) { ($0 << 8) | UInt32($1) }
         guard CRC32.checksum(json) == stored else { return .failure(.headCorrupt) }
+        // An empty body's CRC-32 is 0: any other says the head is not what a writer made.
         guard let head = try? JSONDecoder().decode(Head.self, from: Data(json)), head.bodyLength >= 0,
-            (100...999).contains(head.status)
+            head.bodyLength > 0 || head.bodyCRC32 == 0, (100...999).contains(head.status)
         else { return .failure(.headUnreadable) }
         let found = fileSize - Int64(needed)
         guard found == head.bodyLength else { return .failure(.bodyLengthMismatch(expected: head.bodyLength, found: found)) }
         return .success((head, needed))
+    }
+
+    /// Whether a body read back (`length` bytes whose CRC-32 is `checksum`) is the one `head`
+    /// describes. A reader checks this before the first byte of a body it did not write itself
+    /// goes out: the file's size only proves the length, and a disk that lost blocks keeps it.
+    package static func checkBody(_ checksum: CRC32, length: Int64, against head: Head) -> Result<Void, Failure> {
+        guard length == head.bodyLength else { return .failure(.bodyLengthMismatch(expected: head.bodyLength, found: length)) }
+        guard checksum.value == head.bodyCRC32 else { return .failure(.bodyCorrupt) }
+        return .success(())
     }
 
     /// The file name of the entry for a request: 16 hex digits of FNV-1a over its method, URL and
@@ -150,18 +171,30 @@ package enum CacheEntryFormat {
     }
 }
 
-/// CRC-32 (IEEE 802.3, as zlib computes it): enough to tell a torn or altered head from a whole
-/// one; not a defence against someone who can write the cache directory (only the user can).
-package enum CRC32 {
-    private static let table: [UInt32] = (0..<256).map { index in
-        var value = UInt32(index)
-        for _ in 0..<8 { value = value & 1 == 1 ? 0xEDB8_8320 ^ (value >> 1) : value >> 1 }
-        return value
+/// CRC-32 (IEEE 802.3), zlib's: enough to tell a torn, lost or altered head or body from a
+/// whole one; not a defence against someone who can write the cache directory (only the user
+/// can). Accumulated piece by piece, as a body streams in or is read back. zlib's rather than a
+/// Swift table loop: a large body is checked in full before it is first served, and zlib's runs
+/// at gigabytes a second where a byte loop (in a debug build above all) is many times slower.
+package struct CRC32: Sendable, Equatable {
+    /// The checksum of everything given so far (0 for nothing).
+    package private(set) var value: UInt32 = 0
+
+    package init() {}
+
+    package mutating func update(_ bytes: UnsafeRawBufferPointer) {
+        guard let base = bytes.baseAddress, !bytes.isEmpty else { return }
+        self.value = UInt32(truncatingIfNeeded: crc32_z(UInt(self.value), base.assumingMemoryBound(to: UInt8.self), bytes.count))
+    }
+
+    package mutating func update(_ bytes: some Sequence<UInt8>) {
+        let done: Void? = bytes.withContiguousStorageIfAvailable { self.update(UnsafeRawBufferPointer($0)) }
+        if done == nil { Array(bytes).withUnsafeBytes { self.update($0) } }
     }
 
     package static func checksum(_ bytes: some Sequence<UInt8>) -> UInt32 {
-        var crc: UInt32 = 0xFFFF_FFFF
-        for byte in bytes { crc = Self.table[Int((crc ^ UInt32(byte)) & 0xFF)] ^ (crc >> 8) }
-        return crc ^ 0xFFFF_FFFF
+        var crc = CRC32()
+        crc.update(bytes)
+        return crc.value
     }
 }
