@@ -293,3 +293,14 @@ package struct RequestStateMachine: Sendable {
         return action
     }
 }
+
+extension RequestStateMachine.Request {
+    /// A request the direct relay takes (`DirectRelayPolicy`): no body, the client keeps its
+    /// connection, no agent to ask, and one attempt (a challenge goes to the full path, which
+    /// adopts the exchange). The relay reports its attempt's end to a machine made from this, so
+    /// reuse, retry and keep-alive are decided by the same rules on both paths.
+    package static let directlyRelayed = Self(
+        hasBody: false, clientWantsKeepAlive: true, mayAskAboutTrust: false, adopted: false, maxAttempts: 1,
+        uploadPlan: UploadPlan(body: .none, clientExpectsContinue: false, replayBound: 0, credentialUpFront: false)
+    )
+}

@@ -276,6 +276,9 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
     /// or to the full path when there is none.
     private func send(_ relayed: RelayedRequest, context: ChannelHandlerContext) {
         relayed.phase = .awaitingResponse
+        // A bodiless request: the machine reads its end, then sends attempt 1 (this relay's).
+        _ = relayed.machine.start()
+        _ = relayed.machine.requestEndRead(ended: true)
         let interceptor = self.relay.interceptor
         if let hit = relayed.cachedHit {
             self.answerFromCache(relayed, hit: hit, context: context)
@@ -376,10 +379,16 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             context.write(self.wrapOutboundOut(.body(.byteBuffer(buffer))), promise: nil)
         case (.relaying, .end):
             context.writeAndFlush(self.wrapOutboundOut(.end(nil)), promise: nil)
-            let reusable =
-                relayed.upstreamKeepAlive && lease.connection.isActive
-                && lease.connection.isTrustCurrent(interceptor.trustGeneration())
-            self.finish(relayed, reusable: reusable, brokerError: nil, context: context)
+            let step = relayed.machine.attemptEnded(
+                RequestStateMachine.AttemptEnd(
+                    exchange: .completed(upstreamKeepAlive: relayed.upstreamKeepAlive, clientKeepAlive: relayed.clientKeepAlive),
+                    requestComplete: true,
+                    connectionUsable: lease.connection.isActive && lease.connection.isTrustCurrent(interceptor.trustGeneration()),
+                    draining: self.relay.registry.isDraining
+                )
+            )
+            if case .finish(let keepAlive) = step.next { relayed.clientKeepAlive = keepAlive }
+            self.finish(relayed, reusable: step.release == .reuse, brokerError: nil, context: context)
         case (.awaitingRequestEnd, _), (.awaitingResponse, .body), (.awaitingResponse, .end), (.relaying, .head):
             // Not what a response decoder yields; never reuse a connection that did it.
             lease.connection.close()
@@ -406,7 +415,15 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
         let interceptor = self.relay.interceptor
         switch relayed.phase {
         case .awaitingResponse:
-            if case .connectionClosed = error, lease.connection.closingTLSError == nil {
+            var closed = false
+            if case .connectionClosed = error { closed = true }
+            let step = relayed.machine.attemptEnded(
+                RequestStateMachine.AttemptEnd(
+                    exchange: .failedBeforeHead(connectionClosed: closed), requestComplete: true,
+                    closedByTLSAlert: lease.connection.closingTLSError != nil, draining: self.relay.registry.isDraining
+                )
+            )
+            if case .send = step.next {
                 // A pooled connection the origin had closed: the full path sends it on a fresh one.
                 self.handToFullPath(relayed, context: context)
                 self.deliverHeld(context: context)
@@ -414,7 +431,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             }
             let brokerError = interceptor.mapExchangeError(error, route: relayed.route, connection: lease.connection)
             var (head, body) = brokerError.response(requestID: relayed.requestID)
-            if self.relay.registry.isDraining {
+            if case .sendExchangeError(let keepAlive) = step.next, !keepAlive {
                 relayed.clientKeepAlive = false
                 head.headers.replaceOrAdd(name: "Connection", value: "close")
             }
@@ -429,7 +446,8 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             self.finish(relayed, reusable: false, brokerError: brokerError.code.rawValue, context: context)
         case .relaying:
             // After the head the client cannot be told: what came before the failure goes out,
-            // then its connection is cut, as on the full path.
+            // then its connection is cut (`finishAborting`), as on the full path.
+            _ = relayed.machine.attemptEnded(RequestStateMachine.AttemptEnd(exchange: .abortedAfterHead, requestComplete: true))
             relayed.clientKeepAlive = false
             context.flush()
             self.finish(relayed, reusable: false, brokerError: "aborted", context: context)
@@ -539,6 +557,8 @@ final class RelayedRequest: UpstreamRelaySink {
     var flow: RelayedFlow?
     /// A fresh response from the cache that answers it, with its age: no upstream at all.
     var cachedHit: (entry: ResponseCache.Entry, age: Int)?
+    /// The rules for its one upstream attempt, the full path's (`RequestStateMachine`).
+    var machine = RequestStateMachine(.directlyRelayed)
 
     init(
         handler: DirectRelayHandler, head: HTTPRequestHead, route: UpstreamRoute, originDescription: String, hostHeader: String,

@@ -42,6 +42,41 @@ struct RequestStateMachineTests {
         #expect(machine.isFinished)
     }
 
+    @Test("the direct relay's request: one attempt, answering no challenge; reuse, retry and keep-alive as on the full path")
+    func directlyRelayed() throws {
+        var (machine, attempt) = try Self.startedWithoutBody(.directlyRelayed)
+        #expect(attempt.number == 1 && !attempt.mayAnswerChallenges && attempt.mayRetryClosedConnection)
+        var step = machine.attemptEnded(.init(exchange: .completed(upstreamKeepAlive: true, clientKeepAlive: true), requestComplete: true))
+        #expect(step == Machine.Step(release: .reuse, next: .finish(keepAlive: true)))
+
+        // The origin said close; the daemon began draining before the response ended.
+        (machine, _) = try Self.startedWithoutBody(.directlyRelayed)
+        step = machine.attemptEnded(.init(exchange: .completed(upstreamKeepAlive: false, clientKeepAlive: true), requestComplete: true))
+        #expect(step == Machine.Step(release: .close, next: .finish(keepAlive: true)))
+        (machine, _) = try Self.startedWithoutBody(.directlyRelayed)
+        step = machine.attemptEnded(
+            .init(exchange: .completed(upstreamKeepAlive: true, clientKeepAlive: true), requestComplete: true, draining: true)
+        )
+        #expect(step == Machine.Step(release: .reuse, next: .finish(keepAlive: false)))
+
+        // A pooled connection closed before the head: a second attempt, which the relay hands to
+        // the full path; closed by a TLS alert, or any other failure: the broker's error.
+        (machine, _) = try Self.startedWithoutBody(.directlyRelayed)
+        step = machine.attemptEnded(.init(exchange: .failedBeforeHead(connectionClosed: true), requestComplete: true))
+        #expect(step.release == .close && Self.sent(step.next)?.number == 2)
+        (machine, _) = try Self.startedWithoutBody(.directlyRelayed)
+        step = machine.attemptEnded(.init(exchange: .failedBeforeHead(connectionClosed: true), requestComplete: true, closedByTLSAlert: true))
+        #expect(step == Machine.Step(release: .close, next: .sendExchangeError(keepAlive: true)))
+        (machine, _) = try Self.startedWithoutBody(.directlyRelayed)
+        step = machine.attemptEnded(.init(exchange: .failedBeforeHead(connectionClosed: false), requestComplete: true, draining: true))
+        #expect(step == Machine.Step(release: .close, next: .sendExchangeError(keepAlive: false)))
+
+        // Cut off after the head: the client's connection is cut too.
+        (machine, _) = try Self.startedWithoutBody(.directlyRelayed)
+        step = machine.attemptEnded(.init(exchange: .abortedAfterHead, requestComplete: true))
+        #expect(step == Machine.Step(release: .close, next: .finishAborting))
+    }
+
     @Test("rule 1: a response that ended before its request body was sent whole never returns the connection for reuse")
     func responseBeforeBodyIsNotReused() {
         var machine = Machine(Self.request(hasBody: true))
