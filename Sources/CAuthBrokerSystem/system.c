@@ -222,6 +222,11 @@ static int process_holds(int proc, const char *name, uint32_t uid, const char *w
     return found;
 }
 
+static int descending_pid(const void *left, const void *right) {
+    int32_t a = *(const int32_t *)left, b = *(const int32_t *)right;
+    return (a < b) - (a > b);
+}
+
 int cab_socket_inode_pid(uint64_t inode, uint32_t uid, int32_t hint, int32_t *pid) {
     char wanted[64];
     int wanted_length = snprintf(wanted, sizeof(wanted), "socket:[%llu]", (unsigned long long)inode);
@@ -239,17 +244,41 @@ int cab_socket_inode_pid(uint64_t inode, uint32_t uid, int32_t hint, int32_t *pi
             return 0;
         }
     }
+    // The user's processes, newest (highest pid) first: a program that just started is the
+    // likeliest to have opened a new connection, and each table read costs a readlink per
+    // descriptor, far more than the listing.
+    int32_t *pids = NULL;
+    size_t count = 0, capacity = 0;
     struct dirent *process;
     while ((process = readdir(processes)) != NULL) {
         if (process->d_name[0] < '1' || process->d_name[0] > '9' || strcmp(process->d_name, hint_name) == 0) {
             continue;
         }
-        if (process_holds(dirfd(processes), process->d_name, uid, wanted, wanted_length)) {
-            *pid = (int32_t)strtol(process->d_name, NULL, 10);
-            closedir(processes);
-            return 0;
+        if (count == capacity) {
+            size_t grown = capacity == 0 ? 256 : capacity * 2;
+            int32_t *larger = realloc(pids, grown * sizeof(int32_t));
+            if (larger == NULL) {
+                break;  // out of memory: look through the ones listed so far
+            }
+            pids = larger;
+            capacity = grown;
+        }
+        pids[count++] = (int32_t)strtol(process->d_name, NULL, 10);
+    }
+    if (count > 1) {
+        qsort(pids, count, sizeof(int32_t), descending_pid);
+    }
+    int result = ENOENT;
+    for (size_t index = 0; index < count; index++) {
+        char name[16];
+        snprintf(name, sizeof(name), "%d", (int)pids[index]);
+        if (process_holds(dirfd(processes), name, uid, wanted, wanted_length)) {
+            *pid = pids[index];
+            result = 0;
+            break;
         }
     }
+    free(pids);
     closedir(processes);
-    return ENOENT;
+    return result;
 }
