@@ -62,8 +62,11 @@ enum ClientInterception {
         var established = channel.allocator.buffer(capacity: 40)
         established.writeString("HTTP/1.1 200 Connection established\r\n\r\n")
         observer.writeAndFlush(NIOAny(established), promise: nil)
-
+        // The 200 went around `ResponseFramer`, which reports every other response's end: told
+        // here, the connection waits for its first request inside TLS under the idle and head
+        // timeouts like any other (without it, no timer ever ran on an intercepted connection).
         let timeouts = try pipeline.handler(type: ClientTimeoutHandler.self)
+        timeouts.responseEnded()
         let normalizer = HeadNormalizer(.requests, maxHeadBytes: maxHeadBytes)
         let framing = RequestFramingCheck(normalizer: normalizer, interceptedOrigin: origin)
         let handlers: [any ChannelHandler] = [

@@ -265,5 +265,12 @@ final class ClientTimeoutHandler: ChannelInboundHandler, RemovableChannelHandler
         context.writeAndFlush(self.wrapOutboundOut(.end(nil))).whenComplete { _ in
             channel.close(mode: .output).whenComplete { _ in channel.close(promise: nil) }
         }
+        // The answer may never get out: a client that reads nothing, or one inside an
+        // intercepted connection that stopped mid-handshake (TLS holds the write until the
+        // handshake ends). The connection is closed regardless after a moment.
+        context.eventLoop.scheduleTask(in: Self.answerGrace) { channel.close(promise: nil) }
     }
+
+    /// How long a timed-out or refused connection's answer gets to go out before it is closed.
+    static let answerGrace = TimeAmount.seconds(1)
 }

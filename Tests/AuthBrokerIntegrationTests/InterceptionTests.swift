@@ -551,6 +551,31 @@ struct InterceptionTests {
         }
     }
 
+    @Test("an intercepted connection that idles, or trickles a handshake and stops, is closed by the idle and head timeouts")
+    func interceptedConnectionsTimeOut() async throws {
+        let config = """
+            [limits]
+            client_idle_timeout_ms = 400
+            request_head_timeout_ms = 400
+            [proxy]
+            listen = ["127.0.0.1:0"]
+            intercept = ["idle.corp.test"]
+
+            """
+        try await withDaemon(config: config) { daemon in
+            let proxyPort = try daemon.proxyPort()
+            let head = "CONNECT idle.corp.test:443 HTTP/1.1\r\nHost: idle.corp.test:443\r\n\r\n"
+            for (what, after) in [("nothing after the 200", ""), ("half a TLS hello", "\u{16}\u{3}\u{1}\u{2}\u{0}half a hello")] {
+                let client = try UnixSocketConnection(tcpPort: proxyPort, timeoutSeconds: 10)
+                try client.send(head)
+                #expect(try client.readLine().hasPrefix("HTTP/1.1 200"))
+                while try client.readLine() != "" {}
+                if !after.isEmpty { try client.send(after) }
+                #expect(client.peerClosedWithin(milliseconds: 4000), "\(what): the connection was still open")
+            }
+        }
+    }
+
     @Test("an intercepted host whose server does not speak TLS: the program gets the broker's error inside its TLS")
     func interceptedHostWithoutTLS() async throws {
         let plain = try await TestAuthOrigin.start(name: "plain", user: "alice", password: Self.password)
