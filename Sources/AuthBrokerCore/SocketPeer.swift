@@ -120,7 +120,9 @@ package enum TCPSocketOwner {
     /// is found (it closed the socket, or passed it to a process of another user). Reads the
     /// user's processes' descriptor tables: not for an event loop. `hint` is looked at first:
     /// a program that opened the last connection usually opens the next too, and its table
-    /// alone is much quicker to read than every process's.
+    /// alone is much quicker to read than every process's. When several processes hold the
+    /// socket (inherited, or passed over a Unix socket), the hint's wins, then the newest: any
+    /// of them could write on it, and each is the user's own.
     package static func process(holding inode: UInt64, uid: UInt32, hint: Int32 = 0) -> Int32? {
         var pid: Int32 = 0
         return cab_socket_inode_pid(inode, uid, hint, &pid) == 0 ? pid : nil

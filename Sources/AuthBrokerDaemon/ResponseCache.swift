@@ -46,7 +46,8 @@ package final class ResponseCache: Sendable {
             self.head = head
             self.headers = HTTPHeaders(head.fields.map { ($0.name, $0.value) })
             self.freshness = CachePolicy.StoredFreshness(status: head.status, headers: self.headers, timing: head.timing)
-            // The full path logged any challenge it removed when the response first went out.
+            // Not logged: a 401 or 407 is never stored, so all this can remove is a final
+            // Negotiate token in a 200's WWW-Authenticate, logged (at debug) when it first went out.
             self.clientHeaders = Interceptor.storedClientHeaders(
                 self.headers, status: head.status, bodyLength: head.bodyLength, logger: Logger(label: "", factory: { _ in SwiftLogNoOpLogHandler() })
             )
