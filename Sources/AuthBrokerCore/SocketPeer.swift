@@ -128,18 +128,20 @@ package enum TCPSocketOwner {
         return cab_socket_inode_pid(inode, uid, hint, &pid) == 0 ? pid : nil
     }
 
+    /// The family, address bytes (network order) and port, read back from the address's text
+    /// with `inet_pton`: the `sockaddr_in` members belong to whichever C module included the
+    /// system header first (here NIO's), which this file cannot see.
     private static func parts(_ address: SocketAddress) -> (CInt, [UInt8], UInt16)? {
+        let family: CInt
+        let length: Int
         switch address {
-        case .v4(let v4):
-            var raw = v4.address.sin_addr
-            let bytes = withUnsafeBytes(of: &raw) { Array($0) }
-            return (AF_INET, bytes, UInt16(bigEndian: v4.address.sin_port))
-        case .v6(let v6):
-            var raw = v6.address.sin6_addr
-            let bytes = withUnsafeBytes(of: &raw) { Array($0) }
-            return (AF_INET6, bytes, UInt16(bigEndian: v6.address.sin6_port))
-        case .unixDomainSocket:
-            return nil
+        case .v4: (family, length) = (AF_INET, 4)
+        case .v6: (family, length) = (AF_INET6, 16)
+        case .unixDomainSocket: return nil
         }
+        guard let text = address.ipAddress, let port = address.port, let port16 = UInt16(exactly: port) else { return nil }
+        var bytes = [UInt8](repeating: 0, count: length)
+        guard bytes.withUnsafeMutableBytes({ inet_pton(family, text, $0.baseAddress) }) == 1 else { return nil }
+        return (family, bytes, port16)
     }
 }
