@@ -198,7 +198,7 @@ final class CacheExchange: Sendable {
             let timing = CachePolicy.Timing(requestTime: self.requestTime, responseTime: Date())
             await self.cache.replaceHeaders(of: stored, with: updated, timing: timing)
         case .invalidate:
-            await self.cache.remove(stored)
+            await self.cache.invalidate(stored)
         case .none:
             break
         }

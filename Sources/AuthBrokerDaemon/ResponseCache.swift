@@ -278,8 +278,21 @@ package final class ResponseCache: Sendable {
         _ = try? await NIOThreadPool.singleton.runIfActive {
             self.state.withLockedValue { state in
                 // Not another entry written since under the same name: that one is whole.
-                guard Self.indexOf(entry, in: state) != nil else { return }
-                self.drop(entry, from: &state)
+                guard let index = Self.indexOf(entry, in: state), let stored = state.byURL[entry.head.url]?[index] else { return }
+                // The index's copy, not the caller's: only it knows a body held in memory since.
+                self.drop(stored, from: &state)
+            }
+        }
+    }
+
+    /// Removes what is stored under `entry`'s name now, rewritten since or not: the origin said
+    /// the stored response is out of date (a HEAD's answer, RFC 9111 §4.3.5), and a rewrite by
+    /// a 304 meanwhile kept the same body.
+    package func invalidate(_ entry: Entry) async {
+        _ = try? await NIOThreadPool.singleton.runIfActive {
+            self.state.withLockedValue { state in
+                guard let stored = Self.entry(named: entry.fileName, in: state), stored.head.url == entry.head.url else { return }
+                self.drop(stored, from: &state)
             }
         }
     }
