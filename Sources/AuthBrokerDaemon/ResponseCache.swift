@@ -197,6 +197,9 @@ package final class ResponseCache: Sendable {
 
     package var counters: Counters { self.state.withLockedValue { $0.counters } }
 
+    /// The bytes of bodies held in memory now (at most `memoryBudget`).
+    package var memoryBytesHeld: Int { self.state.withLockedValue { $0.memoryBytes } }
+
     /// `authbrokerctl offline on`: every request answered from the cache, none from the network.
     package var isOffline: Bool { self.state.withLockedValue { $0.counters.offline } }
 

@@ -244,6 +244,24 @@ struct ResponseCacheTests {
         #expect(try await Self.readBody(reopened, warm) == Array("small".utf8))
     }
 
+    @Test("removing an entry by a copy looked up before its body was held in memory gives that memory back")
+    func removeByAnOlderCopy() async throws {
+        let directory = try Self.scratch()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let first = try await ResponseCache.open(directory: directory, settings: Self.settings(), fallbackRoot: nil, logger: Self.logger)
+        try await Self.store(first, Self.head("https://a.test/held"), body: Array("held in memory".utf8))
+        let cache = try await ResponseCache.open(directory: directory, settings: Self.settings(), fallbackRoot: nil, logger: Self.logger)
+        let cold = try #require(cache.lookup(url: "https://a.test/held", requestHeaders: [:]))
+        #expect(cold.memoryBody == nil && cache.memoryBytesHeld == 0)
+        // Another request reads it: the index's copy now holds the body; `cold` does not know.
+        let other = try #require(cache.lookup(url: "https://a.test/held", requestHeaders: [:]))
+        #expect(try await Self.readBody(cache, other) == Array("held in memory".utf8))
+        #expect(cache.memoryBytesHeld == "held in memory".utf8.count)
+        await cache.remove(cold)
+        #expect(cache.lookup(url: "https://a.test/held", requestHeaders: [:]) == nil)
+        #expect(cache.memoryBytesHeld == 0, "the held body's bytes were counted as still held")
+    }
+
     @Test("a file changed under the index is not served: the entry is dropped")
     func changedFileIsDropped() async throws {
         let directory = try Self.scratch()
