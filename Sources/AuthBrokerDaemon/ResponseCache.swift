@@ -370,16 +370,22 @@ package final class ResponseCache: Sendable {
         if let memory = entry.memoryBody { return StoredBody(memory: memory) }
         let path = self.directory + "/" + entry.fileName
         let small = entry.head.bodyLength <= Self.readChunkBytes
-        let opened: StoredBody? = try? await NIOThreadPool.singleton.runIfActive {
-            guard let (fd, _, _) = CacheEntryFile.openForReading(path, expectedSize: entry.fileBytes) else { return nil }
-            let body = StoredBody(fd: fd, offset: Int64(entry.bodyOffset), length: entry.head.bodyLength)
-            // Most bodies are small: read them now, in the same trip to the thread pool, and
-            // checked there too, being whole in hand.
-            if small {
-                body.readAheadOnThisThread()
-                if !entry.bodyVerified, !body.readAheadMatches(entry.head) { return nil }
+        let opened: StoredBody?
+        do {
+            opened = try await NIOThreadPool.singleton.runIfActive {
+                guard let (fd, _, _) = CacheEntryFile.openForReading(path, expectedSize: entry.fileBytes) else { return nil }
+                let body = StoredBody(fd: fd, offset: Int64(entry.bodyOffset), length: entry.head.bodyLength)
+                // Most bodies are small: read them now, in the same trip to the thread pool, and
+                // checked there too, being whole in hand.
+                if small {
+                    body.readAheadOnThisThread()
+                    if !entry.bodyVerified, !body.readAheadMatches(entry.head) { return nil }
+                }
+                return body
             }
-            return body
+        } catch {
+            // The thread pool is stopping, and the daemon with it: the entry is not at fault.
+            return nil
         }
         guard let opened else {
             await self.discard(entry)
@@ -388,9 +394,15 @@ package final class ResponseCache: Sendable {
         if !entry.bodyVerified {
             // A large one: one pass over the file before its first byte goes out, through the
             // descriptor that then serves it (the bytes checked are the bytes sent).
-            if !small, !(await opened.verify(against: entry.head)) {
-                await self.discard(entry)
-                return nil
+            if !small {
+                switch await opened.verify(against: entry.head) {
+                case .matches: break
+                case .differs:
+                    await self.discard(entry)
+                    return nil
+                case .unread:
+                    return nil
+                }
             }
             self.markVerified(entry)
         }
@@ -566,25 +578,39 @@ package final class StoredBody: @unchecked Sendable {  // one reading task; `rea
         return true
     }
 
+    fileprivate enum Verdict {
+        /// The body is the one the head describes.
+        case matches
+        /// It is not (other bytes, or a file shorter than its head says): the entry must go.
+        case differs
+        /// It could not be read through (the thread pool is stopping): the entry is not at fault.
+        case unread
+    }
+
     /// Whether the unread body is the one `head` describes: read through once, in pieces of
     /// `ResponseCache.readChunkBytes`, one thread-pool trip each (as serving it is), without
     /// moving where `next` reads from. Before anything is read.
-    fileprivate func verify(against head: CacheEntryFormat.Head) async -> Bool {
+    fileprivate func verify(against head: CacheEntryFormat.Head) async -> Verdict {
         let (fd, start, end) = (self.fd, self.offset, self.offset + self.left)
         var checksum = CRC32()
         var position = start
         while position < end {
             let (count, sum, at) = (min(end - position, Int64(ResponseCache.readChunkBytes)), checksum, position)
-            let next: CRC32? = try? await NIOThreadPool.singleton.runIfActive {
-                var sum = sum
-                return CacheEntryFile.checksum(fd, at: at, count: count, into: &sum) ? sum : nil
+            let next: CRC32?
+            do {
+                next = try await NIOThreadPool.singleton.runIfActive {
+                    var sum = sum
+                    return CacheEntryFile.checksum(fd, at: at, count: count, into: &sum) ? sum : nil
+                }
+            } catch {
+                return .unread
             }
-            guard let next else { return false }
+            guard let next else { return .differs }
             checksum = next
             position += count
         }
-        guard case .success = CacheEntryFormat.checkBody(checksum, length: end - start, against: head) else { return false }
-        return true
+        guard case .success = CacheEntryFormat.checkBody(checksum, length: end - start, against: head) else { return .differs }
+        return .matches
     }
 
     deinit { if !self.closed { close(self.fd) } }
