@@ -144,10 +144,6 @@ final class CacheExchange: Sendable {
             self.endFill()
             return .forward
         }
-        // Requests waiting for this one wait for its whole body only when it is small; for a
-        // large or unknown one they go to the origin themselves now.
-        let small = head.headers.first(name: "content-length").flatMap { Int($0) }.map { $0 <= Self.collapsedBodyLimit } ?? false
-        if !small { self.endFill() }
         let stored = CachePolicy.storedHeaders(head.headers, omitting: omitting)
         let entryHead = CacheEntryFormat.Head(
             method: self.method.rawValue, url: self.url,
@@ -156,6 +152,16 @@ final class CacheExchange: Sendable {
         )
         let writer = await self.cache.startEntry(entryHead)
         self.writer.withLockedValue { $0 = writer }
+        // Requests waiting for this one follow its response as it is stored, whatever its
+        // length; when nothing is stored (or a body declared larger than the cache will not
+        // be) they go to the origin themselves now.
+        let chunked = head.headers.contains(name: "transfer-encoding")
+        let declared = chunked ? nil : head.headers.first(name: "content-length").flatMap { Int64($0) }
+        if self.fills, let writer, declared.map({ $0 <= self.cache.settings.maxBytes }) ?? true {
+            self.cache.publishFill(url: self.url, progress: writer.followable(entryHead: entryHead, declaredLength: declared))
+        } else {
+            self.endFill()
+        }
         return .forward
     }
 
@@ -217,6 +223,13 @@ final class CacheExchange: Sendable {
         self.endFill()
     }
 
+    /// The request is done: a response not stored whole by now never will be (its followers
+    /// learn so now, not when this exchange is freed), and the fill ends.
+    func finish() async {
+        if let writer = self.writer.withLockedValue({ state in defer { state = nil }; return state }) { await writer.discard() }
+        self.endFill()
+    }
+
     /// Requests waiting for this one's response (collapsed) look in the cache again. Once: a
     /// later fill of the URL is another request's.
     func endFill() {
@@ -224,9 +237,7 @@ final class CacheExchange: Sendable {
         self.cache.endFill(url: self.url)
     }
 
-    /// The largest body requests for the same URL wait for, rather than each asking the origin.
-    static let collapsedBodyLimit = 8 << 20
-    /// How long a request waits for another one's response to the same URL at most.
+    /// How long a request waits for another one's response head to the same URL at most.
     static let collapsedWait: Duration = .seconds(10)
 }
 
@@ -234,6 +245,9 @@ final class CacheExchange: Sendable {
 enum CacheStatusField {
     static let name = "Cache-Status"
     static func hit() -> String { "\(ProxyStatusField.proxyName); hit" }
+    /// A miss answered from another request's response to the same URL, as it was being stored:
+    /// forwarded, collapsed into that one's forward (RFC 9211 §2.3, §2.7).
+    static func collapsed() -> String { "\(ProxyStatusField.proxyName); fwd=miss; collapsed" }
     static func revalidated() -> String { "\(ProxyStatusField.proxyName); fwd=stale; fwd-status=304" }
     static func servedStale(offline: Bool) -> String {
         "\(ProxyStatusField.proxyName); hit; detail=\"\(offline ? "offline" : "origin-unreachable")\""
@@ -325,7 +339,18 @@ extension Interceptor {
         if stored == nil, use == nil, head.method == .GET, !clientConditional {
             fills = cache.claimFill(url: url)
             if !fills {
-                await cache.waitForFill(url: url, timeout: CacheExchange.collapsedWait)
+                let fill = await cache.waitForFill(url: url, timeout: CacheExchange.collapsedWait)
+                if let fill,
+                    CachePolicy.mayFollowFill(
+                        method: head.method.rawValue, requestHeaders: head.headers, status: fill.entry.head.status,
+                        responseHeaders: fill.entry.headers, variantKey: fill.entry.head.variantKey, timing: fill.entry.head.timing,
+                        now: Date()
+                    ),
+                    let follower = fill.follow(),
+                    let outcome = await self.follow(follower, cache: cache, head: head, client: client, requests: &requests)
+                {
+                    return outcome
+                }
                 if let entry = cache.lookup(url: url, requestHeaders: head.headers),
                     case .fresh(let age) = CachePolicy.reuse(
                         requestHeaders: head.headers, stored: entry.freshness, storedHeaders: entry.headers, now: Date()
@@ -345,9 +370,56 @@ extension Interceptor {
             validation: validation, fallback: stored, mayStore: use != .noStore, fills: fills
         )
         client.cache = exchange
-        // However the request ends (an error before any response, a client gone), its fill ends.
-        defer { exchange.endFill() }
-        return await self.proxy(head: upstreamHead, origin: origin, pathAndQuery: pathAndQuery, client: client, requests: &requests)
+        let outcome = await self.proxy(head: upstreamHead, origin: origin, pathAndQuery: pathAndQuery, client: client, requests: &requests)
+        // However the request ended (an error before any response, a client gone, a body cut),
+        // what was not stored whole is dropped now, and its fill ends.
+        await exchange.finish()
+        return outcome
+    }
+
+    /// Answers a collapsed miss from another request's response as it is being stored (a hit's
+    /// head, `Cache-Status` saying collapsed; chunked when its length is unknown). Nil when the
+    /// fill was abandoned before anything went out: the request then asks the origin itself.
+    /// Abandoned later, the client's response is cut, never ended as if whole.
+    private func follow(
+        _ follower: FillFollower, cache: ResponseCache, head: HTTPRequestHead, client: ClientSide, requests: inout ClientRequestIterator
+    ) async -> RequestOutcome? {
+        // Nothing goes out before the first bytes (or the end), so that an abandoned fill leaves
+        // the request free to go to the origin.
+        let first: ByteBuffer?
+        do { first = try await follower.next() } catch { return nil }
+        cache.count(.hit)
+        let drained = await drainRequestBody(&requests)
+        let (entry, declared) = (follower.progress.entry, follower.progress.declaredLength)
+        let keepAlive = head.isKeepAlive && head.version == .http1_1 && drained == .ended && !client.draining()
+        var headers = Self.storedClientHeaders(entry.headers, status: entry.head.status, bodyLength: declared ?? 0, logger: client.logger)
+        if declared == nil { headers.remove(name: "Content-Length") }
+        let responseHead = Self.storedResponseHead(
+            entry, clientHeaders: headers, age: entry.freshness.age(now: Date()), cacheStatus: CacheStatusField.collapsed(),
+            requestID: client.requestID, keepAlive: keepAlive, rewrite: client.rewrite
+        )
+        let capture = FlowCapture.current
+        capture?.responded(responseHead)
+        var bytes = 0
+        do {
+            var parts: [HTTPServerResponsePart] = [.head(responseHead)]
+            var next = first
+            while let chunk = next {
+                bytes += chunk.readableBytes
+                capture?.responseBody(chunk)
+                parts.append(.body(.byteBuffer(chunk)))
+                try await client.writer.write(contentsOf: parts)
+                parts = []
+                next = try await follower.next()
+            }
+            try await client.writer.write(contentsOf: parts + [.end(nil)])
+        } catch {
+            // The fill was abandoned mid-body (or the client left): the response is cut, as the
+            // direct relay cuts one whose upstream fails mid-body.
+            client.abort()
+            return RequestOutcome(status: entry.head.status, bytes: bytes, brokerError: "aborted", disposition: .close)
+        }
+        return RequestOutcome(status: entry.head.status, bytes: bytes, brokerError: nil, disposition: keepAlive ? .keepAlive : .close)
     }
 
     /// The head of a response from the cache: the stored fields as the client's (hop-by-hop

@@ -64,6 +64,16 @@ package final class ResponseCache: Sendable {
         case hit, miss, revalidated, servedStale
     }
 
+    /// What `waitForFill` found for its URL.
+    private enum FillFound { case waiting, ended, storing(FillProgress) }
+
+    /// One URL being fetched (`claimFill`): the requests waiting for it, and once its response
+    /// is being stored, what they may follow.
+    private struct Fill {
+        var waiters: [UInt64: CheckedContinuation<FillProgress?, Never>] = [:]
+        var progress: FillProgress?
+    }
+
     private struct State {
         /// By canonical URL: the variants stored for it (`Vary`).
         var byURL: [String: [Entry]] = [:]
@@ -72,7 +82,7 @@ package final class ResponseCache: Sendable {
         var tick: UInt64 = 0
         var counters = Counters()
         /// URLs a request is fetching now, to be stored: later misses wait for it (`claimFill`).
-        var fills: [String: [UInt64: CheckedContinuation<Void, Never>]] = [:]
+        var fills: [String: Fill] = [:]
         var nextWaiter: UInt64 = 0
         /// The bodies held in memory, in bytes (at most `memoryBudget`).
         var memoryBytes = 0
@@ -181,7 +191,7 @@ package final class ResponseCache: Sendable {
     }
 
     /// An app's own conditional or range request: the app validates, the origin answers.
-    static let appValidationFields = ["if-none-match", "if-modified-since", "if-match", "if-unmodified-since", "if-range", "range"]
+    static let appValidationFields = CachePolicy.appValidationFields
     private static let fieldsForTheFullPath = ["cache-control", "pragma"] + appValidationFields
 
     package func count(_ event: Event) {
@@ -221,37 +231,55 @@ package final class ResponseCache: Sendable {
     package func claimFill(url: String) -> Bool {
         self.state.withLockedValue { state in
             guard state.fills[url] == nil else { return false }
-            state.fills[url] = [:]
+            state.fills[url] = Fill()
             return true
         }
     }
 
-    /// The request fetching `url` has stored its response, or will not: those waiting look again.
-    package func endFill(url: String) {
-        let waiters = self.state.withLockedValue { state in state.fills.removeValue(forKey: url) }
-        for waiter in (waiters ?? [:]).values { waiter.resume() }
+    /// The response of the request fetching `url` is being stored: those waiting (and those
+    /// that come while it is) may follow it as it is written (`FillProgress.follow`).
+    package func publishFill(url: String, progress: FillProgress) {
+        let waiters = self.state.withLockedValue { state -> [UInt64: CheckedContinuation<FillProgress?, Never>] in
+            guard state.fills[url] != nil else { return [:] }
+            state.fills[url]?.progress = progress
+            defer { state.fills[url]?.waiters = [:] }
+            return state.fills[url]?.waiters ?? [:]
+        }
+        for waiter in waiters.values { waiter.resume(returning: progress) }
     }
 
-    /// Waits until the request fetching `url` ends its fill, at most `timeout`.
-    package func waitForFill(url: String, timeout: Duration) async {
+    /// The request fetching `url` has stored its response, or will not: those waiting look again.
+    package func endFill(url: String) {
+        let fill = self.state.withLockedValue { state in state.fills.removeValue(forKey: url) }
+        for waiter in (fill?.waiters ?? [:]).values { waiter.resume(returning: nil) }
+    }
+
+    /// Waits until the request fetching `url` ends its fill or starts storing its response, at
+    /// most `timeout`: the response being stored, if it is (nil: look in the cache again).
+    package func waitForFill(url: String, timeout: Duration) async -> FillProgress? {
         let id = self.state.withLockedValue { state in
             state.nextWaiter += 1
             return state.nextWaiter
         }
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let waiting = self.state.withLockedValue { state in
-                guard state.fills[url] != nil else { return false }
-                state.fills[url]?[id] = continuation
-                return true
+        return await withCheckedContinuation { (continuation: CheckedContinuation<FillProgress?, Never>) in
+            let found = self.state.withLockedValue { state -> FillFound in
+                guard let fill = state.fills[url] else { return .ended }
+                if let progress = fill.progress { return .storing(progress) }
+                state.fills[url]?.waiters[id] = continuation
+                return .waiting
             }
-            guard waiting else {
-                continuation.resume()
-                return
-            }
-            Task {
-                try? await Task.sleep(for: timeout)
-                let timedOut = self.state.withLockedValue { state in state.fills[url]?.removeValue(forKey: id) }
-                timedOut?.resume()
+            switch found {
+            case .ended:
+                continuation.resume(returning: nil)
+            case .storing(let progress):
+                continuation.resume(returning: progress)
+            case .waiting:
+                // Only the wait for the response's head is bounded; following it is not.
+                Task {
+                    try? await Task.sleep(for: timeout)
+                    let timedOut = self.state.withLockedValue { state in state.fills[url]?.waiters.removeValue(forKey: id) }
+                    timedOut?.resume(returning: nil)
+                }
             }
         }
     }
@@ -457,7 +485,8 @@ package final class ResponseCache: Sendable {
         let bytes = CacheEntryFormat.encodeHead(head, paddedTo: reserved)
         let temporary = self.directory + "/.tmp-" + String(UInt64.random(in: .min ... .max), radix: 16)
         let fd: CInt? = try? await NIOThreadPool.singleton.runIfActive {
-            let fd = Glibc.open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600)
+            // Readable too: requests following the fill read it through duplicates of this descriptor.
+            let fd = Glibc.open(temporary, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600)
             guard fd >= 0 else { return nil }
             guard CacheEntryFile.write(fd, bytes, at: 0) else {
                 close(fd)
@@ -674,8 +703,11 @@ package final class CacheEntryWriter: @unchecked Sendable {  // one pumping task
     private var finished = false
     /// The whole body so far, while it is small enough to be held in memory.
     private var kept: ByteBuffer? = ByteBuffer()
-    /// Body bytes are written in batches of at least this many (one thread-pool trip each).
+    /// Body bytes are written in batches of at least this many (one thread-pool trip each),
+    /// unless requests follow the fill.
     static let batchBytes = 256 * 1024
+    /// What requests following this response see of it (`followable`); nil until one may.
+    private var progress: FillProgress?
 
     fileprivate init(cache: ResponseCache, fd: CInt, temporaryPath: String, head: CacheEntryFormat.Head, reservedJSONLength: Int, bodyOffset: Int) {
         self.cache = cache
@@ -689,6 +721,7 @@ package final class CacheEntryWriter: @unchecked Sendable {  // one pumping task
     deinit {
         // Neither committed nor discarded (the pump was cancelled): nothing half-written stays.
         if !self.finished {
+            self.progress?.finish(complete: false)
             close(self.fd)
             unlink(self.temporaryPath)
         }
@@ -696,6 +729,18 @@ package final class CacheEntryWriter: @unchecked Sendable {  // one pumping task
 
     /// Whether the response is still being stored (a write failed or the body outgrew the cache).
     package var isActive: Bool { !self.finished }
+
+    /// Lets other requests follow this response as it is written (`FillProgress.follow`).
+    /// `declaredLength`: its `Content-Length`, nil when unknown.
+    package func followable(entryHead: CacheEntryFormat.Head, declaredLength: Int64?) -> FillProgress {
+        if let progress = self.progress { return progress }
+        let progress = FillProgress(
+            head: entryHead, declaredLength: declaredLength, fd: self.fd, bodyOffset: Int64(self.bodyOffset), written: self.written
+        )
+        if self.finished { progress.finish(complete: false) }
+        self.progress = progress
+        return progress
+    }
 
     /// The body was copied into the file by other means (a 304's new head over an old body),
     /// with this checksum of the bytes copied.
@@ -721,7 +766,9 @@ package final class CacheEntryWriter: @unchecked Sendable {  // one pumping task
             await self.discard()
             return
         }
-        if self.pendingBytes >= Self.batchBytes, !(await self.flush()) { await self.discard() }
+        // Followers read only what is written: with any, each part is written at once.
+        let followed = self.progress?.isFollowed ?? false
+        if self.pendingBytes >= Self.batchBytes || followed, !(await self.flush()) { await self.discard() }
     }
 
     /// Writes the pending body bytes at the end of the file, adding them to the checksum there
@@ -748,6 +795,7 @@ package final class CacheEntryWriter: @unchecked Sendable {  // one pumping task
         guard let updated else { return false }
         self.written += Int64(count)
         self.checksum = updated
+        self.progress?.advance(to: self.written)
         return true
     }
 
@@ -764,20 +812,28 @@ package final class CacheEntryWriter: @unchecked Sendable {  // one pumping task
         self.head.bodyLength = self.written
         self.head.bodyCRC32 = self.checksum.value
         let bytes = CacheEntryFormat.encodeHead(self.head, paddedTo: self.reservedJSONLength)
-        let (fd, path, cache) = (self.fd, self.temporaryPath, self.cache)
+        let (fd, path, cache, progress) = (self.fd, self.temporaryPath, self.cache, self.progress)
         // Trusted without a check: the checksum was computed from the very bytes written.
         var made = ResponseCache.Entry(head: self.head, bodyOffset: bytes.count, bodyVerified: true)
         made.memoryBody = self.kept
         let entry = made
+        // Every byte is in the file: followers read to the end, whatever becomes of the entry.
+        // They learn so once it is installed (a request that then finds no fill to follow
+        // finds the entry), and before the descriptor closes (`FillProgress.follow`).
+        defer { progress?.finish(complete: true) }
         return
             (try? await NIOThreadPool.singleton.runIfActive {
                 let wrote = CacheEntryFile.write(fd, bytes, at: 0)
-                close(fd)
                 guard wrote else {
+                    progress?.finish(complete: true)
+                    close(fd)
                     unlink(path)
                     return false
                 }
-                return cache.install(temporaryPath: path, entry: entry)
+                let installed = cache.install(temporaryPath: path, entry: entry)
+                progress?.finish(complete: true)
+                close(fd)
+                return installed
             }) ?? false
     }
 
@@ -786,6 +842,7 @@ package final class CacheEntryWriter: @unchecked Sendable {  // one pumping task
         guard !self.finished else { return }
         self.finished = true
         self.pending = []
+        self.progress?.finish(complete: false)
         let (fd, path) = (self.fd, self.temporaryPath)
         _ = try? await NIOThreadPool.singleton.runIfActive {
             close(fd)
@@ -793,3 +850,149 @@ package final class CacheEntryWriter: @unchecked Sendable {  // one pumping task
         }
     }
 }
+
+/// A response being stored, as the requests that follow it see it (collapsed misses answered
+/// from it as it is written): how much of the body is in the file, and whether it ended whole.
+/// `CacheEntryWriter` reports to it; each `FillFollower` reads the file at its own pace through
+/// a descriptor of its own, which survives the writer's rename (or its discard's unlink).
+package final class FillProgress: Sendable {
+    /// The entry as it will be stored (its `bodyLength` not known yet): what followers answer with.
+    package let entry: ResponseCache.Entry
+    /// The response's `Content-Length`; nil when unknown (followers send it chunked).
+    package let declaredLength: Int64?
+    private let bodyOffset: Int64
+    private let state: NIOLockedValueBox<State>
+
+    private struct State {
+        var written: Int64
+        /// nil while being written; true when it ended whole, false when it was abandoned.
+        var complete: Bool?
+        /// The writer's descriptor, until it closes it (-1 then: nothing more to duplicate).
+        var fd: CInt
+        var followers = 0
+        /// Followers that have read all there is, waiting for more (or the end).
+        var waiting: [UInt64: CheckedContinuation<Void, Never>] = [:]
+        var nextID: UInt64 = 0
+    }
+
+    fileprivate init(head: CacheEntryFormat.Head, declaredLength: Int64?, fd: CInt, bodyOffset: Int64, written: Int64) {
+        self.entry = ResponseCache.Entry(head: head, bodyOffset: Int(bodyOffset), bodyVerified: true)
+        self.declaredLength = declaredLength
+        self.bodyOffset = bodyOffset
+        self.state = NIOLockedValueBox(State(written: written, fd: fd))
+    }
+
+    /// Whether any request follows it (the writer then writes each part at once).
+    fileprivate var isFollowed: Bool { self.state.withLockedValue { $0.followers > 0 } }
+
+    /// A reader of the body from its start; nil once the writer has closed the file (ended or
+    /// abandoned: the caller looks in the cache again, or asks the origin).
+    package func follow() -> FillFollower? {
+        // `dup` under the lock: the writer closes its descriptor only after `finish`, which
+        // takes the lock, so a descriptor seen open here is still the file's.
+        let fd = self.state.withLockedValue { state -> CInt in
+            guard state.fd >= 0, state.complete == nil else { return -1 }
+            let copy = fcntl(state.fd, F_DUPFD_CLOEXEC, 0)
+            if copy >= 0 { state.followers += 1 }
+            return copy
+        }
+        guard fd >= 0 else { return nil }
+        return FillFollower(progress: self, fd: fd, bodyOffset: self.bodyOffset)
+    }
+
+    fileprivate func advance(to written: Int64) {
+        let waiting = self.state.withLockedValue { state in
+            state.written = written
+            defer { state.waiting = [:] }
+            return state.waiting
+        }
+        for waiter in waiting.values { waiter.resume() }
+    }
+
+    /// The writer is done with the file (and about to close its descriptor).
+    fileprivate func finish(complete: Bool) {
+        let waiting = self.state.withLockedValue { state in
+            if state.complete == nil { state.complete = complete }
+            state.fd = -1
+            defer { state.waiting = [:] }
+            return state.waiting
+        }
+        for waiter in waiting.values { waiter.resume() }
+    }
+
+    /// How much is written, and whether it ended (see `State.complete`).
+    fileprivate var snapshot: (written: Int64, complete: Bool?) { self.state.withLockedValue { ($0.written, $0.complete) } }
+
+    /// Returns once more than `offset` bytes are written, or the writer finished.
+    fileprivate func waitForMore(than offset: Int64) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let waits = self.state.withLockedValue { state -> Bool in
+                guard state.written <= offset, state.complete == nil else { return false }
+                state.nextID += 1
+                state.waiting[state.nextID] = continuation
+                return true
+            }
+            if !waits { continuation.resume() }
+        }
+    }
+
+    fileprivate func followerLeft() {
+        self.state.withLockedValue { $0.followers -= 1 }
+    }
+}
+
+/// One request's reading of a response being stored (`FillProgress.follow`): the file from its
+/// own offset up to what the writer has written, on the thread pool; when it has caught up it
+/// waits for the writer. Used by one task at a time.
+package final class FillFollower: @unchecked Sendable {  // one reading task; the thread-pool reads are awaited one at a time
+    package let progress: FillProgress
+    private let fd: CInt
+    private let bodyOffset: Int64
+    private var offset: Int64 = 0
+
+    fileprivate init(progress: FillProgress, fd: CInt, bodyOffset: Int64) {
+        self.progress = progress
+        self.fd = fd
+        self.bodyOffset = bodyOffset
+    }
+
+    deinit {
+        close(self.fd)
+        self.progress.followerLeft()
+    }
+
+    /// The next part of the body, or nil at its end; throws `FillAbandoned` when the response
+    /// will not end whole (or the file is shorter than the writer said).
+    package func next() async throws -> ByteBuffer? {
+        while true {
+            let (written, complete) = self.progress.snapshot
+            if self.offset < written {
+                let count = Int(min(written - self.offset, Int64(ResponseCache.readChunkBytes)))
+                let (fd, at) = (self.fd, self.bodyOffset + self.offset)
+                let buffer: ByteBuffer? = try? await NIOThreadPool.singleton.runIfActive {
+                    var buffer = ByteBufferAllocator().buffer(capacity: count)
+                    let read = buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: count) { pointer in
+                        max(0, pread(fd, pointer.baseAddress, count, off_t(at)))
+                    }
+                    return read == count ? buffer : nil
+                }
+                guard let buffer else { throw FillAbandoned() }
+                self.offset += Int64(count)
+                return buffer
+            }
+            switch complete {
+            case true?:
+                // A declared length the body did not reach is no whole response.
+                if let declared = self.progress.declaredLength, declared != self.offset { throw FillAbandoned() }
+                return nil
+            case false?:
+                throw FillAbandoned()
+            case nil:
+                await self.progress.waitForMore(than: self.offset)
+            }
+        }
+    }
+}
+
+/// The response being followed will not end whole.
+package struct FillAbandoned: Error {}
