@@ -293,7 +293,7 @@ extension Interceptor {
         let onlyIfCached = offline || use == .onlyIfCached || requestDirectives.onlyIfCached
         // The client's own conditional or range request is its to validate: the origin answers
         // it (a 200 may still be stored).
-        let clientConditional = ResponseCache.appValidationFields.contains { head.headers.contains(name: $0) }
+        let clientConditional = CachePolicy.appValidationFields.contains { head.headers.contains(name: $0) }
         let stored = use == .refresh || clientConditional ? nil : cache.lookup(url: url, requestHeaders: head.headers)
         var validation: CacheExchange.Validation?
         var upstreamHead = head

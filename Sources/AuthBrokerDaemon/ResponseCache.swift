@@ -190,9 +190,8 @@ package final class ResponseCache: Sendable {
         return (entry, age)
     }
 
-    /// An app's own conditional or range request: the app validates, the origin answers.
-    static let appValidationFields = CachePolicy.appValidationFields
-    private static let fieldsForTheFullPath = ["cache-control", "pragma"] + appValidationFields
+    /// Fields that ask something of the cache, or an app's own validation: the full path decides.
+    private static let fieldsForTheFullPath = ["cache-control", "pragma"] + CachePolicy.appValidationFields
 
     package func count(_ event: Event) {
         self.state.withLockedValue { state in

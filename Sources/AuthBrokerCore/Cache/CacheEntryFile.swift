@@ -47,32 +47,31 @@ package enum CacheEntryFile {
     package static func copy(
         from input: CInt, at inputOffset: Int64, to output: CInt, at outputOffset: Int64, count: Int64, checksum: inout CRC32
     ) -> Bool {
-        var buffer = [UInt8](repeating: 0, count: 1 << 16)
-        var done: Int64 = 0
-        while done < count {
-            let wanted = Int(min(Int64(buffer.count), count - done))
-            let got = buffer.withUnsafeMutableBytes { pread(input, $0.baseAddress, wanted, off_t(inputOffset + done)) }
-            guard got > 0,
-                buffer.withUnsafeBytes({ bytes in
-                    let read = UnsafeRawBufferPointer(rebasing: bytes[0..<got])
-                    checksum.update(read)
-                    return Self.write(output, read, at: outputOffset + done)
-                })
-            else { return false }
-            done += Int64(got)
+        Self.read(input, at: inputOffset, count: count) { piece, done in
+            checksum.update(piece)
+            return Self.write(output, piece, at: outputOffset + done)
         }
-        return true
     }
 
     /// Adds `count` bytes of `fd` from `offset` to `checksum`; false when the file ends first.
     package static func checksum(_ fd: CInt, at offset: Int64, count: Int64, into checksum: inout CRC32) -> Bool {
+        Self.read(fd, at: offset, count: count) { piece, _ in
+            checksum.update(piece)
+            return true
+        }
+    }
+
+    /// Reads `count` bytes of `fd` from `offset` in 64 KiB pieces, each handed to `take` with how
+    /// many came before it; false when the file ends first or `take` says stop.
+    private static func read(
+        _ fd: CInt, at offset: Int64, count: Int64, _ take: (UnsafeRawBufferPointer, Int64) -> Bool
+    ) -> Bool {
         var buffer = [UInt8](repeating: 0, count: 1 << 16)
         var done: Int64 = 0
         while done < count {
             let wanted = Int(min(Int64(buffer.count), count - done))
             let got = buffer.withUnsafeMutableBytes { pread(fd, $0.baseAddress, wanted, off_t(offset + done)) }
-            guard got > 0 else { return false }
-            buffer.withUnsafeBytes { checksum.update(UnsafeRawBufferPointer(rebasing: $0[0..<got])) }
+            guard got > 0, buffer.withUnsafeBytes({ take(UnsafeRawBufferPointer(rebasing: $0[0..<got]), done) }) else { return false }
             done += Int64(got)
         }
         return true
