@@ -125,13 +125,6 @@ package struct AcceptedClientConnection: Sendable {
     /// the user's browser shows could send them (to `127.0.0.1`, or to a name rebound to it).
     package var servesControlAPI: Bool
 
-    /// The client side's response encoder: its own framing off (`ResponseFramer` frames).
-    static var responseEncoderConfiguration: HTTPResponseEncoder.Configuration {
-        var encoder = HTTPResponseEncoder.Configuration()
-        encoder.automaticallySetFramingHeaders = false
-        return encoder
-    }
-
     /// Sets up an accepted channel's pipeline and registers it; on the channel's event loop.
     /// - Throws: `ClientConnectionRefused` while the daemon drains (the channel is then closed).
     package static func configure(
@@ -146,15 +139,9 @@ package struct AcceptedClientConnection: Sendable {
         // the direct relay holds what comes during its responses, so the handler's pausing of
         // reads per request (two epoll_ctl calls each) buys nothing.
         // Framing both ways is decided in one place each: `RequestFramingCheck` for what comes
-        // in, `ResponseFramer` (in front of the encoder, whose own framing is off) for what goes out.
-        let encoder = Self.responseEncoderConfiguration
-        // An upgrade configuration with no upgraders: the one public way to a decoder that keeps
-        // the bytes after a CONNECT (for the tunnel, `ClientTunnel`) while still telling the
-        // encoder each request's method; its handler leaves after the first request.
-        try channel.pipeline.syncOperations.configureHTTPServerPipeline(
-            withPipeliningAssistance: false, withServerUpgrade: (upgraders: [], completionHandler: { _ in }),
-            withErrorHandling: false, withEncoderConfiguration: encoder
-        )
+        // in, `ResponseEncoder` for what goes out. The decoder keeps the bytes after a CONNECT
+        // for the tunnel (`ClientTunnel`).
+        try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .forwardBytes)))
         // Heads normalised before the decoder, which refuses a tab after `Content-Length: 5`.
         let normalizer = HeadNormalizer(.requests, maxHeadBytes: terms.maxHeadBytes)
         try channel.pipeline.syncOperations.addHandler(normalizer, position: .first)
@@ -163,7 +150,7 @@ package struct AcceptedClientConnection: Sendable {
         let timeouts = ClientTimeoutHandler(terms: terms, state: timeoutState, onTimeout: onTimeout)
         let framing = RequestFramingCheck(normalizer: normalizer)
         try channel.pipeline.syncOperations.addHandler(framing)
-        try channel.pipeline.syncOperations.addHandler(ResponseFramer(methods: framing, timeouts: timeouts))
+        try channel.pipeline.syncOperations.addHandler(ResponseEncoder(methods: framing, timeouts: timeouts))
         try channel.pipeline.syncOperations.addHandler(ClientBytesObserver(state: timeoutState, timeouts: timeouts), position: .first)
         try channel.pipeline.syncOperations.addHandler(timeouts)
         // Room for a few upstream reads on their way to the client before reading from the origin

@@ -42,12 +42,8 @@ enum ClientInterception {
         let decoder = try pipeline.handler(type: ByteToMessageHandler<HTTPRequestDecoder>.self)
         try pipeline.addHandler(kept, position: .after(decoder))
         pipeline.removeHandler(try pipeline.handler(type: HeadNormalizer.self), promise: nil)
-        pipeline.removeHandler(try pipeline.handler(type: HTTPResponseEncoder.self), promise: nil)
-        if let upgrader = try? pipeline.handler(type: HTTPServerUpgradeHandler.self) {
-            pipeline.removeHandler(upgrader, promise: nil)
-        }
         pipeline.removeHandler(try pipeline.handler(type: RequestFramingCheck.self), promise: nil)
-        pipeline.removeHandler(try pipeline.handler(type: ResponseFramer.self), promise: nil)
+        pipeline.removeHandler(try pipeline.handler(type: ResponseEncoder.self), promise: nil)
         pipeline.removeHandler(decoder, promise: decoderGone)
     }
 
@@ -62,7 +58,7 @@ enum ClientInterception {
         var established = channel.allocator.buffer(capacity: 40)
         established.writeString("HTTP/1.1 200 Connection established\r\n\r\n")
         observer.writeAndFlush(NIOAny(established), promise: nil)
-        // The 200 went around `ResponseFramer`, which reports every other response's end: told
+        // The 200 went around `ResponseEncoder`, which reports every other response's end: told
         // here, the connection waits for its first request inside TLS under the idle and head
         // timeouts like any other (without it, no timer ever ran on an intercepted connection).
         let timeouts = try pipeline.handler(type: ClientTimeoutHandler.self)
@@ -70,9 +66,8 @@ enum ClientInterception {
         let normalizer = HeadNormalizer(.requests, maxHeadBytes: maxHeadBytes)
         let framing = RequestFramingCheck(normalizer: normalizer, interceptedOrigin: origin)
         let handlers: [any ChannelHandler] = [
-            NIOSSLServerHandler(context: tls), normalizer, HTTPResponseEncoder(configuration: AcceptedClientConnection.responseEncoderConfiguration),
-            ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .dropBytes)),
-            framing, ResponseFramer(methods: framing, timeouts: timeouts),
+            NIOSSLServerHandler(context: tls), normalizer, ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .dropBytes)),
+            framing, ResponseEncoder(methods: framing, timeouts: timeouts),
         ]
         var previous: any ChannelHandler = observer.handler
         for handler in handlers {

@@ -128,7 +128,7 @@ final class ClientBytesObserver: ChannelInboundHandler, RemovableChannelHandler 
     }
 }
 
-/// After the HTTP decoder: request heads and ends in; response ends from the `ResponseFramer`,
+/// After the HTTP decoder: request heads and ends in; response ends from the `ResponseEncoder`,
 /// which every response passes anyway (an outbound half here would cost each response part a
 /// handler more). Runs the head and idle timers, and on a control-only slot refuses anything but
 /// a `/v1/` request.

@@ -60,7 +60,7 @@ enum ClientTunnel {
         for handler in Self.byteLevelHTTPHandlers(client) {
             pipeline.removeHandler(handler, promise: nil)
         }
-        pipeline.removeHandler(try pipeline.handler(type: HTTPResponseEncoder.self), promise: nil)
+        pipeline.removeHandler(try pipeline.handler(type: ResponseEncoder.self), promise: nil)
         // Removing the decoder hands its kept bytes on to the client end (`forwardBytes`).
         pipeline.removeHandler(decoder, promise: nil)
 

@@ -2,27 +2,56 @@ import AuthBrokerCore
 import NIOCore
 import NIOHTTP1
 
-// Just in front of each HTTP encoder (which runs with `automaticallySetFramingHeaders` off):
-// every outbound message's framing is decided here, by `OutboundBodyFraming`, the one place for
-// both directions. SwiftNIO's own framing sets `Transfer-Encoding: chunked` alone, so a
-// `gzip, chunked` body would reach its receiver still gzip-coded but no longer saying so. When
-// codings precede `chunked`, the framer writes the chunk framing itself (the encoder then passes
-// the bytes as they are); otherwise the encoder frames as usual.
+// Every outbound message's framing is decided by `OutboundBodyFraming`, the one place for both
+// directions. SwiftNIO's own framing sets `Transfer-Encoding: chunked` alone, so a
+// `gzip, chunked` body would reach its receiver still gzip-coded but no longer saying so.
 //
-// Two concrete handlers rather than one generic one: a generic handler's parts are looked up
-// by their generic type on every call, which cost the relay more than the framing itself.
+// Responses to clients are encoded here, by `ResponseEncoder`, in place of SwiftNIO's encoder
+// and header validator (three handlers a response passed, each with its own copy of the head).
+// Requests to origins still go through SwiftNIO's encoder, with its framing off and
+// `RequestFramer` in front: when codings precede `chunked`, the framer writes the chunk framing
+// itself (the encoder frames only a field that is exactly `chunked`).
+//
+// Concrete handlers rather than one generic one: a generic handler's parts are looked up by their
+// generic type on every call, which cost the relay more than the framing itself.
 
-/// The client connection's responses: 1xx, 204 and 304 carry no framing, nor does any response
-/// to CONNECT (the encoder sends no body with one); any other response without a length is
-/// chunked (the encoder suppresses a HEAD response's body). Each response's end is reported to
-/// the connection's `ClientTimeoutHandler`.
-final class ResponseFramer: ChannelOutboundHandler, RemovableChannelHandler {
+/// The client connection's response encoder. It frames each response: 1xx, 204 and 304 carry no
+/// framing, nor does any response to CONNECT; any other response without a length is chunked,
+/// and a chunked body is chunk-framed here. A response to HEAD or CONNECT goes without a body.
+/// It writes the head through `ResponseHeadEncoding`, which refuses a field that would break
+/// the head: then nothing of the response goes out and the connection closes. A small body goes
+/// out in one buffer with its head or its chunk framing, so a small response is one buffer.
+/// Each response's end is reported to the connection's `ClientTimeoutHandler`.
+final class ResponseEncoder: ChannelOutboundHandler, RemovableChannelHandler {
     typealias OutboundIn = HTTPServerResponsePart
-    typealias OutboundOut = HTTPServerResponsePart
+    typealias OutboundOut = IOData
+
+    /// Body parts up to this size are copied next to their head or chunk framing rather than
+    /// written as buffers of their own.
+    static let joinedBodyLimit = 4096
+
+    private enum Body {
+        /// Written as it comes (a length, or a body that ends with the connection).
+        case asIs
+        /// Chunk-framed here.
+        case chunked
+        /// Dropped: a response to HEAD or CONNECT, or a status that has no body.
+        case none
+        /// The head was refused: nothing more of this connection's responses goes out.
+        case refused
+    }
 
     private let methods: RequestFramingCheck
     private let timeouts: ClientTimeoutHandler
-    private var chunking = SelfChunking()
+    private var body = Body.asIs
+    /// Bytes encoded but not yet written (a head, or chunk framing), for a small body part or the
+    /// end to join; written at the latest at the response's end or the next flush.
+    private var pending: ByteBuffer?
+    /// The promise the pending bytes' write completes: the first joined write's, which passes its
+    /// result on to the next one's (`lastJoinedPromise` is the end of that chain), so they
+    /// complete in the order of their writes.
+    private var pendingPromise: EventLoopPromise<Void>?
+    private var lastJoinedPromise: EventLoopPromise<Void>?
 
     init(methods: RequestFramingCheck, timeouts: ClientTimeoutHandler) {
         self.methods = methods
@@ -30,22 +59,144 @@ final class ResponseFramer: ChannelOutboundHandler, RemovableChannelHandler {
     }
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
-        let part = self.unwrapOutboundIn(data)
-        guard case .head(let head) = part else {
-            if case .end = part { self.timeouts.responseEnded() }
-            self.chunking.write(part, data: data, context: context, promise: promise, wrap: self.wrapOutboundOut)
+        switch self.unwrapOutboundIn(data) {
+        case .head(let head):
+            self.writeHead(head, context: context, promise: promise)
+        case .body(let part):
+            self.writeBody(part, context: context, promise: promise)
+        case .end:
+            self.timeouts.responseEnded()
+            self.writeEnd(context: context, promise: promise)
+        }
+    }
+
+    func flush(context: ChannelHandlerContext) {
+        self.writePending(context: context)
+        context.flush()
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        self.writePending(context: context)
+    }
+
+    private func writeHead(_ head: HTTPResponseHead, context: ChannelHandlerContext, promise: EventLoopPromise<Void>?) {
+        guard self.body != .refused else {
+            promise?.fail(ChannelError.ioOnClosedChannel)
             return
         }
+        self.writePending(context: context)  // a 1xx head before this one
         let isFinal = head.status.code >= 200 || head.status == .switchingProtocols
         let method = isFinal ? self.methods.answered() : nil
         let mayHaveBody = head.status.mayHaveResponseBody && method != .CONNECT
-        guard let headers = self.chunking.frame(head.headers, mayHaveBody: mayHaveBody, bodyWithoutFraming: true) else {
-            context.write(data, promise: promise)
+        var headers = head.headers
+        let framing =
+            OutboundBodyFraming.unchanged(headers, mayHaveBody: mayHaveBody, bodyWithoutFraming: true)
+            ?? OutboundBodyFraming.prepare(&headers, mayHaveBody: mayHaveBody, bodyWithoutFraming: true)
+        if isFinal {
+            if !mayHaveBody || method == .HEAD {
+                self.body = .none
+            } else {
+                self.body = framing == .chunked || framing == .chunkedAfterCodings ? .chunked : .asIs
+            }
+        }
+        let reason = head.status.reasonPhrase
+        var buffer = context.channel.allocator.buffer(
+            capacity: ResponseHeadEncoding.estimatedSize(headers, reasonPhrase: reason) + 256
+        )
+        do {
+            try ResponseHeadEncoding.write(version: head.version, status: head.status, headers: headers, to: &buffer)
+        } catch {
+            self.body = .refused
+            promise?.fail(error)
+            context.fireErrorCaught(error)
+            context.close(promise: nil)
             return
         }
-        var prepared = head
-        prepared.headers = headers
-        context.write(self.wrapOutboundOut(.head(prepared)), promise: promise)
+        self.pending = buffer
+        self.join(promise)
+    }
+
+    private func writeBody(_ part: IOData, context: ChannelHandlerContext, promise: EventLoopPromise<Void>?) {
+        switch self.body {
+        case .none:
+            promise?.succeed()
+        case .refused:
+            promise?.fail(ChannelError.ioOnClosedChannel)
+        case .asIs:
+            if case .byteBuffer(var bytes) = part, bytes.readableBytes <= Self.joinedBodyLimit, self.pending != nil {
+                self.pending!.writeBuffer(&bytes)  // Force unwrap: checked non-nil just above, in the same turn.
+                self.join(promise)
+                return
+            }
+            self.writePending(context: context)
+            context.write(self.wrapOutboundOut(part), promise: promise)
+        case .chunked:
+            let size = part.readableBytes
+            guard size > 0 else {
+                // An empty chunk would end the body.
+                promise?.succeed()
+                return
+            }
+            var framed = self.pending ?? context.channel.allocator.buffer(capacity: size <= Self.joinedBodyLimit ? size + 24 : 24)
+            self.pending = nil
+            framed.writeString(String(size, radix: 16))
+            framed.writeStaticString("\r\n")
+            if case .byteBuffer(var bytes) = part, size <= Self.joinedBodyLimit {
+                framed.writeBuffer(&bytes)
+                framed.writeStaticString("\r\n")
+                self.pending = framed
+                self.join(promise)
+                return
+            }
+            self.pending = framed
+            self.writePending(context: context)
+            context.write(self.wrapOutboundOut(part), promise: nil)
+            self.pending = ByteBuffer(staticString: "\r\n")
+            self.join(promise)
+        }
+    }
+
+    private func writeEnd(context: ChannelHandlerContext, promise: EventLoopPromise<Void>?) {
+        let body = self.body
+        if body != .refused { self.body = .asIs }
+        switch body {
+        case .refused:
+            promise?.fail(ChannelError.ioOnClosedChannel)
+        case .chunked:
+            // The last chunk; the broker forwards no trailers.
+            if self.pending == nil { self.pending = context.channel.allocator.buffer(capacity: 5) }
+            self.pending!.writeStaticString("0\r\n\r\n")  // Force unwrap: set just above when it was nil.
+            self.join(promise)
+            self.writePending(context: context)
+        case .asIs, .none:
+            if self.pending != nil {
+                self.join(promise)
+                self.writePending(context: context)
+            } else if let promise {
+                // Nothing to write, but its promise completes in order with the writes before it.
+                context.write(self.wrapOutboundOut(.byteBuffer(ByteBuffer())), promise: promise)
+            }
+        }
+    }
+
+    /// Makes `promise` complete with the pending bytes' write, after those joined before it.
+    private func join(_ promise: EventLoopPromise<Void>?) {
+        guard let promise else { return }
+        if let last = self.lastJoinedPromise {
+            last.futureResult.cascade(to: promise)
+        } else {
+            self.pendingPromise = promise
+        }
+        self.lastJoinedPromise = promise
+    }
+
+    private func writePending(context: ChannelHandlerContext) {
+        guard let pending = self.pending else { return }
+        let promise = self.pendingPromise
+        self.pending = nil
+        self.pendingPromise = nil
+        self.lastJoinedPromise = nil
+        context.write(self.wrapOutboundOut(.byteBuffer(pending)), promise: promise)
     }
 }
 

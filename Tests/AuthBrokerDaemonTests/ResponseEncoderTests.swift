@@ -1,0 +1,177 @@
+import AuthBrokerCore
+import NIOCore
+import NIOEmbedded
+import NIOHTTP1
+import Testing
+
+@testable import AuthBrokerDaemon
+
+/// The client connection's response encoder, on an embedded channel: requests come in through the
+/// real decoder and `RequestFramingCheck` (which tells the encoder what each response answers),
+/// responses go out as the bytes a client reads.
+@Suite("Client response encoder")
+struct ResponseEncoderTests {
+    struct Connection {
+        let channel: EmbeddedChannel
+
+        func request(_ text: String) throws {
+            try self.channel.writeInbound(ByteBuffer(string: text))
+            while try self.channel.readInbound(as: HTTPServerRequestPart.self) != nil {}
+        }
+
+        /// Writes the parts (the last with a flush) and returns each buffer that went out.
+        @discardableResult
+        func respond(_ parts: [HTTPServerResponsePart]) throws -> [String] {
+            for part in parts.dropLast() { self.channel.write(part, promise: nil) }
+            if let last = parts.last { self.channel.writeAndFlush(last, promise: nil) }
+            return try self.written()
+        }
+
+        func written() throws -> [String] {
+            var buffers: [String] = []
+            while let buffer = try self.channel.readOutbound(as: IOData.self) {
+                guard case .byteBuffer(let bytes) = buffer else {
+                    Issue.record("a file region went out")
+                    continue
+                }
+                buffers.append(String(buffer: bytes))
+            }
+            return buffers
+        }
+    }
+
+    static func connect() throws -> Connection {
+        let terms = ClientConnectionTerms(limits: BrokerSettings.Limits(), controlOnly: false)
+        let state = ClientTimeoutState()
+        let timeouts = ClientTimeoutHandler(terms: terms, state: state) { _ in }
+        let normalizer = HeadNormalizer(.requests, maxHeadBytes: 65536)
+        let framing = RequestFramingCheck(normalizer: normalizer)
+        let channel = EmbeddedChannel()
+        try channel.pipeline.syncOperations.addHandlers([
+            normalizer, ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .forwardBytes)), framing,
+            ResponseEncoder(methods: framing, timeouts: timeouts), timeouts,
+        ])
+        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 80)).wait()
+        return Connection(channel: channel)
+    }
+
+    static func head(_ status: HTTPResponseStatus = .ok, _ fields: (String, String)...) -> HTTPServerResponsePart {
+        .head(HTTPResponseHead(version: .http1_1, status: status, headers: HTTPHeaders(fields)))
+    }
+
+    static func body(_ text: String) -> HTTPServerResponsePart { .body(.byteBuffer(ByteBuffer(string: text))) }
+
+    @Test("a small response goes out as one buffer: head, body and all")
+    func smallResponseIsOneBuffer() throws {
+        let connection = try Self.connect()
+        try connection.request("GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        #expect(
+            try connection.respond([Self.head(.ok, ("Content-Length", "5")), Self.body("hello"), .end(nil)])
+                == ["HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"]
+        )
+        // Without a length, chunked: framing and the last chunk in the same one buffer.
+        try connection.request("GET http://a.test/2 HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        #expect(
+            try connection.respond([Self.head(.ok, ("X-A", "1")), Self.body("hello"), Self.body(""), Self.body("!"), .end(nil)])
+                == ["HTTP/1.1 200 OK\r\nX-A: 1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n1\r\n!\r\n0\r\n\r\n"]
+        )
+    }
+
+    @Test("codings before chunked are kept, and the body is chunk-framed here")
+    func codingsBeforeChunked() throws {
+        let connection = try Self.connect()
+        try connection.request("GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        let written = try connection.respond([
+            Self.head(.ok, ("Transfer-Encoding", "gzip, chunked"), ("Content-Length", "9")), Self.body("gz"), .end(nil),
+        ])
+        #expect(written == ["HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\ngz\r\n0\r\n\r\n"])
+    }
+
+    @Test("a large body goes as its own buffer, not copied; chunked, between its framing")
+    func largeBodyIsNotCopied() throws {
+        let connection = try Self.connect()
+        let large = String(repeating: "x", count: ResponseEncoder.joinedBodyLimit + 1)
+        try connection.request("GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        #expect(
+            try connection.respond([Self.head(.ok, ("Content-Length", "\(large.utf8.count)")), Self.body(large), .end(nil)])
+                == ["HTTP/1.1 200 OK\r\nContent-Length: \(large.utf8.count)\r\n\r\n", large]
+        )
+        try connection.request("GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        let hex = String(large.utf8.count, radix: 16)
+        #expect(
+            try connection.respond([Self.head(.ok), Self.body(large), .end(nil)])
+                == ["HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\(hex)\r\n", large, "\r\n0\r\n\r\n"]
+        )
+    }
+
+    @Test("a response to HEAD keeps its framing fields and sends no body; 204 and 304 lose them")
+    func bodilessResponses() throws {
+        let connection = try Self.connect()
+        try connection.request("HEAD http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        #expect(
+            try connection.respond([Self.head(.ok, ("Content-Length", "5")), Self.body("hello"), .end(nil)])
+                == ["HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"]
+        )
+        try connection.request("HEAD http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        #expect(try connection.respond([Self.head(.ok), .end(nil)]) == ["HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"])
+        try connection.request("GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        #expect(
+            try connection.respond([Self.head(.notModified, ("Content-Length", "5"), ("ETag", "\"a\"")), .end(nil)])
+                == ["HTTP/1.1 304 Not Modified\r\nETag: \"a\"\r\n\r\n"]
+        )
+        // The next GET's response has its body again.
+        try connection.request("GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        #expect(
+            try connection.respond([Self.head(.ok, ("Content-Length", "2")), Self.body("ok"), .end(nil)])
+                == ["HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"]
+        )
+    }
+
+    @Test("1xx heads go before the final one, which answers the same request")
+    func informationalHeads() throws {
+        let connection = try Self.connect()
+        try connection.request("HEAD http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        #expect(
+            try connection.respond([
+                Self.head(.custom(code: 103, reasonPhrase: "Early Hints"), ("Link", "</a.css>; rel=preload")),
+                Self.head(.ok, ("Content-Length", "5")), Self.body("hello"), .end(nil),
+            ]) == ["HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n", "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"]
+        )
+    }
+
+    @Test("a head with a field that would break it sends nothing, fails its writes and closes")
+    func refusedHead() throws {
+        let connection = try Self.connect()
+        try connection.request("GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        let headWritten = connection.channel.eventLoop.makePromise(of: Void.self)
+        let bodyWritten = connection.channel.eventLoop.makePromise(of: Void.self)
+        connection.channel.write(
+            Self.head(.ok, ("Content-Length", "4"), ("X-Echo", "a\r\nContent-Length: 0\r\n\r\nHTTP/1.1 200 OK")), promise: headWritten
+        )
+        connection.channel.writeAndFlush(Self.body("evil"), promise: bodyWritten)
+        #expect(try connection.written() == [])
+        #expect(throws: ResponseHeadEncoding.Refusal.fieldValue(position: 1)) { try headWritten.futureResult.wait() }
+        #expect(throws: (any Error).self) { try bodyWritten.futureResult.wait() }
+        #expect(!connection.channel.isActive)
+        #expect(throws: ResponseHeadEncoding.Refusal.fieldValue(position: 1)) { try connection.channel.throwIfErrorCaught() }
+    }
+
+    @Test("every write's promise completes, in order, when its bytes went out joined")
+    func promisesOfJoinedWrites() throws {
+        let connection = try Self.connect()
+        try connection.request("GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        let order = NIOLoopBoundBox([String](), eventLoop: connection.channel.eventLoop)
+        let parts: [(String, HTTPServerResponsePart)] = [
+            ("head", Self.head(.ok)), ("body", Self.body("a")), ("end", .end(nil)),
+        ]
+        for (name, part) in parts {
+            let promise = connection.channel.eventLoop.makePromise(of: Void.self)
+            promise.futureResult.whenSuccess { order.value.append(name) }
+            connection.channel.write(part, promise: promise)
+        }
+        #expect(order.value.isEmpty)
+        connection.channel.flush()
+        #expect(order.value == ["head", "body", "end"])
+        #expect(try connection.written() == ["HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n"])
+    }
+}
