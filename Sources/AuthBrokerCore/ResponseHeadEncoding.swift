@@ -32,62 +32,106 @@ package enum ResponseHeadEncoding {
         }
     }
 
-    /// Bytes a head of these fields may take, for a buffer's first capacity.
-    package static func estimatedSize(_ headers: HTTPHeaders, reasonPhrase: String) -> Int {
-        var size = 16 + reasonPhrase.utf8.count
-        for (name, value) in headers { size += name.utf8.count + value.utf8.count + 4 }
-        return size
-    }
-
     /// Appends the head to `buffer`; on a refusal `buffer` is left as it was.
+    ///
+    /// The head's size is counted first and the bytes copied into the buffer's memory in one
+    /// access: a `ByteBuffer` write per piece (a uniqueness and a capacity check each, some ten
+    /// per field) cost more than the copying.
     package static func write(
         version: HTTPVersion, status: HTTPResponseStatus, headers: HTTPHeaders, to buffer: inout ByteBuffer
     ) throws(Refusal) {
-        let start = buffer.writerIndex
-        do {
-            try self.writeUnchecked(version: version, status: status, headers: headers, to: &buffer)
-        } catch {
-            buffer.moveWriterIndex(to: start)
-            throw error
-        }
-    }
-
-    private static func writeUnchecked(
-        version: HTTPVersion, status: HTTPResponseStatus, headers: HTTPHeaders, to buffer: inout ByteBuffer
-    ) throws(Refusal) {
-        if version == .http1_1 {
-            buffer.writeStaticString("HTTP/1.1 ")
-        } else {
-            buffer.writeString("HTTP/\(version.major).\(version.minor) ")
-        }
         let code = status.code
         guard (100...999).contains(code) else { throw .statusCode(code) }
-        buffer.writeInteger(UInt8(ascii: "0") + UInt8(code / 100))
-        buffer.writeInteger(UInt8(ascii: "0") + UInt8(code / 10 % 10))
-        buffer.writeInteger(UInt8(ascii: "0") + UInt8(code % 10))
-        buffer.writeInteger(UInt8(ascii: " "))
-        guard Self.append(status.reasonPhrase, to: &buffer, ifEvery: Self.isValueByte) else { throw .reasonPhrase }
-        buffer.writeStaticString("\r\n")
-        var position = 0
-        for (name, value) in headers {
-            guard !name.isEmpty, Self.append(name, to: &buffer, ifEvery: Self.isTokenByte) else {
-                throw .fieldName(position: position)
+        let versionText = version == .http1_1 ? "HTTP/1.1 " : "HTTP/\(version.major).\(version.minor) "
+        let reason = status.reasonPhrase
+        // "HTTP/1.1 200 " reason CRLF, each field as name ": " value CRLF, then CRLF.
+        var size = versionText.utf8.count + 4 + reason.utf8.count + 2 + 2
+        for (name, value) in headers { size += name.utf8.count + value.utf8.count + 4 }
+        var refusal: Refusal?
+        buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: size) { memory in
+            var out = Output(memory: memory)
+            _ = out.copy(versionText) { _ in true }
+            out.byte(UInt8(ascii: "0") + UInt8(code / 100))
+            out.byte(UInt8(ascii: "0") + UInt8(code / 10 % 10))
+            out.byte(UInt8(ascii: "0") + UInt8(code % 10))
+            out.byte(UInt8(ascii: " "))
+            guard out.copy(reason, ifEvery: Self.isValueByte) else {
+                refusal = .reasonPhrase
+                return 0
             }
-            buffer.writeStaticString(": ")
-            guard Self.append(value, to: &buffer, ifEvery: Self.isValueByte) else { throw .fieldValue(position: position) }
-            buffer.writeStaticString("\r\n")
-            position += 1
+            out.lineEnd()
+            var position = 0
+            for (name, value) in headers {
+                guard !name.isEmpty, out.copy(name, ifEvery: Self.isTokenByte) else {
+                    refusal = .fieldName(position: position)
+                    return 0
+                }
+                out.byte(UInt8(ascii: ":"))
+                out.byte(UInt8(ascii: " "))
+                guard out.copy(value, ifEvery: Self.isValueByte) else {
+                    refusal = .fieldValue(position: position)
+                    return 0
+                }
+                out.lineEnd()
+                position += 1
+            }
+            out.lineEnd()
+            return out.offset
         }
-        buffer.writeStaticString("\r\n")
+        if let refusal { throw refusal }
     }
 
-    /// Copies `text`'s UTF-8 when every byte passes `check`; false (nothing copied) otherwise.
-    @inline(__always)
-    private static func append(_ text: String, to buffer: inout ByteBuffer, ifEvery check: (UInt8) -> Bool) -> Bool {
-        var text = text
-        return text.withUTF8 { bytes in
-            for byte in bytes where !check(byte) { return false }
-            buffer.writeBytes(UnsafeRawBufferPointer(bytes))
+    /// A head without its empty line, for fields to follow (`appendField`, then `"\r\n"`): a
+    /// stored response's head, encoded once and copied into each answer from it.
+    package static func openHead(version: HTTPVersion, status: HTTPResponseStatus, headers: HTTPHeaders) throws(Refusal) -> ByteBuffer {
+        var buffer = ByteBuffer()
+        try Self.write(version: version, status: status, headers: headers, to: &buffer)
+        buffer.moveWriterIndex(to: buffer.writerIndex - 2)
+        return buffer
+    }
+
+    /// Appends one field to an open head; false (nothing appended) when it would break the head.
+    package static func appendField(name: String, value: String, to buffer: inout ByteBuffer) -> Bool {
+        guard !name.isEmpty, name.utf8.allSatisfy(Self.isTokenByte), value.utf8.allSatisfy(Self.isValueByte) else { return false }
+        buffer.writeString(name)
+        buffer.writeStaticString(": ")
+        buffer.writeString(value)
+        buffer.writeStaticString("\r\n")
+        return true
+    }
+
+    /// A cursor over memory counted to fit the head exactly.
+    private struct Output {
+        let memory: UnsafeMutableRawBufferPointer
+        var offset = 0
+
+        @inline(__always)
+        mutating func byte(_ byte: UInt8) {
+            self.memory[self.offset] = byte
+            self.offset += 1
+        }
+
+        @inline(__always)
+        mutating func lineEnd() {
+            self.byte(UInt8(ascii: "\r"))
+            self.byte(UInt8(ascii: "\n"))
+        }
+
+        /// Copies `text`'s UTF-8 while every byte passes `check`; false at the first that does not.
+        @inline(__always)
+        mutating func copy(_ text: String, ifEvery check: (UInt8) -> Bool) -> Bool {
+            var text = text
+            let memory = self.memory
+            let start = self.offset
+            let copied: Int? = text.withUTF8 { bytes in
+                for (index, byte) in bytes.enumerated() {
+                    guard check(byte) else { return nil }
+                    memory[start + index] = byte
+                }
+                return bytes.count
+            }
+            guard let copied else { return false }
+            self.offset += copied
             return true
         }
     }

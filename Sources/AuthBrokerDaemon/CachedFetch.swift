@@ -241,10 +241,51 @@ final class CacheExchange: Sendable {
     static let collapsedWait: Duration = .seconds(10)
 }
 
+/// The fields each answer from a stored response gets on top of the stored ones (`Age`, the
+/// request id, `Cache-Status`, `Proxy-Status`, `Connection`), as fields of a head or as bytes
+/// after an entry's encoded head (the direct relay's hits, `ResponseCache.Entry.clientHead`).
+struct StoredAnswerFields {
+    var age: Int
+    var requestID: String
+    var cacheStatus: String
+    var proxyStatus: String? = nil
+    var keepAlive: Bool
+
+    /// All but `Connection`, which a rewrite must not touch and the caller sets after it.
+    func add(to headers: inout HTTPHeaders) {
+        headers.add(name: "Age", value: String(self.age))
+        headers.add(name: BrokerHeaders.requestID, value: self.requestID)
+        headers.add(name: CacheStatusField.name, value: self.cacheStatus)
+        if let proxyStatus = self.proxyStatus { headers.add(name: "Proxy-Status", value: proxyStatus) }
+    }
+
+    /// Completes an open head (`ResponseHeadEncoding.openHead`) with these fields and the empty
+    /// line; false when a value could not be sent (the caller then takes the other way).
+    func complete(_ head: inout ByteBuffer) -> Bool {
+        let start = head.writerIndex
+        head.writeStaticString("Age: ")
+        head.writeString(String(self.age))
+        head.writeStaticString("\r\n")
+        var sent =
+            ResponseHeadEncoding.appendField(name: BrokerHeaders.requestID, value: self.requestID, to: &head)
+            && ResponseHeadEncoding.appendField(name: CacheStatusField.name, value: self.cacheStatus, to: &head)
+        if sent, let proxyStatus = self.proxyStatus {
+            sent = ResponseHeadEncoding.appendField(name: "Proxy-Status", value: proxyStatus, to: &head)
+        }
+        guard sent else {
+            head.moveWriterIndex(to: start)
+            return false
+        }
+        if !self.keepAlive { head.writeStaticString("Connection: close\r\n") }
+        head.writeStaticString("\r\n")
+        return true
+    }
+}
+
 /// `Cache-Status` (RFC 9211) members the broker adds to what it serves.
 enum CacheStatusField {
     static let name = "Cache-Status"
-    static func hit() -> String { "\(ProxyStatusField.proxyName); hit" }
+    static let hit = "\(ProxyStatusField.proxyName); hit"
     /// A miss answered from another request's response to the same URL, as it was being stored:
     /// forwarded, collapsed into that one's forward (RFC 9211 §2.3, §2.7).
     static func collapsed() -> String { "\(ProxyStatusField.proxyName); fwd=miss; collapsed" }
@@ -302,7 +343,7 @@ extension Interceptor {
             switch reuse {
             case .fresh(let age), .staleAllowed(let age):
                 if let outcome = await self.answer(
-                    from: cache, stored, age: age, counting: .hit, cacheStatus: CacheStatusField.hit(), head: head, client: client,
+                    from: cache, stored, age: age, counting: .hit, cacheStatus: CacheStatusField.hit, head: head, client: client,
                     requests: &requests
                 ) {
                     return outcome
@@ -356,7 +397,7 @@ extension Interceptor {
                         requestHeaders: head.headers, stored: entry.freshness, storedHeaders: entry.headers, now: Date()
                     ),
                     let outcome = await self.answer(
-                        from: cache, entry, age: age, counting: .hit, cacheStatus: CacheStatusField.hit(), head: head, client: client,
+                        from: cache, entry, age: age, counting: .hit, cacheStatus: CacheStatusField.hit, head: head, client: client,
                         requests: &requests
                     )
                 {
@@ -394,10 +435,10 @@ extension Interceptor {
         let keepAlive = head.isKeepAlive && head.version == .http1_1 && drained == .ended && !client.draining()
         var headers = Self.storedClientHeaders(entry.headers, status: entry.head.status, bodyLength: declared ?? 0, logger: client.logger)
         if declared == nil { headers.remove(name: "Content-Length") }
-        let responseHead = Self.storedResponseHead(
-            entry, clientHeaders: headers, age: entry.freshness.age(now: Date()), cacheStatus: CacheStatusField.collapsed(),
-            requestID: client.requestID, keepAlive: keepAlive, rewrite: client.rewrite
+        let answer = StoredAnswerFields(
+            age: entry.freshness.age(now: Date()), requestID: client.requestID, cacheStatus: CacheStatusField.collapsed(), keepAlive: keepAlive
         )
+        let responseHead = Self.storedResponseHead(entry, clientHeaders: headers, answer: answer, rewrite: client.rewrite)
         let capture = FlowCapture.current
         capture?.responded(responseHead)
         var bytes = 0
@@ -430,25 +471,18 @@ extension Interceptor {
         requestID: String, keepAlive: Bool, rewrite: RewriteRule?, logger: Logger
     ) -> HTTPResponseHead {
         let clientHeaders = Self.storedClientHeaders(stored, status: entry.head.status, bodyLength: entry.head.bodyLength, logger: logger)
-        return Self.storedResponseHead(
-            entry, clientHeaders: clientHeaders, age: age, cacheStatus: cacheStatus, proxyStatus: proxyStatus, requestID: requestID,
-            keepAlive: keepAlive, rewrite: rewrite
-        )
+        let answer = StoredAnswerFields(age: age, requestID: requestID, cacheStatus: cacheStatus, proxyStatus: proxyStatus, keepAlive: keepAlive)
+        return Self.storedResponseHead(entry, clientHeaders: clientHeaders, answer: answer, rewrite: rewrite)
     }
 
-    /// `storedResponseHead` from the fields `storedClientHeaders` made: the per-request ones
-    /// added (`Age`, `Cache-Status`, the request id, `Connection`).
+    /// `storedResponseHead` from the fields `storedClientHeaders` made, with `answer`'s added.
     static func storedResponseHead(
-        _ entry: ResponseCache.Entry, clientHeaders: HTTPHeaders, age: Int, cacheStatus: String, proxyStatus: String? = nil,
-        requestID: String, keepAlive: Bool, rewrite: RewriteRule?
+        _ entry: ResponseCache.Entry, clientHeaders: HTTPHeaders, answer: StoredAnswerFields, rewrite: RewriteRule?
     ) -> HTTPResponseHead {
         var headers = clientHeaders
-        headers.add(name: "Age", value: String(age))
-        headers.add(name: BrokerHeaders.requestID, value: requestID)
-        headers.add(name: CacheStatusField.name, value: cacheStatus)
-        if let proxyStatus { headers.add(name: "Proxy-Status", value: proxyStatus) }
+        answer.add(to: &headers)
         rewrite?.editResponse(&headers)
-        if !keepAlive { headers.replaceOrAdd(name: "Connection", value: "close") }
+        if !answer.keepAlive { headers.replaceOrAdd(name: "Connection", value: "close") }
         return HTTPResponseHead(version: .http1_1, status: HTTPResponseStatus(statusCode: entry.head.status), headers: headers)
     }
 

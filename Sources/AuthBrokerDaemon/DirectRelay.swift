@@ -305,16 +305,29 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
     private func answerFromCache(_ relayed: RelayedRequest, hit: (entry: ResponseCache.Entry, age: Int), context: ChannelHandlerContext) {
         let interceptor = self.relay.interceptor
         relayed.clientKeepAlive = !self.relay.registry.isDraining
-        let head = Interceptor.storedResponseHead(
-            hit.entry, clientHeaders: hit.entry.clientHeaders, age: hit.age, cacheStatus: CacheStatusField.hit(),
-            requestID: relayed.requestID, keepAlive: relayed.clientKeepAlive, rewrite: nil
+        let answer = StoredAnswerFields(
+            age: hit.age, requestID: relayed.requestID, cacheStatus: CacheStatusField.hit, keepAlive: relayed.clientKeepAlive
         )
         interceptor.cache?.count(.hit)
         relayed.status = hit.entry.head.status
+        let body = relayed.head.method == .HEAD ? nil : hit.entry.memoryBody.flatMap { $0.readableBytes > 0 ? $0 : nil }
+        relayed.bytes = body?.readableBytes ?? 0
+        // The entry's head encoded once, this answer's fields and the body after it: one buffer,
+        // and no head to build or encode. The flow log needs the head as fields.
+        if relayed.flow == nil, var response = hit.entry.clientHead {
+            response.reserveCapacity(minimumWritableBytes: 160 + relayed.bytes)
+            if answer.complete(&response) {
+                if let body { response.writeImmutableBuffer(body) }
+                context.triggerUserOutboundEvent(ResponseEncoder.EncodedResponse(bytes: response), promise: nil)
+                context.flush()
+                self.finish(relayed, reusable: false, brokerError: nil, context: context)
+                return
+            }
+        }
+        let head = Interceptor.storedResponseHead(hit.entry, clientHeaders: hit.entry.clientHeaders, answer: answer, rewrite: nil)
         relayed.flow?.observed.responded(head)
         context.write(self.wrapOutboundOut(.head(head)), promise: nil)
-        if relayed.head.method != .HEAD, let body = hit.entry.memoryBody, body.readableBytes > 0 {
-            relayed.bytes = body.readableBytes
+        if let body {
             relayed.flow?.observed.responseBody(body)
             context.write(self.wrapOutboundOut(.body(.byteBuffer(body))), promise: nil)
         }

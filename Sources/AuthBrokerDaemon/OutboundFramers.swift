@@ -58,6 +58,30 @@ final class ResponseEncoder: ChannelOutboundHandler, RemovableChannelHandler {
         self.timeouts = timeouts
     }
 
+    /// A whole response encoded before it reached this handler (a cache hit: its entry's head
+    /// with the answer's fields, and its body, framed by a length or bodiless), sent as an
+    /// outbound user event so it passes through here in order with every other write and
+    /// answers its request like any response. The sender flushes.
+    struct EncodedResponse {
+        var bytes: ByteBuffer
+    }
+
+    func triggerUserOutboundEvent(context: ChannelHandlerContext, event: Any, promise: EventLoopPromise<Void>?) {
+        guard let encoded = event as? EncodedResponse else {
+            context.triggerUserOutboundEvent(event, promise: promise)
+            return
+        }
+        guard self.body != .refused else {
+            promise?.fail(ChannelError.ioOnClosedChannel)
+            return
+        }
+        self.writePending(context: context)
+        _ = self.methods.answered()
+        self.timeouts.responseEnded()
+        self.body = .asIs
+        context.write(self.wrapOutboundOut(.byteBuffer(encoded.bytes)), promise: promise)
+    }
+
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
         switch self.unwrapOutboundIn(data) {
         case .head(let head):
@@ -99,10 +123,8 @@ final class ResponseEncoder: ChannelOutboundHandler, RemovableChannelHandler {
                 self.body = framing == .chunked || framing == .chunkedAfterCodings ? .chunked : .asIs
             }
         }
-        let reason = head.status.reasonPhrase
-        var buffer = context.channel.allocator.buffer(
-            capacity: ResponseHeadEncoding.estimatedSize(headers, reasonPhrase: reason) + 256
-        )
+        // Room for the usual head and a small body after it; a larger head grows it once.
+        var buffer = context.channel.allocator.buffer(capacity: 1024)
         do {
             try ResponseHeadEncoding.write(version: head.version, status: head.status, headers: headers, to: &buffer)
         } catch {

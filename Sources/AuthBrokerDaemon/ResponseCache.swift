@@ -34,6 +34,11 @@ package final class ResponseCache: Sendable {
         /// The fields every client gets with it (`Interceptor.storedClientHeaders`), made once
         /// for the direct relay's hits.
         package let clientHeaders: HTTPHeaders
+        /// Its status line and `clientHeaders`, encoded once (`ResponseHeadEncoding.openHead`)
+        /// for the direct relay's hits, which copy it and add their own fields; nil when a field
+        /// cannot be sent (such a hit takes the way through `HTTPHeaders`, whose encoder then
+        /// refuses it).
+        package let clientHead: ByteBuffer?
         /// Whether the body on disk is known to match `head.bodyCRC32`: written by this process
         /// (which computed the checksum from the bytes it wrote), or checked once since start.
         /// An entry found at start is not, until its first use checks it (`openBody`).
@@ -50,6 +55,9 @@ package final class ResponseCache: Sendable {
             // Negotiate token in a 200's WWW-Authenticate, logged (at debug) when it first went out.
             self.clientHeaders = Interceptor.storedClientHeaders(
                 self.headers, status: head.status, bodyLength: head.bodyLength, logger: Logger(label: "", factory: { _ in SwiftLogNoOpLogHandler() })
+            )
+            self.clientHead = try? ResponseHeadEncoding.openHead(
+                version: .http1_1, status: HTTPResponseStatus(statusCode: head.status), headers: self.clientHeaders
             )
             self.fileName = fileName ?? CacheEntryFormat.fileName(method: head.method, url: head.url, variantKey: head.variantKey)
             self.bodyOffset = bodyOffset

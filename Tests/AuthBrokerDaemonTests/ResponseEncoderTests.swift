@@ -1,4 +1,5 @@
 import AuthBrokerCore
+import Foundation
 import NIOCore
 import NIOEmbedded
 import NIOHTTP1
@@ -173,5 +174,58 @@ struct ResponseEncoderTests {
         connection.channel.flush()
         #expect(order.value == ["head", "body", "end"])
         #expect(try connection.written() == ["HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n"])
+    }
+
+    static func entry(_ fields: [(String, String)], status: Int = 200, bodyLength: Int64 = 5) -> ResponseCache.Entry {
+        let head = CacheEntryFormat.Head(
+            method: "GET", url: "http://a.test/", variantKey: "", varyFields: [], status: status, headers: fields,
+            requestTime: Date(), responseTime: Date(), bodyLength: bodyLength
+        )
+        return ResponseCache.Entry(head: head, bodyOffset: 0, bodyVerified: true)
+    }
+
+    @Test("a hit's head from the entry's encoded bytes is byte for byte the head built as fields and encoded")
+    func encodedHeadMatchesFields() throws {
+        let entry = Self.entry([
+            ("Cache-Control", "max-age=600"), ("Set-Cookie", "a=1"), ("Set-Cookie", "b=2"), ("Connection", "x-hop"), ("X-Hop", "1"),
+            ("Age", "7"), ("Content-Length", "99"), ("Content-Type", "text/plain; charset=\"utf-8\""), ("X-Tab", "a\tb"),
+        ])
+        let open = try #require(entry.clientHead)
+        for keepAlive in [true, false] {
+            let answer = StoredAnswerFields(age: 12, requestID: "r-1", cacheStatus: CacheStatusField.hit, keepAlive: keepAlive)
+            var fast = open
+            #expect(answer.complete(&fast))
+            let head = Interceptor.storedResponseHead(entry, clientHeaders: entry.clientHeaders, answer: answer, rewrite: nil)
+            var slow = ByteBuffer()
+            try ResponseHeadEncoding.write(version: head.version, status: head.status, headers: head.headers, to: &slow)
+            #expect(String(buffer: fast) == String(buffer: slow))
+            // The stored fields went through the client-side rules: no hop-by-hop field, no
+            // stored Age, the body's own length.
+            let text = String(buffer: fast)
+            #expect(!text.contains("x-hop") && !text.contains("X-Hop") && !text.contains("Age: 7") && text.contains("Content-Length: 5\r\n"))
+            #expect(text.contains("Connection: close") == !keepAlive)
+        }
+    }
+
+    @Test("a stored field that cannot be sent leaves the entry without encoded head bytes")
+    func unsendableStoredField() {
+        #expect(Self.entry([("Cache-Control", "max-age=600"), ("X-Bad", "a\u{1}b")]).clientHead == nil)
+        #expect(Self.entry([("Cache-Control", "max-age=600")]).clientHead != nil)
+        let answer = StoredAnswerFields(age: 1, requestID: "r\r\nSet-Cookie: a=1", cacheStatus: CacheStatusField.hit, keepAlive: true)
+        var head = ByteBuffer(string: "HTTP/1.1 200 OK\r\n")
+        #expect(!answer.complete(&head))
+        #expect(String(buffer: head) == "HTTP/1.1 200 OK\r\n")
+    }
+
+    @Test("an encoded response answers its request in order, like any other response")
+    func encodedResponseAnswersItsRequest() throws {
+        let connection = try Self.connect()
+        try connection.request("GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\nHEAD http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        connection.channel.pipeline.triggerUserOutboundEvent(
+            ResponseEncoder.EncodedResponse(bytes: ByteBuffer(string: "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")), promise: nil
+        )
+        // The HEAD's response: its body is dropped, so the GET's answer took the GET's place.
+        let written = try connection.respond([Self.head(.ok, ("Content-Length", "5")), Self.body("hello"), .end(nil)])
+        #expect(written == ["HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"])
     }
 }
