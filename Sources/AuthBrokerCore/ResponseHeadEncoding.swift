@@ -92,12 +92,16 @@ package enum ResponseHeadEncoding {
 
     /// Appends one field to an open head; false (nothing appended) when it would break the head.
     package static func appendField(name: String, value: String, to buffer: inout ByteBuffer) -> Bool {
-        guard !name.isEmpty, name.utf8.allSatisfy(Self.isTokenByte), value.utf8.allSatisfy(Self.isValueByte) else { return false }
-        buffer.writeString(name)
-        buffer.writeStaticString(": ")
-        buffer.writeString(value)
-        buffer.writeStaticString("\r\n")
-        return true
+        guard !name.isEmpty else { return false }
+        return buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: name.utf8.count + value.utf8.count + 4) { memory in
+            var out = Output(memory: memory)
+            guard out.copy(name, ifEvery: Self.isTokenByte) else { return 0 }
+            out.byte(UInt8(ascii: ":"))
+            out.byte(UInt8(ascii: " "))
+            guard out.copy(value, ifEvery: Self.isValueByte) else { return 0 }
+            out.lineEnd()
+            return out.offset
+        } > 0
     }
 
     /// A cursor over memory counted to fit the head exactly.
