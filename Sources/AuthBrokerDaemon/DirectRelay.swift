@@ -122,6 +122,8 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
     /// The route of this connection's last relayable target, kept while it holds: choosing an
     /// HTTPS route's client identity afresh was about 1% of the daemon's work per request.
     private var lastRoute: AutomaticRoute?
+    /// The last origin the authenticator knew no space at, and its count of learnt spaces then.
+    private var noSpacesKnown: (origin: CanonicalOrigin, learnt: UInt64)?
 
     init(relay: DirectRelay, registration: RegisteredClientConnection, adopted: AdoptedExchangeSlot, peer: ConnectionPeer?) {
         self.relay = relay
@@ -255,7 +257,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
         }
         guard
             route.proxy == nil, route.clientIdentity == nil,
-            !interceptor.authenticator.knowsSpaces(at: origin),
+            !self.mayGetCredentialsUpFront(at: origin),
             // A [[respond]] or [[rewrite]] rule may apply: the full path decides.
             !interceptor.rules.cover(host: origin.host),
             self.relay.registry.startRequestUnlessDraining(self.registration)
@@ -270,6 +272,17 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
         }
         relayed.cachedHit = cachedHit
         return relayed
+    }
+
+    /// Whether a request to `origin` may carry a credential the full path adds; asked of the
+    /// authenticator again only when the origin changes or it has learnt a space since.
+    private func mayGetCredentialsUpFront(at origin: CanonicalOrigin) -> Bool {
+        let authenticator = self.relay.interceptor.authenticator
+        let learnt = authenticator.spacesLearnt
+        if let known = self.noSpacesKnown, known.learnt == learnt, known.origin == origin { return false }
+        guard !authenticator.knowsSpaces(at: origin) else { return true }
+        self.noSpacesKnown = (origin, learnt)
+        return false
     }
 
     /// The request has ended: it goes upstream on an idle pooled connection of this event loop,

@@ -4,6 +4,7 @@ import AuthBrokerKerberos
 import Logging
 import NIOConcurrencyHelpers
 import NIOHTTP1
+import Synchronization
 
 /// One request's history with HTTP authentication, carried across its attempts.
 package struct RequestAuthState: Sendable {
@@ -117,6 +118,9 @@ package final class HTTPAuthenticator: Sendable {
     /// Scoped like Basic (RFC 7617 §2.2): a fresh context costs both sides work, and a server's
     /// open paths would only ignore it.
     private let negotiateKnown: NIOLockedValueBox<BoundedTable<Authority, [String]>>
+    /// Counts what `knownSpaces` and `negotiateKnown` have learnt: a caller told no space is
+    /// known at an origin may keep that answer while this count stays (`spacesLearnt`).
+    private let learnt = Atomic<UInt64>(0)
     private let audit: AuditLog?
     private let logger: Logger
 
@@ -180,6 +184,11 @@ package final class HTTPAuthenticator: Sendable {
             self.logger.debug("no preemptive authorization", metadata: ["space": "\(space)", "error": "\((error as? HTTPAuthError)?.code ?? "\(error)")"])
         }
     }
+
+    /// How many spaces and Kerberos directories have been learnt so far. Read it before
+    /// `knowsSpaces(at:)`: while it has not moved, a false from there still holds (the direct
+    /// relay asks once per origin, not on every request).
+    package var spacesLearnt: UInt64 { self.learnt.load(ordering: .acquiring) }
 
     /// Whether any request to `origin` may get a credential up front (a space there answered
     /// before): such requests need the full path, which adds it.
@@ -333,6 +342,7 @@ package final class HTTPAuthenticator: Sendable {
             if prefixes.count > Self.maxKnownSpacesPerOrigin { prefixes.removeFirst(prefixes.count - Self.maxKnownSpacesPerOrigin) }
             known[authority] = prefixes
         }
+        self.learnt.add(1, ordering: .releasing)
         return nil
     }
 
@@ -537,6 +547,7 @@ package final class HTTPAuthenticator: Sendable {
             if list.count > Self.maxKnownSpacesPerOrigin { list.removeFirst(list.count - Self.maxKnownSpacesPerOrigin) }
             known[authority] = list
         }
+        self.learnt.add(1, ordering: .releasing)
     }
 
     /// `Authbroker-Persist`: the server accepted a Basic credential the client sent; keep it for
