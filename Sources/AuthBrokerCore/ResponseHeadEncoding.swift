@@ -42,11 +42,9 @@ package enum ResponseHeadEncoding {
     ) throws(Refusal) {
         let code = status.code
         guard (100...999).contains(code) else { throw .statusCode(code) }
-        let versionText = version == .http1_1 ? "HTTP/1.1 " : "HTTP/\(version.major).\(version.minor) "
+        let versionText = Self.versionText(version)
         let reason = status.reasonPhrase
-        // "HTTP/1.1 200 " reason CRLF, each field as name ": " value CRLF, then CRLF.
-        var size = versionText.utf8.count + 4 + reason.utf8.count + 2 + 2
-        for (name, value) in headers { size += name.utf8.count + value.utf8.count + 4 }
+        let size = Self.size(version: version, status: status, headers: headers)
         var refusal: Refusal?
         buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: size) { memory in
             var out = Output(memory: memory)
@@ -81,10 +79,23 @@ package enum ResponseHeadEncoding {
         if let refusal { throw refusal }
     }
 
+    private static func versionText(_ version: HTTPVersion) -> String {
+        version == .http1_1 ? "HTTP/1.1 " : "HTTP/\(version.major).\(version.minor) "
+    }
+
+    /// The head's bytes: "HTTP/1.1 200 " reason CRLF, each field as name ": " value CRLF, then
+    /// CRLF.
+    private static func size(version: HTTPVersion, status: HTTPResponseStatus, headers: HTTPHeaders) -> Int {
+        var size = Self.versionText(version).utf8.count + 4 + status.reasonPhrase.utf8.count + 2 + 2
+        for (name, value) in headers { size += name.utf8.count + value.utf8.count + 4 }
+        return size
+    }
+
     /// A head without its empty line, for fields to follow (`appendField`, then `"\r\n"`): a
     /// stored response's head, encoded once and copied into each answer from it.
     package static func openHead(version: HTTPVersion, status: HTTPResponseStatus, headers: HTTPHeaders) throws(Refusal) -> ByteBuffer {
-        var buffer = ByteBuffer()
+        // Exactly its size: it is kept for as long as its entry (a buffer that grows doubles).
+        var buffer = ByteBufferAllocator().buffer(capacity: Self.size(version: version, status: status, headers: headers))
         try Self.write(version: version, status: status, headers: headers, to: &buffer)
         buffer.moveWriterIndex(to: buffer.writerIndex - 2)
         return buffer

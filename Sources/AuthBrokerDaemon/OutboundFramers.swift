@@ -31,7 +31,7 @@ final class ResponseEncoder: ChannelOutboundHandler, RemovableChannelHandler {
     static let joinedBodyLimit = 4096
 
     private enum Body {
-        /// Written as it comes (a length, or a body that ends with the connection).
+        /// Written as it comes (a length).
         case asIs
         /// Chunk-framed here.
         case chunked
@@ -141,7 +141,7 @@ final class ResponseEncoder: ChannelOutboundHandler, RemovableChannelHandler {
     private func writeBody(_ part: IOData, context: ChannelHandlerContext, promise: EventLoopPromise<Void>?) {
         switch self.body {
         case .none:
-            promise?.succeed()
+            self.completeInOrder(promise, context: context)
         case .refused:
             promise?.fail(ChannelError.ioOnClosedChannel)
         case .asIs:
@@ -156,7 +156,7 @@ final class ResponseEncoder: ChannelOutboundHandler, RemovableChannelHandler {
             let size = part.readableBytes
             guard size > 0 else {
                 // An empty chunk would end the body.
-                promise?.succeed()
+                self.completeInOrder(promise, context: context)
                 return
             }
             var framed = self.pending ?? context.channel.allocator.buffer(capacity: size <= Self.joinedBodyLimit ? size + 24 : 24)
@@ -194,10 +194,20 @@ final class ResponseEncoder: ChannelOutboundHandler, RemovableChannelHandler {
             if self.pending != nil {
                 self.join(promise)
                 self.writePending(context: context)
-            } else if let promise {
-                // Nothing to write, but its promise completes in order with the writes before it.
-                context.write(self.wrapOutboundOut(.byteBuffer(ByteBuffer())), promise: promise)
+            } else {
+                self.completeInOrder(promise, context: context)
             }
+        }
+    }
+
+    /// For a write that puts nothing on the wire (a dropped body part, an empty chunk, an end
+    /// without chunking): its promise completes in order with the writes before it.
+    private func completeInOrder(_ promise: EventLoopPromise<Void>?, context: ChannelHandlerContext) {
+        guard let promise else { return }
+        if self.pending != nil {
+            self.join(promise)
+        } else {
+            context.write(self.wrapOutboundOut(.byteBuffer(ByteBuffer())), promise: promise)
         }
     }
 

@@ -11,9 +11,9 @@ import NIOHTTP1
 /// inbound error, which the connection answers with 400 `malformed_request` and a close; nothing
 /// of that request, or any after it, is passed on. It also tells the connection's
 /// `HeadNormalizer` where each request ends, and keeps the methods of the requests not yet
-/// answered, for `ResponseEncoder`; and inside an
-/// intercepted connection it makes each target absolute (`InterceptedTarget`). One handler for
-/// these: each handler a part passes costs on every request.
+/// answered, for `ResponseEncoder`; and inside an intercepted connection it makes each target
+/// absolute (`InterceptedTarget`). One handler for these: each handler a part passes costs on
+/// every request.
 final class RequestFramingCheck: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPServerRequestPart
     typealias InboundOut = HTTPServerRequestPart

@@ -34,10 +34,12 @@ package final class ResponseCache: Sendable {
         /// The fields every client gets with it (`Interceptor.storedClientHeaders`), made once
         /// for the direct relay's hits.
         package let clientHeaders: HTTPHeaders
-        /// Its status line and `clientHeaders`, encoded once (`ResponseHeadEncoding.openHead`)
-        /// for the direct relay's hits, which copy it and add their own fields; nil when a field
-        /// cannot be sent (such a hit takes the way through `HTTPHeaders`, whose encoder then
-        /// refuses it).
+        /// Its status line and `clientHeaders`, framed as `ResponseEncoder` frames them and
+        /// encoded once (`ResponseHeadEncoding.openHead`), for the direct relay's hits, which
+        /// copy it and add their own fields. Only for an entry small enough for a direct hit
+        /// (`memoryEntryLimit`): a large one never gets one, and need not hold the bytes. Nil
+        /// too when a field cannot be sent (such a hit takes the way through `HTTPHeaders`,
+        /// whose encoder then refuses it).
         package let clientHead: ByteBuffer?
         /// Whether the body on disk is known to match `head.bodyCRC32`: written by this process
         /// (which computed the checksum from the bytes it wrote), or checked once since start.
@@ -56,9 +58,16 @@ package final class ResponseCache: Sendable {
             self.clientHeaders = Interceptor.storedClientHeaders(
                 self.headers, status: head.status, bodyLength: head.bodyLength, logger: Logger(label: "", factory: { _ in SwiftLogNoOpLogHandler() })
             )
-            self.clientHead = try? ResponseHeadEncoding.openHead(
-                version: .http1_1, status: HTTPResponseStatus(statusCode: head.status), headers: self.clientHeaders
-            )
+            if head.bodyLength <= ResponseCache.memoryEntryLimit {
+                let status = HTTPResponseStatus(statusCode: head.status)
+                var framed = self.clientHeaders
+                if OutboundBodyFraming.unchanged(framed, mayHaveBody: status.mayHaveResponseBody, bodyWithoutFraming: true) == nil {
+                    _ = OutboundBodyFraming.prepare(&framed, mayHaveBody: status.mayHaveResponseBody, bodyWithoutFraming: true)
+                }
+                self.clientHead = try? ResponseHeadEncoding.openHead(version: .http1_1, status: status, headers: framed)
+            } else {
+                self.clientHead = nil
+            }
             self.fileName = fileName ?? CacheEntryFormat.fileName(method: head.method, url: head.url, variantKey: head.variantKey)
             self.bodyOffset = bodyOffset
             // An empty body has nothing to lose (`decodeHead` holds its checksum to 0).

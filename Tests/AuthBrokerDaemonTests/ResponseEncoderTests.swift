@@ -184,27 +184,36 @@ struct ResponseEncoderTests {
         return ResponseCache.Entry(head: head, bodyOffset: 0, bodyVerified: true)
     }
 
-    @Test("a hit's head from the entry's encoded bytes is byte for byte the head built as fields and encoded")
+    @Test("a hit's head from the entry's encoded bytes is byte for byte what the encoder makes of the head as fields")
     func encodedHeadMatchesFields() throws {
-        let entry = Self.entry([
-            ("Cache-Control", "max-age=600"), ("Set-Cookie", "a=1"), ("Set-Cookie", "b=2"), ("Connection", "x-hop"), ("X-Hop", "1"),
-            ("Age", "7"), ("Content-Length", "99"), ("Content-Type", "text/plain; charset=\"utf-8\""), ("X-Tab", "a\tb"),
-        ])
-        let open = try #require(entry.clientHead)
-        for keepAlive in [true, false] {
-            let answer = StoredAnswerFields(age: 12, requestID: "r-1", cacheStatus: CacheStatusField.hit, keepAlive: keepAlive)
-            var fast = open
-            #expect(answer.complete(&fast))
-            let head = Interceptor.storedResponseHead(entry, clientHeaders: entry.clientHeaders, answer: answer, rewrite: nil)
-            var slow = ByteBuffer()
-            try ResponseHeadEncoding.write(version: head.version, status: head.status, headers: head.headers, to: &slow)
-            #expect(String(buffer: fast) == String(buffer: slow))
-            // The stored fields went through the client-side rules: no hop-by-hop field, no
-            // stored Age, the body's own length.
-            let text = String(buffer: fast)
-            #expect(!text.contains("x-hop") && !text.contains("X-Hop") && !text.contains("Age: 7") && text.contains("Content-Length: 5\r\n"))
-            #expect(text.contains("Connection: close") == !keepAlive)
+        let entries = [
+            Self.entry([
+                ("Cache-Control", "max-age=600"), ("Set-Cookie", "a=1"), ("Set-Cookie", "b=2"), ("Connection", "x-hop"), ("X-Hop", "1"),
+                ("Age", "7"), ("Content-Length", "99"), ("Content-Type", "text/plain; charset=\"utf-8\""), ("X-Tab", "a\tb"),
+            ]),
+            // Framing the encoder removes: a 204's length.
+            Self.entry([("Cache-Control", "max-age=600"), ("Content-Length", "0")], status: 204, bodyLength: 0),
+        ]
+        for entry in entries {
+            let open = try #require(entry.clientHead)
+            for keepAlive in [true, false] {
+                let answer = StoredAnswerFields(age: 12, requestID: "r-1", cacheStatus: CacheStatusField.hit, keepAlive: keepAlive)
+                var fast = open
+                #expect(answer.complete(&fast))
+                let head = Interceptor.storedResponseHead(entry, clientHeaders: entry.clientHeaders, answer: answer, rewrite: nil)
+                let connection = try Self.connect()
+                try connection.request("GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n")
+                let slow = try connection.respond([.head(head), .end(nil)])
+                #expect([String(buffer: fast)] == slow)
+                let text = String(buffer: fast)
+                #expect(!text.contains("x-hop") && !text.contains("X-Hop") && !text.contains("Age: 7"))
+                #expect(text.contains("Content-Length: 5\r\n") == (entry.head.status == 200))
+                #expect(!text.contains("Content-Length: 0"))
+                #expect(text.contains("Connection: close") == !keepAlive)
+            }
         }
+        // A body too large for a direct hit: no bytes kept for it.
+        #expect(Self.entry([("Cache-Control", "max-age=600")], bodyLength: Int64(ResponseCache.memoryEntryLimit) + 1).clientHead == nil)
     }
 
     @Test("a stored field that cannot be sent leaves the entry without encoded head bytes")
@@ -227,5 +236,23 @@ struct ResponseEncoderTests {
         // The HEAD's response: its body is dropped, so the GET's answer took the GET's place.
         let written = try connection.respond([Self.head(.ok, ("Content-Length", "5")), Self.body("hello"), .end(nil)])
         #expect(written == ["HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"])
+    }
+
+    @Test("writes that put nothing on the wire complete in order too: a HEAD's body, an empty chunk")
+    func promisesOfDroppedParts() throws {
+        let connection = try Self.connect()
+        try connection.request("HEAD http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\nGET http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        let order = NIOLoopBoundBox([String](), eventLoop: connection.channel.eventLoop)
+        let parts: [(String, HTTPServerResponsePart)] = [
+            ("head", Self.head(.ok, ("Content-Length", "1"))), ("dropped", Self.body("a")), ("end", .end(nil)),
+            ("head2", Self.head(.ok)), ("empty", Self.body("")), ("end2", .end(nil)),
+        ]
+        for (name, part) in parts {
+            let promise = connection.channel.eventLoop.makePromise(of: Void.self)
+            promise.futureResult.whenSuccess { order.value.append(name) }
+            connection.channel.write(part, promise: promise)
+        }
+        connection.channel.flush()
+        #expect(order.value == ["head", "dropped", "end", "head2", "empty", "end2"])
     }
 }
