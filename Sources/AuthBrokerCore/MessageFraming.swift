@@ -246,6 +246,12 @@ package enum OutboundBodyFraming: Sendable, Hashable {
         return bodyWithoutFraming ? nil : OutboundBodyFraming.none
     }
 
+    /// `prepare`, asking `unchanged` first so that the usual head is not copied.
+    package static func apply(to headers: inout HTTPHeaders, mayHaveBody: Bool, bodyWithoutFraming: Bool) -> OutboundBodyFraming {
+        Self.unchanged(headers, mayHaveBody: mayHaveBody, bodyWithoutFraming: bodyWithoutFraming)
+            ?? Self.prepare(&headers, mayHaveBody: mayHaveBody, bodyWithoutFraming: bodyWithoutFraming)
+    }
+
     /// Sets `headers`' framing fields and says who frames the body.
     ///
     /// - Parameters:

@@ -11,9 +11,6 @@ import NIOHTTP1
 // Requests to origins still go through SwiftNIO's encoder, with its framing off and
 // `RequestFramer` in front: when codings precede `chunked`, the framer writes the chunk framing
 // itself (the encoder frames only a field that is exactly `chunked`).
-//
-// Concrete handlers rather than one generic one: a generic handler's parts are looked up by their
-// generic type on every call, which cost the relay more than the framing itself.
 
 /// The client connection's response encoder. It frames each response: 1xx, 204 and 304 carry no
 /// framing, nor does any response to CONNECT; any other response without a length is chunked,
@@ -66,6 +63,12 @@ final class ResponseEncoder: ChannelOutboundHandler, RemovableChannelHandler {
         var bytes: ByteBuffer
     }
 
+    /// A response's framing fields as clients get them: a response without a length that may
+    /// have a body is chunked. Also for heads encoded ahead (`ResponseCache.Entry.clientHead`).
+    static func frame(_ headers: inout HTTPHeaders, mayHaveBody: Bool) -> OutboundBodyFraming {
+        OutboundBodyFraming.apply(to: &headers, mayHaveBody: mayHaveBody, bodyWithoutFraming: true)
+    }
+
     func triggerUserOutboundEvent(context: ChannelHandlerContext, event: Any, promise: EventLoopPromise<Void>?) {
         guard let encoded = event as? EncodedResponse else {
             context.triggerUserOutboundEvent(event, promise: promise)
@@ -113,9 +116,7 @@ final class ResponseEncoder: ChannelOutboundHandler, RemovableChannelHandler {
         let method = isFinal ? self.methods.answered() : nil
         let mayHaveBody = head.status.mayHaveResponseBody && method != .CONNECT
         var headers = head.headers
-        let framing =
-            OutboundBodyFraming.unchanged(headers, mayHaveBody: mayHaveBody, bodyWithoutFraming: true)
-            ?? OutboundBodyFraming.prepare(&headers, mayHaveBody: mayHaveBody, bodyWithoutFraming: true)
+        let framing = Self.frame(&headers, mayHaveBody: mayHaveBody)
         if isFinal {
             if !mayHaveBody || method == .HEAD {
                 self.body = .none
@@ -233,60 +234,30 @@ final class ResponseEncoder: ChannelOutboundHandler, RemovableChannelHandler {
 }
 
 /// An upstream connection's requests: a request without framing fields has no body (RFC 9112
-/// §6.3 rule 7); `Interceptor.upstreamHead` sets them for every body.
+/// §6.3 rule 7); `Interceptor.upstreamHead` sets them for every body. When codings precede
+/// `chunked`, it writes the body's chunk framing itself (NIO's encoder frames only a field that
+/// is exactly `chunked`).
 final class RequestFramer: ChannelOutboundHandler, RemovableChannelHandler {
     typealias OutboundIn = HTTPClientRequestPart
     typealias OutboundOut = HTTPClientRequestPart
 
-    private var chunking = SelfChunking()
+    /// The current request's body is chunk-framed here (codings precede `chunked`).
+    private var chunking = false
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
         let part = self.unwrapOutboundIn(data)
-        guard case .head(let head) = part else {
-            self.chunking.write(part, data: data, context: context, promise: promise, wrap: self.wrapOutboundOut)
-            return
-        }
-        guard let headers = self.chunking.frame(head.headers, mayHaveBody: true, bodyWithoutFraming: false) else {
-            context.write(data, promise: promise)
-            return
-        }
-        var prepared = head
-        prepared.headers = headers
-        context.write(self.wrapOutboundOut(.head(prepared)), promise: promise)
-    }
-}
-
-/// A framer's state: whether it writes the current message's chunk framing itself (`active`:
-/// codings precede `chunked`).
-private struct SelfChunking {
-    var active = false
-
-    /// Decides a head's framing: nil when its fields go as they are (the usual head, which a
-    /// rewrite would copy), else the fields to send.
-    mutating func frame(_ headers: HTTPHeaders, mayHaveBody: Bool, bodyWithoutFraming: Bool) -> HTTPHeaders? {
-        if let framing = OutboundBodyFraming.unchanged(headers, mayHaveBody: mayHaveBody, bodyWithoutFraming: bodyWithoutFraming) {
-            self.active = framing == .chunkedAfterCodings
-            return nil
-        }
-        var prepared = headers
-        self.active =
-            OutboundBodyFraming.prepare(&prepared, mayHaveBody: mayHaveBody, bodyWithoutFraming: bodyWithoutFraming) == .chunkedAfterCodings
-        return prepared
-    }
-
-    /// Writes a body part or the end, framed when active and passed on as it is otherwise.
-    mutating func write<Head>(
-        _ part: HTTPPart<Head, IOData>, data: NIOAny, context: ChannelHandlerContext, promise: EventLoopPromise<Void>?,
-        wrap: (HTTPPart<Head, IOData>) -> NIOAny
-    ) {
-        guard self.active else {
-            context.write(data, promise: promise)
-            return
-        }
         switch part {
-        case .head:
-            context.write(data, promise: promise)
-        case .body(let body):
+        case .head(let head):
+            if let framing = OutboundBodyFraming.unchanged(head.headers, mayHaveBody: true, bodyWithoutFraming: false) {
+                self.chunking = framing == .chunkedAfterCodings
+                context.write(data, promise: promise)
+                return
+            }
+            var prepared = head
+            self.chunking =
+                OutboundBodyFraming.prepare(&prepared.headers, mayHaveBody: true, bodyWithoutFraming: false) == .chunkedAfterCodings
+            context.write(self.wrapOutboundOut(.head(prepared)), promise: promise)
+        case .body(let body) where self.chunking:
             guard body.readableBytes > 0 else {
                 // An empty chunk would end the body.
                 promise?.succeed()
@@ -295,14 +266,16 @@ private struct SelfChunking {
             var sizeLine = context.channel.allocator.buffer(capacity: 18)
             sizeLine.writeString(String(body.readableBytes, radix: 16))
             sizeLine.writeStaticString("\r\n")
-            context.write(wrap(.body(.byteBuffer(sizeLine))), promise: nil)
-            context.write(wrap(.body(body)), promise: nil)
-            context.write(wrap(.body(.byteBuffer(ByteBuffer(staticString: "\r\n")))), promise: promise)
-        case .end:
+            context.write(self.wrapOutboundOut(.body(.byteBuffer(sizeLine))), promise: nil)
+            context.write(self.wrapOutboundOut(.body(body)), promise: nil)
+            context.write(self.wrapOutboundOut(.body(.byteBuffer(ByteBuffer(staticString: "\r\n")))), promise: promise)
+        case .end where self.chunking:
             // The last chunk; the broker forwards no trailers.
-            self.active = false
-            context.write(wrap(.body(.byteBuffer(ByteBuffer(staticString: "0\r\n\r\n")))), promise: nil)
-            context.write(wrap(.end(nil)), promise: promise)
+            self.chunking = false
+            context.write(self.wrapOutboundOut(.body(.byteBuffer(ByteBuffer(staticString: "0\r\n\r\n")))), promise: nil)
+            context.write(self.wrapOutboundOut(.end(nil)), promise: promise)
+        case .body, .end:
+            context.write(data, promise: promise)
         }
     }
 }

@@ -49,7 +49,10 @@ package final class ResponseCache: Sendable {
         package var fileBytes: Int64 { Int64(self.bodyOffset) + self.head.bodyLength }
 
         /// `fileName`: where it is; by default the name its key gives (`CacheEntryFormat.fileName`).
-        init(head: CacheEntryFormat.Head, bodyOffset: Int, fileName: String? = nil, bodyVerified: Bool) {
+        /// `directHits`: it goes in the index, where the direct relay may answer from it (not a
+        /// response still being stored, whose length is not known yet): only then does it get
+        /// a `clientHead`.
+        init(head: CacheEntryFormat.Head, bodyOffset: Int, fileName: String? = nil, bodyVerified: Bool, directHits: Bool = true) {
             self.head = head
             self.headers = HTTPHeaders(head.fields.map { ($0.name, $0.value) })
             self.freshness = CachePolicy.StoredFreshness(status: head.status, headers: self.headers, timing: head.timing)
@@ -58,12 +61,10 @@ package final class ResponseCache: Sendable {
             self.clientHeaders = Interceptor.storedClientHeaders(
                 self.headers, status: head.status, bodyLength: head.bodyLength, logger: Logger(label: "", factory: { _ in SwiftLogNoOpLogHandler() })
             )
-            if head.bodyLength <= ResponseCache.memoryEntryLimit {
+            if directHits, head.bodyLength <= ResponseCache.memoryEntryLimit {
                 let status = HTTPResponseStatus(statusCode: head.status)
                 var framed = self.clientHeaders
-                if OutboundBodyFraming.unchanged(framed, mayHaveBody: status.mayHaveResponseBody, bodyWithoutFraming: true) == nil {
-                    _ = OutboundBodyFraming.prepare(&framed, mayHaveBody: status.mayHaveResponseBody, bodyWithoutFraming: true)
-                }
+                _ = ResponseEncoder.frame(&framed, mayHaveBody: status.mayHaveResponseBody)
                 self.clientHead = try? ResponseHeadEncoding.openHead(version: .http1_1, status: status, headers: framed)
             } else {
                 self.clientHead = nil
@@ -892,7 +893,7 @@ package final class FillProgress: Sendable {
     }
 
     fileprivate init(head: CacheEntryFormat.Head, declaredLength: Int64?, fd: CInt, bodyOffset: Int64, written: Int64) {
-        self.entry = ResponseCache.Entry(head: head, bodyOffset: Int(bodyOffset), bodyVerified: true)
+        self.entry = ResponseCache.Entry(head: head, bodyOffset: Int(bodyOffset), bodyVerified: true, directHits: false)
         self.declaredLength = declaredLength
         self.bodyOffset = bodyOffset
         self.state = NIOLockedValueBox(State(written: written, fd: fd))
