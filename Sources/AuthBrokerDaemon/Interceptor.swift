@@ -487,6 +487,25 @@ package struct Interceptor: Sendable {
         return AutomaticRoute(route: UpstreamRoute(origin, clientIdentity: choice.identity?.name, proxy: proxy), identityChoice: choice)
     }
 
+    /// The head the client gets for an origin's (or the upstream proxy's) final head, on either
+    /// path: the header rules of `ProxyHeaders.clientResponseHeaders`, only standard challenges,
+    /// the rewrite rule's edits, and `Connection: close` when the client connection ends after it.
+    /// - Parameter proxyChallenges: the head is the upstream proxy's own 407, whose challenges
+    ///   are the client's to answer (the broker is its proxy), with `Proxy-Authorization`.
+    static func clientResponseHead(
+        _ head: HTTPResponseHead, requestID: String, proxyChallenges: Bool = false, rewrite: RewriteRule? = nil, close: Bool,
+        logger: Logger
+    ) -> HTTPResponseHead {
+        var headers = ProxyHeaders.clientResponseHeaders(head.headers, requestID: requestID)
+        if proxyChallenges {
+            for value in head.headers["Proxy-Authenticate"] { headers.add(name: "Proxy-Authenticate", value: value) }
+        }
+        Self.keepOnlyStandardChallenges(status: head.status, in: &headers, logger: logger)
+        rewrite?.editResponse(&headers)
+        if close { headers.replaceOrAdd(name: "Connection", value: "close") }
+        return HTTPResponseHead(version: .http1_1, status: head.status, headers: headers)
+    }
+
     /// DESIGN.md: a client sees only Basic and Digest challenges; Negotiate, NTLM, Bearer and the
     /// rest are removed from a 401's `WWW-Authenticate` (or a 407's `Proxy-Authenticate`), and
     /// logged; from any other response's `WWW-Authenticate` too (a server's final Negotiate
@@ -672,88 +691,108 @@ package struct Interceptor: Sendable {
                 case .head(let head):
                     // An interim response read with this head goes first (the wait below may be long).
                     try await output.flush()
-                    // Whether this attempt's body was held and never sent (a final status first).
-                    bodyWithheld = await gate.finalHeadArrived(status: head.status)
                     // A 407 is the upstream proxy's only when the request went through one, and
                     // is in the proxy's own space (an origin behind it may answer 407 too).
                     let fromProxy =
                         head.status == .proxyAuthenticationRequired
                         && auth.proxy.map { self.authenticator.isOwnChallenge(ofProxy: $0.origin, head) } == true
-                    if bodyWithheld,
-                        ExpectContinue.withheldOutcome(status: head.status, isProxyChallenge: fromProxy, brokerAddedExpect: brokerAddedExpect)
-                            == .expectationRefused
-                    {
-                        _ = await Self.readAway(&iterator)
-                        return .expectationRefused
-                    }
-                    // A head from beyond the proxy (a 401 the broker answers included): the proxy
-                    // took what the broker sent it.
-                    if !fromProxy, let proxy = auth.proxy, let failure = await self.proxyPassed(head, proxy: proxy) {
-                        _ = await Self.readAway(&iterator)
-                        return await self.sendKerberosError(
-                            .kerberos(failure, challenger: proxy.origin, isProxy: true, origin: auth.origin), requestID: requestID,
-                            writer: writer, clientWantsKeepAlive: clientWantsKeepAlive, state: state, closeClient: closeClient, draining: draining
+                    // The order of the checks is the machine's; this runs them.
+                    var decision = FinalHeadMachine(
+                        FinalHeadMachine.Head(
+                            status: head.status, isProxyChallenge: fromProxy, throughProxy: auth.proxy != nil,
+                            mayAnswerChallenges: auth.mayAnswer, brokerAddedExpect: brokerAddedExpect, cacheTakesPart: cache != nil
                         )
-                    }
-                    if head.status == .unauthorized || fromProxy, auth.mayAnswer,
-                        await self.answer(head, auth: auth, requestState: state, isProxy: fromProxy, bodyWithheld: bodyWithheld)
-                    {
-                        let readToEnd = await Self.readAway(&iterator)
-                        return .challengeAnswered(upstreamKeepAlive: readToEnd && head.isKeepAlive, byProxy: fromProxy)
-                    }
-                    if let (failure, challenger, byProxy) = await self.acceptOrRefuseKerberos(head, auth: auth, fromProxy: fromProxy) {
-                        // Kerberos could not be done (no token for an app that could answer
-                        // nothing else), or a server did not prove who it is: its response is not
-                        // passed on; the broker's error says why.
-                        _ = await Self.readAway(&iterator)
-                        return await self.sendKerberosError(
-                            .kerberos(failure, challenger: challenger, isProxy: byProxy, origin: auth.origin), requestID: requestID,
-                            writer: writer, clientWantsKeepAlive: clientWantsKeepAlive, state: state, closeClient: closeClient, draining: draining
-                        )
-                    }
-                    status = Int(head.status.code)
-                    upstreamKeepAlive = head.isKeepAlive
-                    if let cache {
-                        let carriedCredentials = auth.head.headers.contains(name: "authorization") || auth.state.withLockedValue { $0.authorization } != nil
-                        switch await cache.finalHead(head, requestCarriedCredentials: carriedCredentials) {
-                        case .forward:
-                            break
-                        case .repeatUnconditionally:
-                            // Nothing reached the client: the machine sends the request again.
+                    )
+                    var step = decision.start()
+                    var kerberosFailure: (KerberosFailure, challenger: CanonicalOrigin, byProxy: Bool)?
+                    var stored: (opened: OpenedCacheEntry, headers: HTTPHeaders, age: Int, cacheStatus: String)?
+                    decisions: while true {
+                        switch step {
+                        case .askContinueGate:
+                            // Whether this attempt's body was held and never sent (a final status first).
+                            bodyWithheld = await gate.finalHeadArrived(status: head.status)
+                            step = decision.gateAnswered(bodyWithheld: bodyWithheld)
+                        case .checkProxyAccepted:
+                            // A head from beyond the proxy (a 401 the broker answers included):
+                            // the proxy took what the broker sent it.
+                            if let proxy = auth.proxy, let failure = await self.proxyPassed(head, proxy: proxy) {
+                                kerberosFailure = (failure, proxy.origin, true)
+                            }
+                            step = decision.proxyChecked(refused: kerberosFailure != nil)
+                        case .answerChallenge(let byProxy):
+                            let retry = await self.answer(head, auth: auth, requestState: state, isProxy: byProxy, bodyWithheld: bodyWithheld)
+                            step = decision.challengeAnswered(retry)
+                        case .checkOriginAccepted(let byProxy):
+                            // Kerberos could not be done (no token for an app that could answer
+                            // nothing else), or a server did not prove who it is: its response is
+                            // not passed on; the broker's error says why.
+                            kerberosFailure = await self.acceptOrRefuseKerberos(head, auth: auth, fromProxy: byProxy)
+                            step = decision.originChecked(refused: kerberosFailure != nil)
+                        case .consultCache:
+                            let carriedCredentials = auth.head.headers.contains(name: "authorization") || auth.state.withLockedValue { $0.authorization } != nil
+                            switch await cache?.finalHead(head, requestCarriedCredentials: carriedCredentials) ?? .forward {
+                            case .forward:
+                                step = decision.cacheDecided(.forward)
+                            case .repeatUnconditionally:
+                                step = decision.cacheDecided(.repeatUnconditionally)
+                            case .serveStored(let opened, let headers, let age, let cacheStatus):
+                                stored = (opened, headers, age, cacheStatus)
+                                step = decision.cacheDecided(.serveStored)
+                            }
+                        case .discard(let discarded):
+                            // Nothing reached the client: the request machine sends it again.
                             let readToEnd = await Self.readAway(&iterator)
-                            return .cacheValidationNotSelected(upstreamKeepAlive: readToEnd && head.isKeepAlive)
-                        case .serveStored(let opened, let headers, let age, let cacheStatus):
+                            switch discarded {
+                            case .expectationRefused:
+                                return .expectationRefused
+                            case .challengeAnswered(let byProxy):
+                                return .challengeAnswered(upstreamKeepAlive: readToEnd && head.isKeepAlive, byProxy: byProxy)
+                            case .cacheValidationNotSelected:
+                                return .cacheValidationNotSelected(upstreamKeepAlive: readToEnd && head.isKeepAlive)
+                            }
+                        case .kerberosError:
+                            _ = await Self.readAway(&iterator)
+                            guard let (failure, challenger, byProxy) = kerberosFailure else { break decisions }
+                            return await self.sendKerberosError(
+                                .kerberos(failure, challenger: challenger, isProxy: byProxy, origin: auth.origin), requestID: requestID,
+                                writer: writer, clientWantsKeepAlive: clientWantsKeepAlive, state: state, closeClient: closeClient, draining: draining
+                            )
+                        case .serveStored:
+                            guard let stored else { break decisions }
                             // A stored response answers instead (`CacheExchange.finalHead` says
                             // why). A small body of the origin's (a 304 has none) is read away
                             // first so its connection stays usable; a large or unknown one (an
                             // error page that does not end) is not waited for: the connection closes.
                             let readToEnd = Self.isSmallBody(head) ? await Self.readAway(&iterator) : false
                             let served = await self.writeStored(
-                                opened, headers: headers, age: age, cacheStatus: cacheStatus, proxyStatus: nil,
+                                stored.opened, headers: stored.headers, age: stored.age, cacheStatus: stored.cacheStatus, proxyStatus: nil,
                                 head: auth.head, client: client, drained: .ended
                             )
                             return .completed(
                                 .init(
                                     status: served.status, bytes: served.bytes, upstreamKeepAlive: readToEnd && head.isKeepAlive,
-                                    clientKeepAlive: served.disposition == ConnectionDisposition.keepAlive && clientKeepAlive, requestComplete: state.requestComplete
+                                    clientKeepAlive: served.disposition == ConnectionDisposition.keepAlive && clientKeepAlive,
+                                    requestComplete: state.requestComplete
                                 )
                             )
+                        case .forward(let closeClient):
+                            // A withheld body stays unread, so the client connection ends after this.
+                            if closeClient { clientKeepAlive = false }
+                            break decisions
                         }
                     }
-                    var headers = ProxyHeaders.clientResponseHeaders(head.headers, requestID: requestID)
-                    if fromProxy {
-                        // The broker is the client's proxy: the upstream proxy's challenges are the
-                        // client's to answer (filtered below), with Proxy-Authorization.
-                        for value in head.headers["Proxy-Authenticate"] { headers.add(name: "Proxy-Authenticate", value: value) }
-                    }
-                    Self.keepOnlyStandardChallenges(status: head.status, in: &headers, logger: logger)
-                    rewrite?.editResponse(&headers)
+                    status = Int(head.status.code)
+                    upstreamKeepAlive = head.isKeepAlive
                     // Whether the request body will end is not known yet (the request pump may
                     // simply not have reached its end): that is decided when the response ends.
-                    // A withheld body stays unread, so the client connection ends after this.
-                    if draining() || bodyWithheld { clientKeepAlive = false }
-                    if !clientKeepAlive { headers.replaceOrAdd(name: "Connection", value: "close") }
-                    output.write(.head(HTTPResponseHead(version: .http1_1, status: head.status, headers: headers)))
+                    if draining() { clientKeepAlive = false }
+                    output.write(
+                        .head(
+                            Self.clientResponseHead(
+                                head, requestID: requestID, proxyChallenges: fromProxy, rewrite: rewrite, close: !clientKeepAlive, logger: logger
+                            )
+                        )
+                    )
                     headSent = true
                 case .body(let buffer):
                     bytes += buffer.readableBytes
