@@ -20,7 +20,7 @@ package struct DirectRelay: Sendable {
 }
 
 /// A relayed exchange the full path takes over: the relay read a response head it will not
-/// answer itself (a 401 or 407, which the broker may answer from its store), and the full path
+/// answer itself (a 401, which the broker may answer from its store), and the full path
 /// carries on from that head on the same connection, so the request is not sent twice.
 package struct AdoptedExchange: Sendable {
     let lease: PooledConnection<UpstreamConnection>
@@ -84,8 +84,9 @@ package struct DirectRelayLink: Sendable {
 /// reads bring it, with the same header rules, error answers, access line and counters as the
 /// full path, and with back-pressure from the client's writability.
 ///
-/// The full path takes over when the origin answers 401 or 407 (the broker may hold a
-/// credential): it adopts the exchange, 401 head and all (`AdoptedExchange`). When the origin
+/// A final head goes through the full path's checks in its order (`FinalHeadMachine`), and the
+/// full path takes over when the origin answers 401 (the broker may hold a credential): it
+/// adopts the exchange, 401 head and all (`AdoptedExchange`). When the origin
 /// closed a pooled connection before the response head, the full path sends the request again
 /// on a fresh one, as it does for its own requests. Parts that arrive while a relayed response is in flight are held,
 /// and delivered in order when it ends.
@@ -374,27 +375,39 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             if head.status == .continue || head.status == .switchingProtocols { return }
             context.write(self.wrapOutboundOut(.head(head)), promise: nil)
         case (.awaitingResponse, .head(let head)):
-            if head.status == .unauthorized || head.status == .proxyAuthenticationRequired {
-                // The broker may answer it from its store: the full path takes the exchange over,
-                // connection and all.
-                if let exchange = lease.connection.adoptRelay(startingWith: part) {
-                    relayed.lease = nil
-                    let adopted = AdoptedExchange(lease: lease, exchange: exchange, method: relayed.head.method, uri: relayed.head.uri)
-                    self.handToFullPath(relayed, context: context, adopted: adopted)
-                } else {
-                    self.handToFullPath(relayed, context: context)
+            // The full path's checks in its order (`FinalHeadMachine`): a relayed request has no
+            // body to hold, goes through no proxy, carries no credential and is not the cache's,
+            // so only a challenge is left to decide, and the full path answers it.
+            var decision = FinalHeadMachine(FinalHeadMachine.Head(status: head.status, mayAnswerChallenges: true))
+            var step = decision.start()
+            decided: while true {
+                switch step {
+                case .askContinueGate:
+                    step = decision.gateAnswered(bodyWithheld: false)
+                case .checkOriginAccepted:
+                    step = decision.originChecked(refused: false)
+                case .forward:
+                    break decided
+                case .answerChallenge, .checkProxyAccepted, .consultCache, .discard, .kerberosError, .serveStored:
+                    // The broker may answer it from its store: the full path takes the exchange
+                    // over, connection and all.
+                    if let exchange = lease.connection.adoptRelay(startingWith: part) {
+                        relayed.lease = nil
+                        let adopted = AdoptedExchange(lease: lease, exchange: exchange, method: relayed.head.method, uri: relayed.head.uri)
+                        self.handToFullPath(relayed, context: context, adopted: adopted)
+                    } else {
+                        self.handToFullPath(relayed, context: context)
+                    }
+                    self.deliverHeld(context: context)
+                    return
                 }
-                self.deliverHeld(context: context)
-                return
             }
             relayed.status = Int(head.status.code)
             relayed.upstreamKeepAlive = head.isKeepAlive
-            var headers = ProxyHeaders.clientResponseHeaders(head.headers, requestID: relayed.requestID)
-            if self.relay.registry.isDraining {
-                relayed.clientKeepAlive = false
-                headers.replaceOrAdd(name: "Connection", value: "close")
-            }
-            let responseHead = HTTPResponseHead(version: .http1_1, status: head.status, headers: headers)
+            if self.relay.registry.isDraining { relayed.clientKeepAlive = false }
+            let responseHead = Interceptor.clientResponseHead(
+                head, requestID: relayed.requestID, close: !relayed.clientKeepAlive, logger: self.relay.logger
+            )
             relayed.flow?.observed.responded(responseHead)
             context.write(self.wrapOutboundOut(.head(responseHead)), promise: nil)
             relayed.phase = .relaying

@@ -276,6 +276,32 @@ struct DirectRelayTests {
         }
     }
 
+    @Test("on the relay as on the full path: a 200's final Negotiate token is removed, an origin's 407 reaches the app without its challenge")
+    func relayedHeadsFollowTheChallengeRules() async throws {
+        try await Self.withRelayedOrigin("relay-challenges") { daemon, base in
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            #expect(try connection.request("GET", "\(base)/hello").status == 200)
+            #expect(try connection.request("GET", "\(base)/hello").status == 200)
+            // Each answer on the relay, then on the full path (a directive keeps it off the relay).
+            for (path, headers) in [("relay", [(String, String)]()), ("full path", [("Authbroker-Interactive", "1")])] {
+                let before = try Self.relayedCount(daemon)
+                let token = try connection.request("GET", "\(base)/offer-challenges/final-token", headers: headers)
+                #expect(token.status == 200)
+                let offered = token.headers.filter { $0.0.lowercased() == "www-authenticate" }.map(\.1)
+                #expect(offered == [#"Basic realm="after""#], "\(path): \(offered)")
+
+                let originChallenge = try connection.request("GET", "\(base)/offer-challenges/407", headers: headers)
+                #expect(originChallenge.status == 407)
+                // Proxy-Authenticate is hop-by-hop: the broker is the app's proxy, and it makes
+                // no such challenge.
+                #expect(originChallenge.header("Proxy-Authenticate") == nil, "\(path)")
+                #expect(originChallenge.header("Proxy-Status") == nil, "\(path)")
+                let relayed = try Self.relayedCount(daemon) - before
+                #expect(relayed == (path == "relay" ? 2 : 0), "\(path): relayed \(relayed)")
+            }
+        }
+    }
+
     @Test("on the relay: a stalled head is 504, a pooled connection the origin closed is retried, a cut body cuts the client")
     func upstreamFaults() async throws {
         let origin = try await FaultyOrigin.start()

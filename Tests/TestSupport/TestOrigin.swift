@@ -271,15 +271,27 @@ private final class OriginHandler: ChannelInboundHandler {
             context.writeAndFlush(self.wrapOutboundOut(.end(nil)), promise: nil)
         case "offer-challenges":
             // A 401 offering what real servers mix: Negotiate and NTLM beside Digest and Basic,
-            // or only Bearer.
+            // or only Bearer; `/final-token`: a 200 carrying a final Negotiate token nobody asked
+            // for beside a Basic challenge; `/407`: an origin's own 407, challenges and all.
+            let variant = parts.count > 1 ? parts[1] : ""
             let fields: [String] =
-                parts.count > 1 && parts[1] == "bearer"
-                ? [#"Bearer realm="api", error="invalid_token""#]
-                : [#"Negotiate, Digest realm="mixed@test", nonce="abc123", qop="auth", algorithm=SHA-256, Basic realm="mixed@test""#, "NTLM"]
+                switch variant {
+                case "bearer": [#"Bearer realm="api", error="invalid_token""#]
+                case "final-token": ["Negotiate b3JpZ2luLXRva2Vu", #"Basic realm="after""#]
+                case "407": []
+                default: [#"Negotiate, Digest realm="mixed@test", nonce="abc123", qop="auth", algorithm=SHA-256, Basic realm="mixed@test""#, "NTLM"]
+                }
             var headers = HTTPHeaders()
             for field in fields { headers.add(name: "www-authenticate", value: field) }
+            if variant == "407" { headers.add(name: "proxy-authenticate", value: #"Basic realm="origin-posing-as-proxy""#) }
             headers.add(name: "content-length", value: "0")
-            context.write(self.wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: .unauthorized, headers: headers))), promise: nil)
+            let status: HTTPResponseStatus =
+                switch variant {
+                case "final-token": .ok
+                case "407": .proxyAuthenticationRequired
+                default: .unauthorized
+                }
+            context.write(self.wrapOutboundOut(.head(HTTPResponseHead(version: .http1_1, status: status, headers: headers))), promise: nil)
             context.writeAndFlush(self.wrapOutboundOut(.end(nil)), promise: nil)
         default:
             self.send(context: context, status: .notFound, body: "no route \(path)")
