@@ -26,8 +26,6 @@ package struct FinalHeadMachine: Sendable {
     /// What the shell knows of the head and the attempt when the head arrives.
     package struct Head: Sendable, Hashable {
         package var status: HTTPResponseStatus
-        /// A 407 in the upstream proxy's own space: its challenge, not an origin's behind it.
-        package var isProxyChallenge: Bool
         /// The request went through the upstream proxy in absolute form (an `http://` origin).
         package var throughProxy: Bool
         /// A challenge may be answered on this attempt (`RequestStateMachine.Attempt`).
@@ -38,11 +36,10 @@ package struct FinalHeadMachine: Sendable {
         package var cacheTakesPart: Bool
 
         package init(
-            status: HTTPResponseStatus, isProxyChallenge: Bool = false, throughProxy: Bool = false, mayAnswerChallenges: Bool,
-            brokerAddedExpect: Bool = false, cacheTakesPart: Bool = false
+            status: HTTPResponseStatus, throughProxy: Bool = false, mayAnswerChallenges: Bool, brokerAddedExpect: Bool = false,
+            cacheTakesPart: Bool = false
         ) {
             self.status = status
-            self.isProxyChallenge = isProxyChallenge
             self.throughProxy = throughProxy
             self.mayAnswerChallenges = mayAnswerChallenges
             self.brokerAddedExpect = brokerAddedExpect
@@ -61,7 +58,8 @@ package struct FinalHeadMachine: Sendable {
     }
 
     package enum Action: Sendable, Hashable {
-        /// Tell the continue gate a final head came: `gateAnswered(bodyWithheld:)` follows.
+        /// Tell the continue gate a final head came: `gateAnswered(bodyWithheld:isProxyChallenge:)`
+    /// follows.
         case askContinueGate
         /// Check that the upstream proxy accepted what it was sent: `proxyChecked(refused:)`.
         case checkProxyAccepted
@@ -92,6 +90,8 @@ package struct FinalHeadMachine: Sendable {
 
     private let head: Head
     private var bodyWithheld = false
+    /// A 407 in the upstream proxy's own space: its challenge, not an origin's behind it.
+    private var isProxyChallenge = false
     package private(set) var isDecided = false
 
     package init(_ head: Head) {
@@ -103,17 +103,20 @@ package struct FinalHeadMachine: Sendable {
         .askContinueGate
     }
 
-    /// The gate said whether the attempt's body was held and never sent.
-    package mutating func gateAnswered(bodyWithheld: Bool) -> Action {
+    /// The gate said whether the attempt's body was held and never sent; `isProxyChallenge`: the
+    /// head is a 407 in the upstream proxy's own space (asked after the gate, which may wait:
+    /// the proxy's spaces may have been learnt meanwhile).
+    package mutating func gateAnswered(bodyWithheld: Bool, isProxyChallenge: Bool = false) -> Action {
         self.bodyWithheld = bodyWithheld
+        self.isProxyChallenge = isProxyChallenge && self.head.throughProxy && self.head.status == .proxyAuthenticationRequired
         if bodyWithheld,
             ExpectContinue.withheldOutcome(
-                status: self.head.status, isProxyChallenge: self.head.isProxyChallenge, brokerAddedExpect: self.head.brokerAddedExpect
+                status: self.head.status, isProxyChallenge: self.isProxyChallenge, brokerAddedExpect: self.head.brokerAddedExpect
             ) == .expectationRefused
         {
             return self.decide(.discard(.expectationRefused))
         }
-        if self.head.throughProxy, !self.head.isProxyChallenge { return .checkProxyAccepted }
+        if self.head.throughProxy, !self.isProxyChallenge { return .checkProxyAccepted }
         return self.challengeOrOrigin()
     }
 
@@ -124,7 +127,7 @@ package struct FinalHeadMachine: Sendable {
 
     /// The authenticator answered the challenge (`retry`), or declined.
     package mutating func challengeAnswered(_ retry: Bool) -> Action {
-        retry ? self.decide(.discard(.challengeAnswered(byProxy: self.head.isProxyChallenge))) : self.checkOrigin()
+        retry ? self.decide(.discard(.challengeAnswered(byProxy: self.isProxyChallenge))) : self.checkOrigin()
     }
 
     /// The origin's (or proxy's) acceptance was checked: `refused` means the broker's Kerberos
@@ -144,14 +147,14 @@ package struct FinalHeadMachine: Sendable {
 
     // MARK: -
 
-    private var isChallenge: Bool { self.head.status == .unauthorized || self.head.isProxyChallenge }
+    private var isChallenge: Bool { self.head.status == .unauthorized || self.isProxyChallenge }
 
-    private mutating func challengeOrOrigin() -> Action {
-        self.isChallenge && self.head.mayAnswerChallenges ? .answerChallenge(byProxy: self.head.isProxyChallenge) : self.checkOrigin()
+    private func challengeOrOrigin() -> Action {
+        self.isChallenge && self.head.mayAnswerChallenges ? .answerChallenge(byProxy: self.isProxyChallenge) : self.checkOrigin()
     }
 
     private func checkOrigin() -> Action {
-        .checkOriginAccepted(byProxy: self.head.isProxyChallenge)
+        .checkOriginAccepted(byProxy: self.isProxyChallenge)
     }
 
     private mutating func decide(_ action: Action) -> Action {

@@ -375,9 +375,9 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             if head.status == .continue || head.status == .switchingProtocols { return }
             context.write(self.wrapOutboundOut(.head(head)), promise: nil)
         case (.awaitingResponse, .head(let head)):
-            // The full path's checks in its order (`FinalHeadMachine`): a relayed request has no
-            // body to hold, goes through no proxy, carries no credential and is not the cache's,
-            // so only a challenge is left to decide, and the full path answers it.
+            // The full path's checks in its order (`FinalHeadMachine`), answered as they come out
+            // for what `relayable` lets through: no body to hold, no proxy, no credential sent
+            // (nothing for the origin to accept or refuse), nothing of the cache's.
             var decision = FinalHeadMachine(FinalHeadMachine.Head(status: head.status, mayAnswerChallenges: true))
             var step = decision.start()
             decided: while true {
@@ -389,8 +389,8 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
                 case .forward:
                     break decided
                 case .answerChallenge, .checkProxyAccepted, .consultCache, .discard, .kerberosError, .serveStored:
-                    // The broker may answer it from its store: the full path takes the exchange
-                    // over, connection and all.
+                    // A 401, which the broker may answer from its store (or a check the relay
+                    // cannot make): the full path takes the exchange over, connection and all.
                     if let exchange = lease.connection.adoptRelay(startingWith: part) {
                         relayed.lease = nil
                         let adopted = AdoptedExchange(lease: lease, exchange: exchange, method: relayed.head.method, uri: relayed.head.uri)

@@ -507,16 +507,17 @@ package struct Interceptor: Sendable {
     }
 
     /// DESIGN.md: a client sees only Basic and Digest challenges; Negotiate, NTLM, Bearer and the
-    /// rest are removed from a 401's `WWW-Authenticate` (or a 407's `Proxy-Authenticate`), and
-    /// logged; from any other response's `WWW-Authenticate` too (a server's final Negotiate
-    /// token), logged only at debug level there.
+    /// rest are removed from every response's `WWW-Authenticate` (a 200 may carry a server's final
+    /// Negotiate token, RFC 4559 §5; an origin's 407 may carry any) and from a 407's
+    /// `Proxy-Authenticate`; logged, at debug level where the field is not the status's challenge.
     static func keepOnlyStandardChallenges(status: HTTPResponseStatus, in headers: inout HTTPHeaders, logger: Logger) {
-        let field: String
-        switch status {
-        case .proxyAuthenticationRequired: field = "Proxy-Authenticate"
-        // Every other response too: a 200 may carry a server's final Negotiate token (RFC 4559 §5).
-        default: field = "WWW-Authenticate"
+        Self.keepOnlyStandardChallenges(field: "WWW-Authenticate", challenging: status == .unauthorized, in: &headers, logger: logger)
+        if status == .proxyAuthenticationRequired {
+            Self.keepOnlyStandardChallenges(field: "Proxy-Authenticate", challenging: true, in: &headers, logger: logger)
         }
+    }
+
+    private static func keepOnlyStandardChallenges(field: String, challenging: Bool, in headers: inout HTTPHeaders, logger: Logger) {
         let values = headers[field]
         guard !values.isEmpty else { return }
         let filtered = ChallengeSelection.forClient(fieldValues: values)
@@ -524,8 +525,7 @@ package struct Interceptor: Sendable {
         headers.remove(name: field)
         for value in filtered.values { headers.add(name: field, value: value) }
         logger.log(
-            level: status == .unauthorized || status == .proxyAuthenticationRequired ? .info : .debug,
-            "removed challenges the client cannot answer",
+            level: challenging ? .info : .debug, "removed challenges the client cannot answer",
             metadata: ["field": "\(field)", "schemes": "\(filtered.stripped.joined(separator: ","))"]
         )
     }
@@ -691,19 +691,15 @@ package struct Interceptor: Sendable {
                 case .head(let head):
                     // An interim response read with this head goes first (the wait below may be long).
                     try await output.flush()
-                    // A 407 is the upstream proxy's only when the request went through one, and
-                    // is in the proxy's own space (an origin behind it may answer 407 too).
-                    let fromProxy =
-                        head.status == .proxyAuthenticationRequired
-                        && auth.proxy.map { self.authenticator.isOwnChallenge(ofProxy: $0.origin, head) } == true
                     // The order of the checks is the machine's; this runs them.
                     var decision = FinalHeadMachine(
                         FinalHeadMachine.Head(
-                            status: head.status, isProxyChallenge: fromProxy, throughProxy: auth.proxy != nil,
-                            mayAnswerChallenges: auth.mayAnswer, brokerAddedExpect: brokerAddedExpect, cacheTakesPart: cache != nil
+                            status: head.status, throughProxy: auth.proxy != nil, mayAnswerChallenges: auth.mayAnswer,
+                            brokerAddedExpect: brokerAddedExpect, cacheTakesPart: cache != nil
                         )
                     )
                     var step = decision.start()
+                    var fromProxy = false
                     var kerberosFailure: (KerberosFailure, challenger: CanonicalOrigin, byProxy: Bool)?
                     var stored: (opened: OpenedCacheEntry, headers: HTTPHeaders, age: Int, cacheStatus: String)?
                     decisions: while true {
@@ -711,7 +707,13 @@ package struct Interceptor: Sendable {
                         case .askContinueGate:
                             // Whether this attempt's body was held and never sent (a final status first).
                             bodyWithheld = await gate.finalHeadArrived(status: head.status)
-                            step = decision.gateAnswered(bodyWithheld: bodyWithheld)
+                            // A 407 is the upstream proxy's only when the request went through
+                            // one, and is in the proxy's own space (an origin behind it may
+                            // answer 407 too).
+                            fromProxy =
+                                head.status == .proxyAuthenticationRequired
+                                && auth.proxy.map { self.authenticator.isOwnChallenge(ofProxy: $0.origin, head) } == true
+                            step = decision.gateAnswered(bodyWithheld: bodyWithheld, isProxyChallenge: fromProxy)
                         case .checkProxyAccepted:
                             // A head from beyond the proxy (a 401 the broker answers included):
                             // the proxy took what the broker sent it.
@@ -752,13 +754,26 @@ package struct Interceptor: Sendable {
                             }
                         case .kerberosError:
                             _ = await Self.readAway(&iterator)
-                            guard let (failure, challenger, byProxy) = kerberosFailure else { break decisions }
-                            return await self.sendKerberosError(
-                                .kerberos(failure, challenger: challenger, isProxy: byProxy, origin: auth.origin), requestID: requestID,
-                                writer: writer, clientWantsKeepAlive: clientWantsKeepAlive, state: state, closeClient: closeClient, draining: draining
+                            // The failure that led here is never missing; if it were, the head
+                            // the check was to stop must not reach the client either.
+                            let brokerError =
+                                kerberosFailure.map { BrokerError.kerberos($0.0, challenger: $0.challenger, isProxy: $0.byProxy, origin: auth.origin) }
+                                ?? BrokerError.internalError("a Kerberos refusal without its failure")
+                            return await self.sendErrorInstead(
+                                brokerError, requestID: requestID, writer: writer, clientWantsKeepAlive: clientWantsKeepAlive,
+                                state: state, closeClient: closeClient, draining: draining
                             )
                         case .serveStored:
-                            guard let stored else { break decisions }
+                            // The entry is never missing here; if it were, the origin's answer to
+                            // the cache's own validation must not reach the client.
+                            guard let stored else {
+                                _ = await Self.readAway(&iterator)
+                                return await self.sendErrorInstead(
+                                    .internalError("the cache chose a stored response it did not open"), requestID: requestID,
+                                    writer: writer, clientWantsKeepAlive: clientWantsKeepAlive, state: state, closeClient: closeClient,
+                                    draining: draining
+                                )
+                            }
                             // A stored response answers instead (`CacheExchange.finalHead` says
                             // why). A small body of the origin's (a 304 has none) is read away
                             // first so its connection stays usable; a large or unknown one (an
@@ -775,9 +790,9 @@ package struct Interceptor: Sendable {
                                     requestComplete: state.requestComplete
                                 )
                             )
-                        case .forward(let closeClient):
+                        case .forward(let closeAfter):
                             // A withheld body stays unread, so the client connection ends after this.
-                            if closeClient { clientKeepAlive = false }
+                            if closeAfter { clientKeepAlive = false }
                             break decisions
                         }
                     }
@@ -928,9 +943,10 @@ package struct Interceptor: Sendable {
         return ChallengeSelection.clientVisible(AuthChallenge.parse(fieldValues: head.headers[field])).isEmpty ? failure : nil
     }
 
-    /// Answers with a Kerberos error in place of the upstream response, whose body was read away;
-    /// the request body, which may still be arriving, gets a moment to end first.
-    private func sendKerberosError(
+    /// Answers with the broker's error (a Kerberos failure) in place of the upstream response,
+    /// whose body was read away; the request body, which may still be arriving, gets a moment to
+    /// end first.
+    private func sendErrorInstead(
         _ brokerError: BrokerError, requestID: String, writer: ClientResponseWriter, clientWantsKeepAlive: Bool, state: ExchangeState,
         closeClient: @Sendable () -> Void, draining: @Sendable () -> Bool
     ) async -> ResponsePumpResult {

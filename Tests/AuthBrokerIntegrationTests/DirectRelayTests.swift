@@ -276,7 +276,7 @@ struct DirectRelayTests {
         }
     }
 
-    @Test("on the relay as on the full path: a 200's final Negotiate token is removed, an origin's 407 reaches the app without its challenge")
+    @Test("on the relay as on the full path: a 200's final Negotiate token is removed, an origin's 407 reaches the app with standard challenges only")
     func relayedHeadsFollowTheChallengeRules() async throws {
         try await Self.withRelayedOrigin("relay-challenges") { daemon, base in
             let connection = try UnixSocketConnection(path: daemon.socketPath)
@@ -296,6 +296,8 @@ struct DirectRelayTests {
                 // no such challenge.
                 #expect(originChallenge.header("Proxy-Authenticate") == nil, "\(path)")
                 #expect(originChallenge.header("Proxy-Status") == nil, "\(path)")
+                let originOffered = originChallenge.headers.filter { $0.0.lowercased() == "www-authenticate" }.map(\.1)
+                #expect(originOffered == [#"Basic realm="origin-407""#], "\(path): \(originOffered)")
                 let relayed = try Self.relayedCount(daemon) - before
                 #expect(relayed == (path == "relay" ? 2 : 0), "\(path): relayed \(relayed)")
             }

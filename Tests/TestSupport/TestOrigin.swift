@@ -272,13 +272,14 @@ private final class OriginHandler: ChannelInboundHandler {
         case "offer-challenges":
             // A 401 offering what real servers mix: Negotiate and NTLM beside Digest and Basic,
             // or only Bearer; `/final-token`: a 200 carrying a final Negotiate token nobody asked
-            // for beside a Basic challenge; `/407`: an origin's own 407, challenges and all.
+            // for beside a Basic challenge; `/407`: an origin's own 407, with Negotiate and Basic
+            // in `WWW-Authenticate` and Basic in `Proxy-Authenticate`.
             let variant = parts.count > 1 ? parts[1] : ""
             let fields: [String] =
                 switch variant {
                 case "bearer": [#"Bearer realm="api", error="invalid_token""#]
                 case "final-token": ["Negotiate b3JpZ2luLXRva2Vu", #"Basic realm="after""#]
-                case "407": []
+                case "407": ["Negotiate", #"Basic realm="origin-407""#]
                 default: [#"Negotiate, Digest realm="mixed@test", nonce="abc123", qop="auth", algorithm=SHA-256, Basic realm="mixed@test""#, "NTLM"]
                 }
             var headers = HTTPHeaders()
