@@ -44,7 +44,7 @@ package enum ResponseHeadEncoding {
         guard (100...999).contains(code) else { throw .statusCode(code) }
         let versionText = Self.versionText(version)
         let reason = status.reasonPhrase
-        let size = Self.size(version: version, status: status, headers: headers)
+        let size = Self.size(versionText: versionText, reason: reason, headers: headers)
         var refusal: Refusal?
         buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: size) { memory in
             var out = Output(memory: memory)
@@ -85,8 +85,8 @@ package enum ResponseHeadEncoding {
 
     /// The head's bytes: "HTTP/1.1 200 " reason CRLF, each field as name ": " value CRLF, then
     /// CRLF.
-    private static func size(version: HTTPVersion, status: HTTPResponseStatus, headers: HTTPHeaders) -> Int {
-        var size = Self.versionText(version).utf8.count + 4 + status.reasonPhrase.utf8.count + 2 + 2
+    private static func size(versionText: String, reason: String, headers: HTTPHeaders) -> Int {
+        var size = versionText.utf8.count + 4 + reason.utf8.count + 2 + 2
         for (name, value) in headers { size += name.utf8.count + value.utf8.count + 4 }
         return size
     }
@@ -95,7 +95,8 @@ package enum ResponseHeadEncoding {
     /// stored response's head, encoded once and copied into each answer from it.
     package static func openHead(version: HTTPVersion, status: HTTPResponseStatus, headers: HTTPHeaders) throws(Refusal) -> ByteBuffer {
         // Exactly its size: it is kept for as long as its entry (a buffer that grows doubles).
-        var buffer = ByteBufferAllocator().buffer(capacity: Self.size(version: version, status: status, headers: headers))
+        let size = Self.size(versionText: Self.versionText(version), reason: status.reasonPhrase, headers: headers)
+        var buffer = ByteBufferAllocator().buffer(capacity: size)
         try Self.write(version: version, status: status, headers: headers, to: &buffer)
         buffer.moveWriterIndex(to: buffer.writerIndex - 2)
         return buffer
