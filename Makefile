@@ -25,13 +25,15 @@ run:
 ## Each test run is bounded (TEST_TIMEOUT seconds; `timeout` kills its whole process group): a
 ## test process that dies while something it started still holds SwiftPM's output pipe would
 ## otherwise leave `swift test` waiting for ever. Both runs take minutes on 2 cores.
+## scripts/test-log repeats a failed run's failure lines at its end, where a CI log's tail shows them.
 TEST_TIMEOUT ?= 1800
 test:
 	scripts/install-deps test
 	$(SWIFT) build --build-tests
-	timeout --kill-after=30 $(TEST_TIMEOUT) scripts/with-test-keyring $(SWIFT) test --skip-build --no-parallel
+	scripts/test-log timeout --kill-after=30 $(TEST_TIMEOUT) scripts/with-test-keyring \
+		$(SWIFT) test --skip-build --no-parallel
 	$(SWIFT) build --build-tests --sanitize=thread --scratch-path .build-tsan
-	timeout --kill-after=30 $(TEST_TIMEOUT) scripts/with-test-keyring \
+	scripts/test-log timeout --kill-after=30 $(TEST_TIMEOUT) scripts/with-test-keyring \
 		$(SWIFT) test --skip-build --sanitize=thread --scratch-path .build-tsan --no-parallel \
 		--skip AuthBrokerIntegrationTests
 	scripts/fuzz $(FUZZ_CI_SECONDS)
