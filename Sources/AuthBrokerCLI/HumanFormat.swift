@@ -327,7 +327,7 @@ package enum HumanFormat {
     /// The documented counters in their documented order, any others after them by name.
     static let knownCounters = [
         "client_connections_accepted", "client_connections_refused", "client_connections_open",
-        "client_connections_timed_out",
+        "client_connections_on_full_path", "client_connections_timed_out",
         "requests_total", "requests_in_flight", "requests_relayed_directly", "broker_errors_total",
         "upstream_connections_open", "bytes_from_upstream", "bytes_to_upstream",
     ]

@@ -14,6 +14,9 @@ package final class BrokerCounters: Sendable {
     package let clientConnectionsAccepted = BrokerCounter()
     package let clientConnectionsRefused = BrokerCounter()
     package let clientConnectionsOpen = BrokerCounter()
+    /// Of `clientConnectionsOpen`, those whose full path has a task running: the others' requests
+    /// have all been the direct relay's, and they hold no task (`DirectRelayHandler`).
+    package let clientConnectionsOnFullPath = BrokerCounter()
     /// Closed by the request-head or idle timeout.
     package let clientConnectionsTimedOut = BrokerCounter()
     package let requestsTotal = BrokerCounter()
@@ -35,6 +38,7 @@ package final class BrokerCounters: Sendable {
             "client_connections_accepted": self.clientConnectionsAccepted.current,
             "client_connections_refused": self.clientConnectionsRefused.current,
             "client_connections_open": self.clientConnectionsOpen.current,
+            "client_connections_on_full_path": self.clientConnectionsOnFullPath.current,
             "client_connections_timed_out": self.clientConnectionsTimedOut.current,
             "requests_total": self.requestsTotal.current,
             "requests_in_flight": self.requestsInFlight.current,

@@ -339,6 +339,16 @@ struct BrokerService: Service, CustomStringConvertible {
             .serverChannelOption(.backlog, value: 256)
         // Shared by every connection's direct relay (the one place that knows challenged origins).
         let relay = DirectRelay(interceptor: self.server.interceptor, registry: self.registry, logger: self.logger)
+        // Every listener's connections, each when its full path is first needed (or as it closes),
+        // to be served in the task group below (`AcceptedClientConnection.configure`).
+        let (toServe, toServeSink) = AsyncStream<AcceptedClientConnection>.makeStream()
+        let serve: @Sendable (AcceptedClientConnection) -> Void = { connection in
+            if case .terminated = toServeSink.yield(connection) {
+                // Shutdown has stopped serving (the grace period is over): its async channel must
+                // still be finished, or NIO traps.
+                Task { try? await connection.connection.executeThenClose { _, _ in } }
+            }
+        }
         /// A connection of the user's own: past the connection limit, or set up and registered.
         let admit: @Sendable (any Channel, ConnectionPeer, Bool) throws -> AcceptedClientConnection = { channel, peer, servesControlAPI in
             let credentials = peer.credentials
@@ -357,7 +367,7 @@ struct BrokerService: Service, CustomStringConvertible {
             let terms = ClientConnectionTerms(limits: limits, controlOnly: open >= maxConnections)
             let pid = credentials.pid
             return try AcceptedClientConnection.configure(
-                channel, relay: relay, peer: peer, terms: terms, servesControlAPI: servesControlAPI
+                channel, relay: relay, peer: peer, terms: terms, servesControlAPI: servesControlAPI, serve: serve
             ) { deadline in
                 counters.clientConnectionsTimedOut.add(1)
                 if deadline == .head {
@@ -431,42 +441,37 @@ struct BrokerService: Service, CustomStringConvertible {
                 group.addTask(executorPreference: globalConcurrentExecutor) { [trustStore] in
                     await TrustStoreWatch.run(trustStore, logger: logger)
                 }
-                // Every listener's connections arrive here, so they are served in one task group.
-                let (accepted, acceptedSink) = AsyncStream<AcceptedClientConnection>.makeStream()
                 let listeners = [serverChannel] + proxyChannels
                 let listening = NIOLockedValueBox(listeners.count)
                 for listener in listeners {
                     group.addTask {
+                        // An accepted connection reaches `serve` itself, when it needs to.
                         try? await listener.executeThenClose { connections in
-                            for try await connection in connections { acceptedSink.yield(connection) }
+                            for try await _ in connections {}
                         }
-                        if listening.withLockedValue({ count in
+                        guard listening.withLockedValue({ count in
                             count -= 1
                             return count == 0
-                        }) {
-                            acceptedSink.finish()
+                        }) else { return }
+                        // Every listener closed: the remaining connections finish their current request.
+                        let deadline = ContinuousClock.now + .milliseconds(Int64(graceSeconds * 1000))
+                        await Self.waitForNoConnections(registry, until: deadline)
+                        if registry.count > 0 {
+                            logger.warning("grace period over; closing remaining client connections", metadata: ["open": "\(registry.count)"])
+                            registry.closeAll()
+                            // A closing connection hands itself to `serve` before it unregisters.
+                            await Self.waitForNoConnections(registry, until: .now + .seconds(1))
                         }
+                        toServeSink.finish()
                     }
                 }
-                for await connection in accepted {
+                for await connection in toServe {
                     // The connection's task runs on its channel's event loop (no thread hops).
                     if let executor = executors.executor(for: connection.connection.channel.eventLoop) {
                         group.addTask(executorPreference: executor) { await self.server.serve(connection) }
                     } else {
                         group.addTask { await self.server.serve(connection) }
                     }
-                }
-                // Listener closed: the remaining connections finish their current request.
-                let deadline = ContinuousClock.now + .milliseconds(Int64(graceSeconds * 1000))
-                group.addTask {
-                    try? await Task.sleep(until: deadline)
-                    if registry.count > 0 {
-                        logger.warning("grace period over; closing remaining client connections", metadata: ["open": "\(registry.count)"])
-                        registry.closeAll()
-                    }
-                }
-                while registry.count > 0, ContinuousClock.now < deadline {
-                    try? await Task.sleep(for: .milliseconds(20))
                 }
                 group.cancelAll()
             }
@@ -482,5 +487,11 @@ struct BrokerService: Service, CustomStringConvertible {
             unlink(path)
         }
         logger.info("stopped")
+    }
+
+    private static func waitForNoConnections(_ registry: ClientConnectionRegistry, until deadline: ContinuousClock.Instant) async {
+        while registry.count > 0, ContinuousClock.now < deadline, !Task.isCancelled {
+            try? await Task.sleep(for: .milliseconds(20))
+        }
     }
 }

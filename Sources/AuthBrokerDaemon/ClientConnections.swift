@@ -126,14 +126,22 @@ package struct AcceptedClientConnection: Sendable {
     package var servesControlAPI: Bool
 
     /// Sets up an accepted channel's pipeline and registers it; on the channel's event loop.
+    /// `serve` gets the connection once, when its full path is first needed or when it closes
+    /// (`DirectRelayHandler`), and must run `ClientConnectionServer.serve` for it.
     /// - Throws: `ClientConnectionRefused` while the daemon drains (the channel is then closed).
     package static func configure(
         _ channel: any Channel, relay: DirectRelay, peer: ConnectionPeer? = nil, terms: ClientConnectionTerms,
-        servesControlAPI: Bool = true, onTimeout: @escaping @Sendable (ClientWaitState.Deadline) -> Void
+        servesControlAPI: Bool = true, serve: @escaping @Sendable (AcceptedClientConnection) -> Void,
+        onTimeout: @escaping @Sendable (ClientWaitState.Deadline) -> Void
     ) throws -> AcceptedClientConnection {
         guard let registration = relay.registry.register(channel) else { throw ClientConnectionRefused() }
         let registry = relay.registry
-        channel.closeFuture.whenComplete { _ in registry.unregister(registration) }
+        let counters = relay.interceptor.counters
+        counters.clientConnectionsOpen.add(1)
+        channel.closeFuture.whenComplete { _ in
+            registry.unregister(registration)
+            counters.clientConnectionsOpen.subtract(1)
+        }
         // No pipelining assistance: the connection's task takes one request at a time from the
         // inbound stream (whose watermarks bound what is read ahead) and answers in order, and
         // the direct relay holds what comes during its responses, so the handler's pausing of
@@ -163,11 +171,13 @@ package struct AcceptedClientConnection: Sendable {
         let connection = try NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>(
             wrappingChannelSynchronously: channel
         )
-        return AcceptedClientConnection(
+        let accepted = AcceptedClientConnection(
             connection: connection, registration: registration,
             relay: DirectRelayLink(handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), adopted: adopted), peer: peer,
             servesControlAPI: servesControlAPI
         )
+        handler.startFullPathWhenNeeded { serve(accepted) }
+        return accepted
     }
 }
 
@@ -193,8 +203,8 @@ package struct ClientConnectionServer: Sendable {
     package func serve(_ accepted: AcceptedClientConnection) async {
         let connection = accepted.connection
         let channel = connection.channel
-        self.counters.clientConnectionsOpen.add(1)
-        defer { self.counters.clientConnectionsOpen.subtract(1) }
+        self.counters.clientConnectionsOnFullPath.add(1)
+        defer { self.counters.clientConnectionsOnFullPath.subtract(1) }
         // Ending a connection after a complete response must not drop bytes still queued for
         // the socket: shut the output down once they are written, then close.
         let closeClient: @Sendable () -> Void = {

@@ -125,6 +125,11 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
     private var lastRoute: AutomaticRoute?
     /// The last origin the authenticator knew no space at, and its count of learnt spaces then.
     private var noSpacesKnown: (origin: CanonicalOrigin, learnt: UInt64)?
+    /// Starts the connection's task (the full path), once: when a part or an error first goes on
+    /// to it, or when the connection ends (the task then closes its async channel, which must not
+    /// go unfinished). Until then a connection whose requests this handler answers holds no task,
+    /// whose memory was about half of an idle connection's.
+    private var startFullPath: (() -> Void)?
 
     init(relay: DirectRelay, registration: RegisteredClientConnection, adopted: AdoptedExchangeSlot, peer: ConnectionPeer?) {
         self.relay = relay
@@ -146,6 +151,20 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
 
     package func handlerRemoved(context: ChannelHandlerContext) {
         self.context = nil
+        self.fullPathNeeded()
+    }
+
+    /// Sets what starts the full path; on the event loop, before the channel's first read.
+    func startFullPathWhenNeeded(_ start: @escaping () -> Void) {
+        self.startFullPath = start
+    }
+
+    /// Starts the full path unless it has started; dropping the closure also ends its reference
+    /// cycle (it holds the connection, whose pipeline holds this handler).
+    private func fullPathNeeded() {
+        guard let start = self.startFullPath else { return }
+        self.startFullPath = nil
+        start()
     }
 
     func fullPathRequestDone() {
@@ -170,6 +189,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
                 // A body after all (the policy rules out framing for one): the full path takes it.
                 self.handToFullPath(current, context: context)
                 self.forwardedSinceReadComplete = true
+                self.fullPathNeeded()
                 context.fireChannelRead(self.wrapInboundOut(part))
             }
             return
@@ -182,6 +202,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             self.fullPathPending += 1
         }
         self.forwardedSinceReadComplete = true
+        self.fullPathNeeded()
         context.fireChannelRead(self.wrapInboundOut(part))
     }
 
@@ -201,6 +222,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
 
     private func deliver(_ error: any Error, context: ChannelHandlerContext) {
         if let current = self.current { self.handToFullPath(current, context: context) }
+        self.fullPathNeeded()
         context.fireErrorCaught(error)
     }
 
@@ -227,6 +249,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             self.finish(current, reusable: false, brokerError: "client_closed", context: context)
         }
         self.held.removeAll()
+        self.fullPathNeeded()
         context.fireChannelInactive()
     }
 
@@ -355,6 +378,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
         guard self.end(relayed, reusable: false) else { return }
         self.fullPathPending += 1
         if let adopted { self.adopted.put(adopted) }
+        self.fullPathNeeded()
         context.fireChannelRead(self.wrapInboundOut(.head(relayed.head)))
         if case .awaitingRequestEnd = relayed.phase {
             // Its end, when it comes, follows it there.

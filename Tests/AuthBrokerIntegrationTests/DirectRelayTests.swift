@@ -54,6 +54,53 @@ struct DirectRelayTests {
         return lines
     }
 
+    /// `name` once it reads `expected` (each read is a status request on a connection of its own,
+    /// whose predecessors the daemon may not have seen close yet), or its last value after 5 s.
+    static func counter(_ daemon: DaemonProcess, _ name: String, settlesAt expected: Int) async throws -> Int {
+        var value = try Self.counter(daemon, name)
+        for _ in 0..<100 where value != expected {
+            try await Task.sleep(for: .milliseconds(50))
+            value = try Self.counter(daemon, name)
+        }
+        return value
+    }
+
+    /// A connection costs its task's memory only once the full path is needed: until then the
+    /// relay answers it alone. A connection that never needed it still closes cleanly, when the
+    /// client goes and when the daemon stops.
+    @Test("a connection whose requests were all relayed holds no task until one is not")
+    func relayedConnectionsHoldNoTask() async throws {
+        // A grace period longer than the test's reads: waiting it out for an idle connection fails.
+        try await Self.withRelayedOrigin("lazy", extra: "[daemon]\nshutdown_grace_seconds = 120") { daemon, base in
+            try Self.warmUp(daemon, base)
+            let before = try Self.relayedCount(daemon)
+            let clients = try (0..<5).map { _ in try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 30) }
+            for client in clients { #expect(try client.request("GET", "\(base)/hello").status == 200) }
+            #expect(try Self.relayedCount(daemon) - before == 5, "each connection's request was relayed")
+            // Five idle connections and the status request's own: only the last has a task.
+            #expect(try await Self.counter(daemon, "client_connections_open", settlesAt: 6) == 6)
+            #expect(try await Self.counter(daemon, "client_connections_on_full_path", settlesAt: 1) == 1)
+
+            // A control request is the full path's: that connection gets its task, and keeps its relay.
+            #expect(try clients[0].request("GET", "/v1/status").status == 200)
+            #expect(try await Self.counter(daemon, "client_connections_on_full_path", settlesAt: 2) == 2)
+            #expect(try clients[0].request("GET", "\(base)/hello").status == 200)
+            #expect(try Self.relayedCount(daemon) - before == 6)
+
+            // Clients that leave, relayed only or not, leave nothing open behind them.
+            clients[0].close()
+            clients[1].close()
+            #expect(try await Self.counter(daemon, "client_connections_open", settlesAt: 4) == 4)
+            #expect(try await Self.counter(daemon, "client_connections_on_full_path", settlesAt: 1) == 1)
+
+            // SIGTERM closes the idle ones at once: no task had to see it first.
+            kill(daemon.pid, SIGTERM)
+            for client in clients[2...] { _ = try client.readToEnd() }  // EOF, or a throw at 30 s
+            #expect(await daemon.waitForExit() == 0)
+            #expect(!daemon.log.contains("grace period over"))
+        }
+    }
+
     /// With `io_threads = 2`, two client connections opened one after the other land on the
     /// daemon's two event loops. Only one loop has the pooled connection; the other's first
     /// request borrows it and starts one on its own loop, so that both connections are relayed
