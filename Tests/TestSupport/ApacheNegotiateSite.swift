@@ -96,6 +96,18 @@ package final class ApacheNegotiateSite: Sendable {
         }
     }
 
+    /// The requests logged after the first `count` lines that pass `filter`, once there are
+    /// `wanted` of them or after 5 s: Apache logs a request after answering it, so its line may
+    /// trail the response the client already has.
+    package func requests(after count: Int, atLeast wanted: Int = 1, where filter: (Request) -> Bool) async -> [Request] {
+        var found: [Request] = []
+        _ = await waitUntil(seconds: 5) {
+            found = self.requests.dropFirst(count).filter(filter)
+            return found.count >= wanted
+        }
+        return found
+    }
+
     /// How many requests got a 401.
     package var unauthorizedCount: Int { self.requests.filter { $0.status == 401 }.count }
 

@@ -45,6 +45,17 @@ package final class ApacheTLSSite: Sendable {
 
     /// `%u %{SSL_CLIENT_S_DN_CN}x "%r" %>s` per request.
     package var accessLog: String { ApacheAuthServer.read(self.directory + "/access.log") }
+
+    /// The access log once it holds every one of `lines`, or as it is after 5 s: Apache logs a
+    /// request after answering it, so the last line may trail the client's exit.
+    package func accessLog(holding lines: [String]) async -> String {
+        var log = ""
+        _ = await waitUntil(seconds: 5) {
+            log = self.accessLog
+            return lines.allSatisfy(log.contains)
+        }
+        return log
+    }
     package var errorLog: String { ApacheAuthServer.read(self.directory + "/error.log") }
 
     package static func start(
