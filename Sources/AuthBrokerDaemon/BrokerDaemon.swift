@@ -344,9 +344,11 @@ struct BrokerService: Service, CustomStringConvertible {
         let (toServe, toServeSink) = AsyncStream<AcceptedClientConnection>.makeStream()
         let serve: @Sendable (AcceptedClientConnection) -> Void = { connection in
             if case .terminated = toServeSink.yield(connection) {
-                // Shutdown has stopped serving (the grace period is over): its async channel must
-                // still be finished, or NIO traps.
-                Task { try? await connection.connection.executeThenClose { _, _ in } }
+                // Shutdown has stopped serving (the grace period is over, or the service was
+                // cancelled): served all the same, outside the group, so that its async channel
+                // is finished (NIO traps otherwise) and an exchange the relay handed over is
+                // given back to the pool, whose shutdown waits for it.
+                Task { [server = self.server] in await server.serve(connection) }
             }
         }
         /// A connection of the user's own: past the connection limit, or set up and registered.
@@ -453,7 +455,9 @@ struct BrokerService: Service, CustomStringConvertible {
                             count -= 1
                             return count == 0
                         }) else { return }
-                        // Every listener closed: the remaining connections finish their current request.
+                        // Every listener closed: the remaining connections finish their current
+                        // request. (Draining began already on SIGTERM; not when the listeners failed.)
+                        registry.beginDraining()
                         let deadline = ContinuousClock.now + .milliseconds(Int64(graceSeconds * 1000))
                         await Self.waitForNoConnections(registry, until: deadline)
                         if registry.count > 0 {

@@ -524,6 +524,10 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
     /// what arrived meanwhile is delivered.
     private func finish(_ relayed: RelayedRequest, reusable: Bool, brokerError: String?, context: ChannelHandlerContext) {
         guard self.end(relayed, reusable: reusable) else { return }
+        // Draining may have begun after the machine was asked and before `end` counted the
+        // request out, and then saw this connection busy and left it open: ask again now that
+        // it is counted out (the registry's Dekker pairing), or it would idle out the grace period.
+        if relayed.clientKeepAlive, self.relay.registry.isDraining { relayed.clientKeepAlive = false }
         let interceptor = self.relay.interceptor
         interceptor.counters.requestsTotal.add(1)
         interceptor.counters.requestsRelayedDirectly.add(1)
