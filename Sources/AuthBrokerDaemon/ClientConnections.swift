@@ -97,10 +97,13 @@ package final class ClientConnectionRegistry: Sendable {
 
     /// Stops taking requests: idle connections close now, busy ones after their response, and
     /// event streams (agents) now: they would never end on their own.
+    /// Once: a second call (shutdown's last listener, after SIGTERM began it) changes nothing,
+    /// and must not close a connection that has since ended a response whose bytes are still
+    /// queued (a full close would drop them; the request's own end half-closes after them).
     package func beginDraining() {
         let closing = self.state.withLockedValue { state -> [any Channel] in
             // Under the lock, so no registration is between its check and its entry.
-            self.draining.store(true, ordering: .sequentiallyConsistent)
+            guard !self.draining.exchange(true, ordering: .sequentiallyConsistent) else { return [] }
             return state.entries.values.filter {
                 $0.requests.load(ordering: .sequentiallyConsistent) == 0 || $0.servesEventStream.load(ordering: .sequentiallyConsistent)
             }.map(\.channel)
