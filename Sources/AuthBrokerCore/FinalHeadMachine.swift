@@ -59,7 +59,7 @@ package struct FinalHeadMachine: Sendable {
 
     package enum Action: Sendable, Hashable {
         /// Tell the continue gate a final head came: `gateAnswered(bodyWithheld:isProxyChallenge:)`
-    /// follows.
+        /// follows.
         case askContinueGate
         /// Check that the upstream proxy accepted what it was sent: `proxyChecked(refused:)`.
         case checkProxyAccepted

@@ -189,8 +189,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
                 // A body after all (the policy rules out framing for one): the full path takes it.
                 self.handToFullPath(current, context: context)
                 self.forwardedSinceReadComplete = true
-                self.fullPathNeeded()
-                context.fireChannelRead(self.wrapInboundOut(part))
+                self.passOn(part, context: context)
             }
             return
         }
@@ -202,6 +201,11 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             self.fullPathPending += 1
         }
         self.forwardedSinceReadComplete = true
+        self.passOn(part, context: context)
+    }
+
+    /// A part for the full path, whose task starts now if it has not.
+    private func passOn(_ part: HTTPServerRequestPart, context: ChannelHandlerContext) {
         self.fullPathNeeded()
         context.fireChannelRead(self.wrapInboundOut(part))
     }
@@ -378,12 +382,11 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
         guard self.end(relayed, reusable: false) else { return }
         self.fullPathPending += 1
         if let adopted { self.adopted.put(adopted) }
-        self.fullPathNeeded()
-        context.fireChannelRead(self.wrapInboundOut(.head(relayed.head)))
+        self.passOn(.head(relayed.head), context: context)
         if case .awaitingRequestEnd = relayed.phase {
             // Its end, when it comes, follows it there.
         } else {
-            context.fireChannelRead(self.wrapInboundOut(.end(nil)))
+            self.passOn(.end(nil), context: context)
         }
         context.fireChannelReadComplete()
     }

@@ -943,9 +943,9 @@ package struct Interceptor: Sendable {
         return ChallengeSelection.clientVisible(AuthChallenge.parse(fieldValues: head.headers[field])).isEmpty ? failure : nil
     }
 
-    /// Answers with the broker's error (a Kerberos failure) in place of the upstream response,
-    /// whose body was read away; the request body, which may still be arriving, gets a moment to
-    /// end first.
+    /// Answers with the broker's error (a Kerberos failure, or an internal one where a check's
+    /// result went missing) in place of the upstream response, whose body was read away; the
+    /// request body, which may still be arriving, gets a moment to end first.
     private func sendErrorInstead(
         _ brokerError: BrokerError, requestID: String, writer: ClientResponseWriter, clientWantsKeepAlive: Bool, state: ExchangeState,
         closeClient: @Sendable () -> Void, draining: @Sendable () -> Bool
