@@ -168,15 +168,15 @@ package struct AcceptedClientConnection: Sendable {
         // pauses: with NIO's default 64 KiB the direct relay paused a fast download after nearly
         // every read (a relayed 1 GiB download: about 1090 MiB/s with it, 1360 with this).
         try channel.syncOptions?.setOption(.writeBufferWaterMark, value: .init(low: 128 * 1024, high: 512 * 1024))
-        let adopted = AdoptedExchangeSlot()
-        let handler = DirectRelayHandler(relay: relay, registration: registration, adopted: adopted, peer: peer)
+        let handovers = RelayHandoverSlot()
+        let handler = DirectRelayHandler(relay: relay, registration: registration, handovers: handovers, peer: peer)
         try channel.pipeline.syncOperations.addHandler(handler)
         let connection = try NIOAsyncChannel<HTTPServerRequestPart, HTTPServerResponsePart>(
             wrappingChannelSynchronously: channel
         )
         let accepted = AcceptedClientConnection(
             connection: connection, registration: registration,
-            relay: DirectRelayLink(handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), adopted: adopted), peer: peer,
+            relay: DirectRelayLink(handler: NIOLoopBound(handler, eventLoop: channel.eventLoop), handovers: handovers), peer: peer,
             servesControlAPI: servesControlAPI
         )
         handler.startFullPathWhenNeeded { serve(accepted) }
@@ -250,7 +250,7 @@ package struct ClientConnectionServer: Sendable {
             }
         }
         // A challenge the relay handed over just as the connection ended: its connection goes.
-        if let leftover = accepted.relay.adopted.takeAny() {
+        if let leftover = accepted.relay.handovers.takeAny()?.adopted {
             self.interceptor.pool.release(leftover.lease, reusable: false)
         }
     }
@@ -302,14 +302,15 @@ package struct ClientConnectionServer: Sendable {
         clientGone: @escaping @Sendable () async -> Void, closeClient: @escaping @Sendable () -> Void,
         abortClient: @escaping @Sendable () -> Void, draining: @escaping @Sendable () -> Bool
     ) async -> Bool {
-        self.registry.requestStarted(accepted.registration)
+        // A request the relay hands over is counted already (`RelayHandover`).
+        let handover = accepted.relay.handovers.take(for: head)
+        if handover == nil { self.registry.requestStarted(accepted.registration) }
         // Each request runs in a child task that borrows the iterator: a task keeps the
         // stack slabs its deepest await needed until it ends, so serving requests in the
         // connection's own task left ~30 KiB on every idle connection.
         let borrowed = BorrowedRequests(requests)
-        let adopted = accepted.relay.adopted.take(for: head)
         async let handled = self.handle(
-            head, adopted: adopted, peer: peer, registration: accepted.registration, servesControlAPI: accepted.servesControlAPI,
+            head, handover: handover, peer: peer, registration: accepted.registration, servesControlAPI: accepted.servesControlAPI,
             requests: borrowed, writer: writer, clientGone: clientGone, closeClient: closeClient, abortClient: abortClient, draining: draining
         )
         let outcome = await handled
@@ -328,7 +329,7 @@ package struct ClientConnectionServer: Sendable {
     }
 
     private func handle(
-        _ head: HTTPRequestHead, adopted: AdoptedExchange?, peer: ConnectionPeer?, registration: RegisteredClientConnection,
+        _ head: HTTPRequestHead, handover: RelayHandover?, peer: ConnectionPeer?, registration: RegisteredClientConnection,
         servesControlAPI: Bool, requests borrowed: BorrowedRequests,
         writer: ClientResponseWriter, clientGone: @escaping @Sendable () async -> Void,
         closeClient: @escaping @Sendable () -> Void, abortClient: @escaping @Sendable () -> Void,
@@ -352,7 +353,7 @@ package struct ClientConnectionServer: Sendable {
         var flowURL = head.uri
         let outcome = await FlowCapture.$current.withValue(capture) {
             await self.dispatch(
-                head, adopted: adopted, peer: peer, registration: registration, servesControlAPI: servesControlAPI,
+                head, handover: handover, peer: peer, registration: registration, servesControlAPI: servesControlAPI,
                 requestID: requestID, logger: logger, requests: &requests, writer: writer, clientGone: clientGone,
                 closeClient: closeClient, abortClient: abortClient, draining: draining, target: &target, flowURL: &flowURL
             )
@@ -372,7 +373,7 @@ package struct ClientConnectionServer: Sendable {
     /// One request's answer, by its target: a tunnel, the control API, a `[[respond]]` rule or
     /// the interceptor, or the broker's error.
     private func dispatch(
-        _ head: HTTPRequestHead, adopted: AdoptedExchange?, peer: ConnectionPeer?, registration: RegisteredClientConnection,
+        _ head: HTTPRequestHead, handover: RelayHandover?, peer: ConnectionPeer?, registration: RegisteredClientConnection,
         servesControlAPI: Bool, requestID: String, logger: Logger, requests: inout ClientRequestIterator,
         writer: ClientResponseWriter, clientGone: @escaping @Sendable () async -> Void,
         closeClient: @escaping @Sendable () -> Void, abortClient: @escaping @Sendable () -> Void,
@@ -387,7 +388,7 @@ package struct ClientConnectionServer: Sendable {
         let outcome: RequestOutcome
         // The direct relay hands over only requests the proxy branch below takes; anywhere else
         // its connection is not needed.
-        var adopted = adopted
+        var adopted = handover?.adopted
         defer { if let adopted { self.interceptor.pool.release(adopted.lease, reusable: false) } }
         if Self.approximateSize(of: head) > self.settings.limits.maxRequestHeadBytes {
             outcome = await self.interceptor.respondWithError(
@@ -451,7 +452,8 @@ package struct ClientConnectionServer: Sendable {
                 target = origin.description
                 flowURL = origin.description + pathAndQuery
                 let rules = self.interceptor.rules.current
-                if self.registry.isDraining {
+                // A request the relay began before the drain is served (with Connection: close).
+                if self.registry.isDraining, handover == nil {
                     outcome = await self.interceptor.respondWithError(
                         .shuttingDown(), requestID: requestID, logger: logger, requests: &requests,
                         writer: writer, clientWantsKeepAlive: false

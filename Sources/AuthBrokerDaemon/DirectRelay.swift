@@ -25,34 +25,43 @@ package struct DirectRelay: Sendable {
 package struct AdoptedExchange: Sendable {
     let lease: PooledConnection<UpstreamConnection>
     let exchange: UpstreamExchange
+}
+
+/// A request the direct relay began and gives to the full path. It stays counted in flight on
+/// its connection across the hand-over (the full path takes the count over instead of counting
+/// it in again): a drain that began in between would otherwise have closed the connection, or
+/// answered 503 to a request that was already in flight when the drain began.
+package struct RelayHandover: Sendable {
     /// The request it belongs to, to check it is handed to the right one.
     let method: HTTPMethod
     let uri: String
+    /// The upstream exchange, when the full path carries it on.
+    var adopted: AdoptedExchange?
 }
 
-/// Where the direct relay leaves an `AdoptedExchange` for the connection's task, which takes it
+/// Where the direct relay leaves a `RelayHandover` for the connection's task, which takes it
 /// with the request head the relay passes on right after.
-final class AdoptedExchangeSlot: Sendable {
-    private let slot = NIOLockedValueBox<AdoptedExchange?>(nil)
+final class RelayHandoverSlot: Sendable {
+    private let slot = NIOLockedValueBox<RelayHandover?>(nil)
 
-    func put(_ adopted: AdoptedExchange) {
-        self.slot.withLockedValue { $0 = adopted }
+    func put(_ handover: RelayHandover) {
+        self.slot.withLockedValue { $0 = handover }
     }
 
     /// Whatever is left (the connection ended before its task took it).
-    func takeAny() -> AdoptedExchange? {
+    func takeAny() -> RelayHandover? {
         self.slot.withLockedValue { slot in
             defer { slot = nil }
             return slot
         }
     }
 
-    /// The exchange left for `head`, if any.
-    func take(for head: HTTPRequestHead) -> AdoptedExchange? {
+    /// The hand-over of `head`, if it is one.
+    func take(for head: HTTPRequestHead) -> RelayHandover? {
         self.slot.withLockedValue { slot in
-            guard let adopted = slot, adopted.method == head.method, adopted.uri == head.uri else { return nil }
+            guard let handover = slot, handover.method == head.method, handover.uri == head.uri else { return nil }
             slot = nil
-            return adopted
+            return handover
         }
     }
 }
@@ -61,7 +70,7 @@ final class AdoptedExchangeSlot: Sendable {
 /// reports each request it has finished and will read past.
 package struct DirectRelayLink: Sendable {
     let handler: NIOLoopBound<DirectRelayHandler>
-    let adopted: AdoptedExchangeSlot
+    let handovers: RelayHandoverSlot
 
     func fullPathRequestDone() {
         let handler = self.handler
@@ -106,7 +115,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
 
     private let relay: DirectRelay
     private let registration: RegisteredClientConnection
-    private let adopted: AdoptedExchangeSlot
+    private let handovers: RelayHandoverSlot
     /// The process on the other end, for the flow log.
     private let peer: ConnectionPeer?
     private var context: ChannelHandlerContext?
@@ -131,10 +140,10 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
     /// whose memory was about half of an idle connection's.
     private var startFullPath: (() -> Void)?
 
-    init(relay: DirectRelay, registration: RegisteredClientConnection, adopted: AdoptedExchangeSlot, peer: ConnectionPeer?) {
+    init(relay: DirectRelay, registration: RegisteredClientConnection, handovers: RelayHandoverSlot, peer: ConnectionPeer?) {
         self.relay = relay
         self.registration = registration
-        self.adopted = adopted
+        self.handovers = handovers
         self.peer = peer
     }
 
@@ -379,9 +388,9 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
     /// Gives the request to the full path, which carries on with `adopted` when given, or else
     /// sends it (again) itself.
     private func handToFullPath(_ relayed: RelayedRequest, context: ChannelHandlerContext, adopted: AdoptedExchange? = nil) {
-        guard self.end(relayed, reusable: false) else { return }
+        guard self.end(relayed, reusable: false, handingOver: true) else { return }
         self.fullPathPending += 1
-        if let adopted { self.adopted.put(adopted) }
+        self.handovers.put(RelayHandover(method: relayed.head.method, uri: relayed.head.uri, adopted: adopted))
         self.passOn(.head(relayed.head), context: context)
         if case .awaitingRequestEnd = relayed.phase {
             // Its end, when it comes, follows it there.
@@ -420,7 +429,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
                     // cannot make): the full path takes the exchange over, connection and all.
                     if let exchange = lease.connection.adoptRelay(startingWith: part) {
                         relayed.lease = nil
-                        let adopted = AdoptedExchange(lease: lease, exchange: exchange, method: relayed.head.method, uri: relayed.head.uri)
+                        let adopted = AdoptedExchange(lease: lease, exchange: exchange)
                         self.handToFullPath(relayed, context: context, adopted: adopted)
                     } else {
                         self.handToFullPath(relayed, context: context)
@@ -559,9 +568,10 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
         self.deliverHeld(context: context)
     }
 
-    /// Ends the relay's hold on `relayed` (its connection back to the pool, its counts undone);
+    /// Ends the relay's hold on `relayed` (its connection back to the pool, its counts undone;
+    /// when `handingOver`, its connection's request count passes to the full path instead);
     /// false when it is not the current request (a late callback).
-    private func end(_ relayed: RelayedRequest, reusable: Bool) -> Bool {
+    private func end(_ relayed: RelayedRequest, reusable: Bool, handingOver: Bool = false) -> Bool {
         guard relayed === self.current else { return false }
         self.current = nil
         let interceptor = self.relay.interceptor
@@ -570,7 +580,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             interceptor.pool.release(lease, reusable: reusable)
         }
         interceptor.counters.requestsInFlight.subtract(1)
-        self.relay.registry.requestEnded(self.registration)
+        if !handingOver { self.relay.registry.requestEnded(self.registration) }
         return true
     }
 

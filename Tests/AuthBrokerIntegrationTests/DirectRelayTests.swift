@@ -480,4 +480,36 @@ struct DirectRelayTests {
             #expect(await daemon.waitForExit() == 0)
         }
     }
+
+    @Test("SIGTERM while a relayed request awaits a 401: the full path takes it over and answers it, not 503")
+    func drainingDuringHandover() async throws {
+        let origin = try await TestAuthOrigin.start(name: "drain-handover", user: "alice", password: "Handover-Secret-17")
+        defer { Task { await origin.stop() } }
+        let base = "http://auth.internal.test:\(origin.port)"
+        try await withDaemon(config: "[upstream]\nresolve = [\"auth.internal.test:\(origin.port):127.0.0.1\"]\n") { daemon in
+            let stored = try UnixSocketConnection(path: daemon.socketPath).request(
+                "POST", "/v1/passwords", headers: [("Content-Type", "application/json")],
+                body: jsonBody(["url": base, "user": "alice", "password": "Handover-Secret-17", "persistence": "session"])
+            )
+            #expect(stored.status == 201)
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            let relayed = try await Self.untilRelayed(daemon) {
+                let response = try connection.request("GET", "\(base)/open/a")
+                #expect(response.status == 200)
+            }
+            #expect(relayed)
+            // No space is known at the origin yet, so the relay sends this one; the origin holds
+            // its 401 until the drain has begun, and the relay then hands the request over.
+            try connection.send("GET \(base)/basic/late?delay-ms=1200 HTTP/1.1\r\nHost: x\r\n\r\n")
+            try await Task.sleep(for: .milliseconds(300))
+            kill(daemon.pid, SIGTERM)
+            let response = try connection.readResponse()
+            #expect(response.status == 200 && response.text == "hello alice", "answered with the stored password, not 503")
+            #expect(response.header("Connection")?.lowercased() == "close")
+            #expect(try connection.readToEnd().isEmpty)
+            #expect(origin.stats.unauthorized == 1 && origin.stats.successes == 1)
+            #expect(await daemon.waitForExit() == 0)
+            #expect(!daemon.log.contains("Handover-Secret-17"))
+        }
+    }
 }

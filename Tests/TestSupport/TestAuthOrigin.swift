@@ -109,6 +109,9 @@ package struct TestAuthStats: Sendable, Hashable, Codable {
 /// - `/control?staleAfter=N&nextNonceEvery=N&nonceLifetimeMs=N`: changes the behaviour (`none`
 ///   clears a limit); answers the behaviour as JSON.
 ///
+/// A `delay-ms=N` query parameter, on any route, holds the reply to a complete request N ms
+/// (a request in flight for that long).
+///
 /// For `-sess` algorithms, H(A1) keeps the cnonce of the first successful request with a nonce
 /// (RFC 7616 §3.4.2), as `DigestSession` does.
 package final class TestAuthOrigin: Sendable {
@@ -680,8 +683,24 @@ private final class AuthOriginHandler: ChannelInboundHandler {
                 )
             self.body = []
             let keepAlive = head.isKeepAlive && !self.core.behaviour.speaksHTTP10
-            self.write(reply, context: context, keepAlive: keepAlive, withBody: head.method != .HEAD)
+            let withBody = head.method != .HEAD
+            guard let delay = Self.delay(in: head.uri) else {
+                self.write(reply, context: context, keepAlive: keepAlive, withBody: withBody)
+                return
+            }
+            let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+            context.eventLoop.scheduleTask(in: delay) {
+                let (handler, context) = bound.value
+                handler.write(reply, context: context, keepAlive: keepAlive, withBody: withBody)
+            }
         }
+    }
+
+    /// The `delay-ms` query parameter's hold, if the target has one.
+    private static func delay(in target: String) -> TimeAmount? {
+        let items = URLComponents(string: target)?.queryItems ?? []
+        guard let value = items.first(where: { $0.name == "delay-ms" })?.value, let milliseconds = Int64(value) else { return nil }
+        return .milliseconds(milliseconds)
     }
 
     /// Writes the reply; a HEAD reply keeps its content-length but sends no body.
