@@ -12,6 +12,11 @@ import NIOHTTP1
 /// A read that holds a whole plain head passes on unexamined past it, body and any pipelined
 /// request after it included; such a later head reaches the decoder as it came (as before this
 /// handler existed), which is why it repairs only what the decoder would refuse or misread.
+/// When a message ends inside a read passed on, the decoder may hold the start of the next head,
+/// and its end (`CRLF CRLF`) may straddle the two reads: that end is looked for across the
+/// boundary too, and the head's rest passes on as it came (held back, the head would never
+/// complete, and a pipelined request would wait for the close, or an origin's bytes sent after
+/// its response would stay unseen while the connection waits in the pool).
 final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = ByteBuffer
     typealias InboundOut = ByteBuffer
@@ -36,6 +41,13 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
 
     private var mode = Mode.head
     private var held: [UInt8] = []
+    /// A read is being passed on: a message that ends now may leave the rest of it in the decoder.
+    private var forwarding = false
+    private var endedWhileForwarding = false
+    /// How much of a `CRLF CRLF` (0 to 3 bytes) the read in which the last message ended ends
+    /// with, while the next head's end may straddle that read and what comes next.
+    private var straddle = 0
+    private static let headEndBytes: [UInt8] = [0x0D, 0x0A, 0x0D, 0x0A]
     private let direction: Direction
     /// More than this and the head is passed on unchanged; the decoder refuses it as too large.
     private let limit: Int
@@ -56,12 +68,16 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
         guard self.mode != .refused, self.mode != .opaque else { return }
         self.mode = .head
         self.held.removeAll(keepingCapacity: true)
+        if self.forwarding { self.endedWhileForwarding = true }
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         switch self.mode {
         case .head: break
-        case .passing, .opaque:
+        case .passing:
+            self.pass(self.unwrapInboundIn(data), context: context)
+            return
+        case .opaque:
             context.fireChannelRead(data)
             return
         case .refused:
@@ -70,13 +86,43 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
         var buffer = self.unwrapInboundIn(data)
         // The usual case costs one scan and no copy: a whole head in this read, all ASCII, not
         // interim. The buffer goes on as it is.
-        if self.held.isEmpty, self.isWholePlainFinalHead(buffer) {
+        if self.straddle > 0, self.held.isEmpty, self.straddleEnd(in: buffer.readableBytesView) == .none {
+            self.straddle = 0
+        }
+        if self.held.isEmpty, self.straddle == 0, self.isWholePlainFinalHead(buffer) {
             self.mode = .passing
-            context.fireChannelRead(data)
+            self.pass(buffer, context: context)
             return
         }
         self.held.append(contentsOf: buffer.readBytes(length: buffer.readableBytes) ?? [])
         self.releaseHeads(context: context)
+    }
+
+    /// Passes `buffer` on; when the message ends inside it, keeps its last bytes for `releaseHeads`.
+    private func pass(_ buffer: ByteBuffer, context: ChannelHandlerContext) {
+        self.forwarding = true
+        self.endedWhileForwarding = false
+        context.fireChannelRead(self.wrapInboundOut(buffer))
+        self.forwarding = false
+        if self.endedWhileForwarding, case .head = self.mode {
+            let bytes = buffer.readableBytesView
+            self.straddle = (1...3).reversed().first { bytes.reversed().prefix($0).elementsEqual(Self.headEndBytes.prefix($0).reversed()) } ?? 0
+        }
+    }
+
+    private enum StraddleEnd: Equatable {
+        case none
+        /// The bytes begin with what is missing, but not all of it yet.
+        case undecided
+        /// The head ends just before this index of the bytes.
+        case at(Int)
+    }
+
+    /// Whether `bytes` begin with the rest of the `CRLF CRLF` the last read ended with part of.
+    private func straddleEnd<Bytes: Collection<UInt8>>(in bytes: Bytes) -> StraddleEnd {
+        let missing = Self.headEndBytes.suffix(4 - self.straddle)
+        guard bytes.prefix(missing.count).elementsEqual(missing.prefix(min(missing.count, bytes.count))) else { return .none }
+        return bytes.count >= missing.count ? .at(missing.count) : .undecided
     }
 
     func channelInactive(context: ChannelHandlerContext) {
@@ -91,6 +137,17 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
 
     private func releaseHeads(context: ChannelHandlerContext) {
         while case .head = self.mode {
+            if self.straddle > 0 {
+                switch self.straddleEnd(in: self.held) {
+                case .undecided:
+                    return
+                case .none:
+                    self.straddle = 0
+                case .at(let end):
+                    self.passStraddlingHead(upTo: end, context: context)
+                    continue
+                }
+            }
             guard let end = HeadNormalization.headEnd(in: self.held) else {
                 if self.held.count > self.limit {
                     self.mode = .passing
@@ -116,6 +173,8 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
                 return
             }
             self.forward(normalized, context: context)
+            // A message that ended with its head left nothing in the decoder.
+            self.straddle = 0
             if interim {
                 self.held = rest
             } else if !rest.isEmpty {
@@ -152,6 +211,24 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
     }
 
     private func forward(_ bytes: [UInt8], context: ChannelHandlerContext) {
-        context.fireChannelRead(self.wrapInboundOut(context.channel.allocator.buffer(bytes: bytes)))
+        self.pass(context.channel.allocator.buffer(bytes: bytes), context: context)
+    }
+
+    /// The rest of a head that began in the decoder, up to `end` of what is held, goes on as it
+    /// came; then what follows it, as after any head.
+    private func passStraddlingHead(upTo end: Int, context: ChannelHandlerContext) {
+        self.straddle = 0
+        let rest = Array(self.held[..<end])
+        let after = Array(self.held[end...])
+        self.held.removeAll(keepingCapacity: true)
+        self.mode = .passing
+        self.pass(context.channel.allocator.buffer(bytes: rest), context: context)
+        guard !after.isEmpty else { return }
+        // Passing the head on may have ended its message (no body): the rest is a head again.
+        if case .head = self.mode {
+            self.held = after
+        } else {
+            self.pass(context.channel.allocator.buffer(bytes: after), context: context)
+        }
     }
 }
