@@ -12,11 +12,13 @@ import NIOHTTP1
 /// A read that holds a whole plain head passes on unexamined past it, body and any pipelined
 /// request after it included; such a later head reaches the decoder as it came (as before this
 /// handler existed), which is why it repairs only what the decoder would refuse or misread.
-/// When a message ends inside a read passed on, the decoder may hold the start of the next head,
-/// and its end (`CRLF CRLF`) may straddle the two reads: that end is looked for across the
-/// boundary too, and the head's rest passes on as it came (held back, the head would never
-/// complete, and a pipelined request would wait for the close, or an origin's bytes sent after
-/// its response would stay unseen while the connection waits in the pool).
+/// When a message ends inside a read passed on, the decoder reads on in that read: it may
+/// decode the next head there (and part of its body), which the handler after it reports
+/// (`headDecoded`), so what follows is passed on as body; or it may keep the start of the next
+/// head, whose end (`CRLF CRLF`) can straddle that read and the next, so that end is looked for
+/// across the boundary too and the head's rest passes on as it came. Held back, either would
+/// wait for a `CRLF CRLF` that never comes: a pipelined request until the close, or an origin's
+/// bytes sent after its response unseen while the connection waits in the pool.
 final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = ByteBuffer
     typealias InboundOut = ByteBuffer
@@ -44,10 +46,9 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
     /// A read is being passed on: a message that ends now may leave the rest of it in the decoder.
     private var forwarding = false
     private var endedWhileForwarding = false
-    /// How much of a `CRLF CRLF` (0 to 3 bytes) the read in which the last message ended ends
-    /// with, while the next head's end may straddle that read and what comes next.
+    /// How many bytes of a `CRLF CRLF` (1 to 3, or 0) the read in which the last message ended
+    /// ends with, while the next head's end may straddle that read and what comes next.
     private var straddle = 0
-    private static let headEndBytes: [UInt8] = [0x0D, 0x0A, 0x0D, 0x0A]
     private let direction: Direction
     /// More than this and the head is passed on unchanged; the decoder refuses it as too large.
     private let limit: Int
@@ -61,6 +62,15 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
     func tunnelFollows() {
         guard self.mode != .refused else { return }
         self.mode = .opaque
+    }
+
+    /// The decoder decoded a final head (a request's, or a response's other than 1xx): what
+    /// follows is its body. It is already so unless the head came in a read passed on after a
+    /// message that ended inside it.
+    func headDecoded() {
+        guard case .head = self.mode else { return }
+        self.mode = .passing
+        self.straddle = 0
     }
 
     /// The message ended: the next bytes start a head.
@@ -98,15 +108,31 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
         self.releaseHeads(context: context)
     }
 
-    /// Passes `buffer` on; when the message ends inside it, keeps its last bytes for `releaseHeads`.
+    /// Passes `buffer` on; when a message ends inside it and no head follows there, notes how
+    /// much of a `CRLF CRLF` it ends with (`straddle`).
     private func pass(_ buffer: ByteBuffer, context: ChannelHandlerContext) {
         self.forwarding = true
         self.endedWhileForwarding = false
         context.fireChannelRead(self.wrapInboundOut(buffer))
         self.forwarding = false
         if self.endedWhileForwarding, case .head = self.mode {
-            let bytes = buffer.readableBytesView
-            self.straddle = (1...3).reversed().first { bytes.reversed().prefix($0).elementsEqual(Self.headEndBytes.prefix($0).reversed()) } ?? 0
+            self.straddle = Self.partialHeadEnd(atEndOf: buffer)
+        }
+    }
+
+    /// How many bytes of a `CRLF CRLF` `buffer` ends with, when not a whole one (which ends a
+    /// head, or a body, and leaves no head begun in the decoder).
+    private static func partialHeadEnd(atEndOf buffer: ByteBuffer) -> Int {
+        let count = buffer.readableBytes
+        func back(_ distance: Int) -> UInt8? {
+            distance <= count ? buffer.getInteger(at: buffer.writerIndex - distance, as: UInt8.self) : nil
+        }
+        let (cr, lf): (UInt8, UInt8) = (0x0D, 0x0A)
+        switch (back(1), back(2), back(3)) {
+        case (cr, lf, cr): return 3
+        case (lf, cr, _): return back(3) == lf && back(4) == cr ? 0 : 2
+        case (cr, _, _): return 1
+        default: return 0
         }
     }
 
@@ -124,6 +150,8 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
         guard bytes.prefix(missing.count).elementsEqual(missing.prefix(min(missing.count, bytes.count))) else { return .none }
         return bytes.count >= missing.count ? .at(missing.count) : .undecided
     }
+
+    private static let headEndBytes: [UInt8] = [0x0D, 0x0A, 0x0D, 0x0A]
 
     func channelInactive(context: ChannelHandlerContext) {
         // A head cut off by the close: let the decoder see what came and report it.
@@ -215,16 +243,18 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
     }
 
     /// The rest of a head that began in the decoder, up to `end` of what is held, goes on as it
-    /// came; then what follows it, as after any head.
+    /// came; then what follows it, as after any head. The mode stays `.head` meanwhile: if no
+    /// head came of it (the `CRLF`s were an empty line before the next message, RFC 9112 §2.2),
+    /// what follows is held as a head as usual; a head that did come is reported
+    /// (`headDecoded`), and its body passes on.
     private func passStraddlingHead(upTo end: Int, context: ChannelHandlerContext) {
         self.straddle = 0
         let rest = Array(self.held[..<end])
         let after = Array(self.held[end...])
         self.held.removeAll(keepingCapacity: true)
-        self.mode = .passing
         self.pass(context.channel.allocator.buffer(bytes: rest), context: context)
         guard !after.isEmpty else { return }
-        // Passing the head on may have ended its message (no body): the rest is a head again.
+        // A head with no body ends its message at once: the rest is a head again.
         if case .head = self.mode {
             self.held = after
         } else {

@@ -33,6 +33,7 @@ final class RequestFramingCheck: ChannelInboundHandler, RemovableChannelHandler 
         guard !self.refused else { return }
         switch self.unwrapInboundIn(data) {
         case .head(var head):
+            self.normalizer.headDecoded()
             var changed = false
             if let origin = self.interceptedOrigin {
                 switch InterceptedTarget.absolute(head.uri, method: head.method, origin: origin) {

@@ -393,6 +393,7 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
             return
         }
         if case .head(let head) = part, head.status.code >= 200 {
+            self.headNormalizer?.headDecoded()
             if Self.approximateSize(of: head) > self.maxResponseHeadBytes {
                 self.fail(.responseHeadTooLarge, close: true)
                 return

@@ -135,13 +135,16 @@ struct ClientRequestFramingTests {
         return bytes
     }
 
-    /// `bytes` cut at random places (one byte at a time, now and then).
+    /// `bytes` cut at random places: one byte at a time now and then, else reads of up to 16,
+    /// 64 or 512 bytes (large enough to hold the end of one message, a whole head and part of
+    /// its body).
     static func reads(of bytes: [UInt8], _ random: inout SplitMixRandom) -> [[UInt8]] {
         if Int.random(in: 0..<4, using: &random) == 0 { return bytes.map { [$0] } }
+        let largest = [16, 64, 512][Int.random(in: 0..<3, using: &random)]
         var reads: [[UInt8]] = []
         var rest = bytes[...]
         while !rest.isEmpty {
-            let size = Int.random(in: 1...max(1, min(rest.count, 64)), using: &random)
+            let size = Int.random(in: 1...max(1, min(rest.count, largest)), using: &random)
             reads.append(Array(rest.prefix(size)))
             rest = rest.dropFirst(size)
         }

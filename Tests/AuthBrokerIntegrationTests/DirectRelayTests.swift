@@ -498,10 +498,11 @@ struct DirectRelayTests {
                 #expect(response.status == 200)
             }
             #expect(relayed)
-            // No space is known at the origin yet, so the relay sends this one; the origin holds
-            // its 401 until the drain has begun, and the relay then hands the request over.
-            try connection.send("GET \(base)/basic/late?delay-ms=1200 HTTP/1.1\r\nHost: x\r\n\r\n")
-            try await Task.sleep(for: .milliseconds(300))
+            // No space is known at the origin yet, so the relay sends this one (counting it in
+            // first); the origin holds its 401 until the drain has begun, and the relay then hands
+            // the request over.
+            try connection.send("GET \(base)/basic/late?delay-ms=1500 HTTP/1.1\r\nHost: x\r\n\r\n")
+            #expect(await waitUntil(seconds: 5) { origin.stats.unauthorized == 1 }, "the origin has the request")
             kill(daemon.pid, SIGTERM)
             let response = try connection.readResponse()
             #expect(response.status == 200 && response.text == "hello alice", "answered with the stored password, not 503")
