@@ -176,6 +176,16 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
                     continue
                 }
             }
+            // Empty lines before a start line (RFC 9112 §2.2; some origins send one after a
+            // body) go on as they came: the decoder skips them (or they end a head it began), and
+            // read here they would look like a head's end, or hide whether the head is interim.
+            let blank = self.held.prefix { $0 == 0x0D || $0 == 0x0A }.count
+            if blank > 0 {
+                let bytes = Array(self.held[..<blank])
+                self.held.removeFirst(blank)
+                self.passHeld(after: bytes, context: context)
+                continue
+            }
             guard let end = HeadNormalization.headEnd(in: self.held) else {
                 if self.held.count > self.limit {
                     self.mode = .passing
@@ -203,23 +213,37 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
             self.forward(normalized, context: context)
             // A message that ended with its head left nothing in the decoder.
             self.straddle = 0
-            if interim {
+            // After an interim head, or one that ended its message (no body), the rest is a
+            // head again; after any other, its body. (The decoder's report decides, not the
+            // guess above: `headDecoded` comes for a final head.)
+            if case .head = self.mode {
                 self.held = rest
             } else if !rest.isEmpty {
-                // Forwarding may end the message (no body) and make the rest a head again.
-                if case .head = self.mode {
-                    self.held = rest
-                } else {
-                    self.forward(rest, context: context)
-                }
+                self.forward(rest, context: context)
             }
+        }
+    }
+
+    /// Passes `bytes` on, then what is held: if the decoder is now inside a message (they ended
+    /// a head it held the start of), the held bytes follow as its body; else they stay held as
+    /// a head.
+    private func passHeld(after bytes: [UInt8], context: ChannelHandlerContext) {
+        let held = self.held
+        self.held.removeAll(keepingCapacity: true)
+        self.pass(context.channel.allocator.buffer(bytes: bytes), context: context)
+        guard !held.isEmpty else { return }
+        if case .head = self.mode {
+            self.held = held
+        } else {
+            self.pass(context.channel.allocator.buffer(bytes: held), context: context)
         }
     }
 
     private func isWholePlainFinalHead(_ buffer: ByteBuffer) -> Bool {
         let mayBeInterim = self.direction == .responses
         return buffer.withUnsafeReadableBytes { bytes in
-            guard bytes.count > 9, !mayBeInterim || bytes[9] != UInt8(ascii: "1") else { return false }
+            // (An empty line before the start line is the slow path's.)
+            guard bytes.count > 9, bytes[0] != 0x0D, bytes[0] != 0x0A, !mayBeInterim || bytes[9] != UInt8(ascii: "1") else { return false }
             // Plain: no byte above 0x7F, no bare CR, no whitespace before a CR (the slow path
             // transcodes, refuses or trims those).
             var index = 0
@@ -250,15 +274,7 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
     private func passStraddlingHead(upTo end: Int, context: ChannelHandlerContext) {
         self.straddle = 0
         let rest = Array(self.held[..<end])
-        let after = Array(self.held[end...])
-        self.held.removeAll(keepingCapacity: true)
-        self.pass(context.channel.allocator.buffer(bytes: rest), context: context)
-        guard !after.isEmpty else { return }
-        // A head with no body ends its message at once: the rest is a head again.
-        if case .head = self.mode {
-            self.held = after
-        } else {
-            self.pass(context.channel.allocator.buffer(bytes: after), context: context)
-        }
+        self.held.removeFirst(end)
+        self.passHeld(after: rest, context: context)
     }
 }

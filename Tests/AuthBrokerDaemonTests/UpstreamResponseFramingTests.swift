@@ -13,14 +13,6 @@ import Testing
 /// asked for is never left open for another exchange (RFC 9112 §6.3, §9.3).
 @Suite("Upstream response framing")
 struct UpstreamResponseFramingTests {
-    final class RecordingSink: UpstreamRelaySink {
-        var parts: [HTTPClientResponsePart] = []
-        var failure: UpstreamExchangeError?
-        func upstreamReceived(_ part: HTTPClientResponsePart) { self.parts.append(part) }
-        func upstreamReadComplete() {}
-        func upstreamFailed(_ error: UpstreamExchangeError) { self.failure = error }
-    }
-
     /// What one exchange came to.
     struct Outcome: Equatable, CustomStringConvertible {
         /// Status and fields of each head, in order; then the body, whether it ended, whether it failed.
@@ -61,7 +53,7 @@ struct UpstreamResponseFramingTests {
             handler,
         ])
         try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 80)).wait()
-        let sink = RecordingSink()
+        let sink = UpstreamExchangeHandlerTests.RecordingSink()
         try handler.beginRelay(to: sink)
         var head = HTTPRequestHead(version: .http1_1, method: method, uri: "/r")
         head.headers.add(name: "Host", value: "o.test")
@@ -105,9 +97,12 @@ struct UpstreamResponseFramingTests {
         }
         func ows() -> String { rarely("", [" ", "\t", " \t"]) }
         var bytes: [UInt8] = []
+        // Now and then an empty line before a head (as some origins send after a body).
+        func blank() -> [UInt8] { Array(rarely("", ["\r\n", "\r\n\r\n"]).utf8) }
         for _ in 0..<rarely(0, [1, 2]) {
-            bytes += Array(rarely("HTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload\r\n\r\n", ["HTTP/1.1 100 Continue\r\n\r\n"]).utf8)
+            bytes += blank() + Array(rarely("HTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload\r\n\r\n", ["HTTP/1.1 100 Continue\r\n\r\n"]).utf8)
         }
+        bytes += blank()
         let status = rarely(200, [204, 304, 401, 500])
         let body = Array("payload-".utf8) + Array(repeating: UInt8(ascii: "y"), count: Int.random(in: 0...40, using: &random))
         var head = Array("HTTP/1.1 \(status) X\r\nServer: test\(ows())\r\n".utf8)
@@ -200,6 +195,17 @@ extension UpstreamResponseFramingTests {
         let outcome = try Self.exchange(.GET, reads: reads.map { Array($0.utf8) }, closes: false)
         #expect(outcome.ended && outcome.body == Array("ok".utf8))
         #expect(!outcome.open, "the connection is closed, never offered to the pool")
+    }
+}
+
+extension UpstreamResponseFramingTests {
+    @Test("an empty line before a response (RFC 9112 §2.2) is skipped, and the response read whole", arguments: [false, true])
+    func emptyLineBeforeResponse(split: Bool) throws {
+        let response = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+        let reads = split ? ["\r\n", response] : ["\r\n" + response]
+        let outcome = try Self.exchange(.GET, reads: reads.map { Array($0.utf8) }, closes: false)
+        #expect(outcome.ended && outcome.body == Array("hello".utf8) && !outcome.failed, "\(outcome)")
+        #expect(outcome.open, "a complete response leaves the connection for the pool")
     }
 }
 
