@@ -179,7 +179,7 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
             // Empty lines before a start line (RFC 9112 §2.2; some origins send one after a
             // body) go on as they came: the decoder skips them (or they end a head it began), and
             // read here they would look like a head's end, or hide whether the head is interim.
-            let blank = self.held.prefix { $0 == 0x0D || $0 == 0x0A }.count
+            let blank = Self.emptyLines(atStartOf: self.held)
             if blank > 0 {
                 let bytes = Array(self.held[..<blank])
                 self.held.removeFirst(blank)
@@ -224,12 +224,28 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
         }
     }
 
+    /// How many bytes at the start of `bytes` are empty lines (LF or CR LF); a CR followed by
+    /// anything else is not one (the head is refused as a bare CR), and a last CR waits.
+    private static func emptyLines(atStartOf bytes: [UInt8]) -> Int {
+        var index = 0
+        while index < bytes.count {
+            if bytes[index] == 0x0A {
+                index += 1
+            } else if bytes[index] == 0x0D, index + 1 < bytes.count, bytes[index + 1] == 0x0A {
+                index += 2
+            } else {
+                break
+            }
+        }
+        return index
+    }
+
     /// Passes `bytes` on, then what is held: if the decoder is now inside a message (they ended
     /// a head it held the start of), the held bytes follow as its body; else they stay held as
     /// a head.
     private func passHeld(after bytes: [UInt8], context: ChannelHandlerContext) {
-        let held = self.held
-        self.held.removeAll(keepingCapacity: true)
+        var held: [UInt8] = []
+        swap(&held, &self.held)
         self.pass(context.channel.allocator.buffer(bytes: bytes), context: context)
         guard !held.isEmpty else { return }
         if case .head = self.mode {

@@ -209,6 +209,16 @@ extension UpstreamResponseFramingTests {
     }
 }
 
+extension UpstreamResponseFramingTests {
+    @Test("a bare CR before a response is refused, not skipped as an empty line", arguments: [false, true])
+    func bareCRBeforeResponse(split: Bool) throws {
+        let response = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+        let reads = split ? ["\r", response] : ["\r" + response]
+        let outcome = try Self.exchange(.GET, reads: reads.map { Array($0.utf8) }, closes: false)
+        #expect(outcome.failed && !outcome.open && outcome.heads.isEmpty, "\(outcome)")
+    }
+}
+
 extension UpstreamResponseFramingTests.Framing {
     var fieldValue: String {
         switch self {
