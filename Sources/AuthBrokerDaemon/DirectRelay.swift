@@ -36,7 +36,7 @@ package struct RelayHandover: Sendable {
     let method: HTTPMethod
     let uri: String
     /// The upstream exchange, when the full path carries it on.
-    var adopted: AdoptedExchange?
+    let adopted: AdoptedExchange?
 }
 
 /// Where the direct relay leaves a `RelayHandover` for the connection's task, which takes it

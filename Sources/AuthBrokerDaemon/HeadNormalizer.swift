@@ -43,9 +43,9 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
 
     private var mode = Mode.head
     private var held: [UInt8] = []
-    /// A read is being passed on: a message that ends now may leave the rest of it in the decoder.
-    private var forwarding = false
-    private var endedWhileForwarding = false
+    /// Messages ended so far: one that ends while a read is passed on may leave the rest of that
+    /// read in the decoder.
+    private var messagesEnded = 0
     /// How many bytes of a `CRLF CRLF` (1 to 3, or 0) the read in which the last message ended
     /// ends with, while the next head's end may straddle that read and what comes next.
     private var straddle = 0
@@ -78,7 +78,7 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
         guard self.mode != .refused, self.mode != .opaque else { return }
         self.mode = .head
         self.held.removeAll(keepingCapacity: true)
-        if self.forwarding { self.endedWhileForwarding = true }
+        self.messagesEnded &+= 1
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -111,11 +111,9 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
     /// Passes `buffer` on; when a message ends inside it and no head follows there, notes how
     /// much of a `CRLF CRLF` it ends with (`straddle`).
     private func pass(_ buffer: ByteBuffer, context: ChannelHandlerContext) {
-        self.forwarding = true
-        self.endedWhileForwarding = false
+        let endedBefore = self.messagesEnded
         context.fireChannelRead(self.wrapInboundOut(buffer))
-        self.forwarding = false
-        if self.endedWhileForwarding, case .head = self.mode {
+        if self.messagesEnded != endedBefore, case .head = self.mode {
             self.straddle = Self.partialHeadEnd(atEndOf: buffer)
         }
     }
@@ -172,7 +170,11 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
                 case .none:
                     self.straddle = 0
                 case .at(let end):
-                    self.passStraddlingHead(upTo: end, context: context)
+                    // The head began in the decoder: its rest goes on as it came. If no head came
+                    // of it (the CRLFs were an empty line before the next message), what follows
+                    // is held as a head as usual.
+                    self.straddle = 0
+                    self.passHeld(first: end, context: context)
                     continue
                 }
             }
@@ -181,9 +183,7 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
             // read here they would look like a head's end, or hide whether the head is interim.
             let blank = Self.emptyLines(atStartOf: self.held)
             if blank > 0 {
-                let bytes = Array(self.held[..<blank])
-                self.held.removeFirst(blank)
-                self.passHeld(after: bytes, context: context)
+                self.passHeld(first: blank, context: context)
                 continue
             }
             guard let end = HeadNormalization.headEnd(in: self.held) else {
@@ -240,18 +240,19 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
         return index
     }
 
-    /// Passes `bytes` on, then what is held: if the decoder is now inside a message (they ended
-    /// a head it held the start of), the held bytes follow as its body; else they stay held as
-    /// a head.
-    private func passHeld(after bytes: [UInt8], context: ChannelHandlerContext) {
+    /// Passes the first `count` held bytes on as they came, then the rest: if the decoder is now
+    /// inside a message (they ended a head it held the start of), the rest follows as its body;
+    /// else it stays held as a head.
+    private func passHeld(first count: Int, context: ChannelHandlerContext) {
         var held: [UInt8] = []
         swap(&held, &self.held)
-        self.pass(context.channel.allocator.buffer(bytes: bytes), context: context)
-        guard !held.isEmpty else { return }
+        self.forward(Array(held[..<count]), context: context)
+        let rest = held[count...]
+        guard !rest.isEmpty else { return }
         if case .head = self.mode {
-            self.held = held
+            self.held = Array(rest)
         } else {
-            self.pass(context.channel.allocator.buffer(bytes: held), context: context)
+            self.forward(Array(rest), context: context)
         }
     }
 
@@ -280,17 +281,5 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
 
     private func forward(_ bytes: [UInt8], context: ChannelHandlerContext) {
         self.pass(context.channel.allocator.buffer(bytes: bytes), context: context)
-    }
-
-    /// The rest of a head that began in the decoder, up to `end` of what is held, goes on as it
-    /// came; then what follows it, as after any head. The mode stays `.head` meanwhile: if no
-    /// head came of it (the `CRLF`s were an empty line before the next message, RFC 9112 §2.2),
-    /// what follows is held as a head as usual; a head that did come is reported
-    /// (`headDecoded`), and its body passes on.
-    private func passStraddlingHead(upTo end: Int, context: ChannelHandlerContext) {
-        self.straddle = 0
-        let rest = Array(self.held[..<end])
-        self.held.removeFirst(end)
-        self.passHeld(after: rest, context: context)
     }
 }
