@@ -23,8 +23,8 @@ package struct DirectRelay: Sendable {
 /// answer itself (a 401, which the broker may answer from its store), and the full path
 /// carries on from that head on the same connection, so the request is not sent twice.
 package struct AdoptedExchange: Sendable {
-    let lease: PooledConnection<UpstreamConnection>
-    let exchange: UpstreamExchange
+    package let lease: PooledConnection<UpstreamConnection>
+    package let exchange: UpstreamExchange
 }
 
 /// A request the direct relay began and gives to the full path. It stays counted in flight on
@@ -33,23 +33,25 @@ package struct AdoptedExchange: Sendable {
 /// answered 503 to a request that was already in flight when the drain began.
 package struct RelayHandover: Sendable {
     /// The request it belongs to, to check it is handed to the right one.
-    let method: HTTPMethod
-    let uri: String
+    package let method: HTTPMethod
+    package let uri: String
     /// The upstream exchange, when the full path carries it on.
-    let adopted: AdoptedExchange?
+    package let adopted: AdoptedExchange?
 }
 
 /// Where the direct relay leaves a `RelayHandover` for the connection's task, which takes it
 /// with the request head the relay passes on right after.
-final class RelayHandoverSlot: Sendable {
+package final class RelayHandoverSlot: Sendable {
     private let slot = NIOLockedValueBox<RelayHandover?>(nil)
+
+    package init() {}
 
     func put(_ handover: RelayHandover) {
         self.slot.withLockedValue { $0 = handover }
     }
 
     /// Whatever is left (the connection ended before its task took it).
-    func takeAny() -> RelayHandover? {
+    package func takeAny() -> RelayHandover? {
         self.slot.withLockedValue { slot in
             defer { slot = nil }
             return slot
@@ -111,7 +113,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
     }
 
     /// Parts held beyond this stop reads from the client until the relayed response ends.
-    static let maxHeldParts = 64
+    package static let maxHeldParts = 64
 
     private let relay: DirectRelay
     private let registration: RegisteredClientConnection
@@ -140,7 +142,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
     /// whose memory was about half of an idle connection's.
     private var startFullPath: (() -> Void)?
 
-    init(relay: DirectRelay, registration: RegisteredClientConnection, handovers: RelayHandoverSlot, peer: ConnectionPeer?) {
+    package init(relay: DirectRelay, registration: RegisteredClientConnection, handovers: RelayHandoverSlot, peer: ConnectionPeer?) {
         self.relay = relay
         self.registration = registration
         self.handovers = handovers
@@ -164,7 +166,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
     }
 
     /// Sets what starts the full path; on the event loop, before the channel's first read.
-    func startFullPathWhenNeeded(_ start: @escaping () -> Void) {
+    package func startFullPathWhenNeeded(_ start: @escaping () -> Void) {
         self.startFullPath = start
     }
 

@@ -87,6 +87,24 @@ package struct Interceptor: Sendable {
     /// The HTTP cache (`[cache]`); nil when it is off.
     package var cache: ResponseCache? = nil
 
+    package init(
+        pool: UpstreamPool<UpstreamConnection>, settings: BrokerSettings, rules: LiveRules, counters: BrokerCounters,
+        store: TrustStore, trustGeneration: @escaping @Sendable () -> UInt64, authenticator: HTTPAuthenticator,
+        audit: AuditLog?, challenges: AgentChallenges? = nil, flows: FlowLog? = nil, cache: ResponseCache? = nil
+    ) {
+        self.pool = pool
+        self.settings = settings
+        self.rules = rules
+        self.counters = counters
+        self.store = store
+        self.trustGeneration = trustGeneration
+        self.authenticator = authenticator
+        self.audit = audit
+        self.challenges = challenges
+        self.flows = flows
+        self.cache = cache
+    }
+
     /// Attempts per request at most: a stale pooled connection, a challenge, a stale nonce, and
     /// through a proxy its challenge and stale nonce too.
     static let maxAttempts = 6

@@ -45,7 +45,7 @@ package final class UpstreamConnection: Sendable {
     /// refused client certificate is reported only after the handshake, on the first read).
     package var closingTLSError: (any Error)? { self.tlsError.withLockedValue { $0 } }
 
-    init(
+    package init(
         id: Int, route: UpstreamRoute, channel: any Channel, trustGeneration: UInt64,
         handler: NIOLoopBound<UpstreamExchangeHandler>, tlsError: NIOLockedValueBox<(any Error & Sendable)?>
     ) {
