@@ -184,6 +184,17 @@ package struct AcceptedClientConnection: Sendable {
     }
 }
 
+extension ClientConnectionServer {
+    /// Returns when `closeFuture` completes, or when the waiting task is cancelled (an
+    /// EventLoopFuture's `get()` is not cancellable, and a task group waiting for the client to
+    /// go would wait for its close after the answer it raced came).
+    package static func untilClosed(_ closeFuture: EventLoopFuture<Void>) async {
+        let (closed, signal) = AsyncStream<Void>.makeStream()
+        closeFuture.whenComplete { _ in signal.finish() }
+        for await _ in closed {}
+    }
+}
+
 /// The daemon is draining and takes no new connection.
 package struct ClientConnectionRefused: Error {}
 
@@ -220,12 +231,7 @@ package struct ClientConnectionServer: Sendable {
         let registry = self.registry
         let draining: @Sendable () -> Bool = { registry.isDraining }
         let closeFuture = channel.closeFuture
-        // Cancellable (an EventLoopFuture's get() is not): the stream ends on close or on cancellation.
-        let clientGone: @Sendable () async -> Void = {
-            let (closed, signal) = AsyncStream<Void>.makeStream()
-            closeFuture.whenComplete { _ in signal.finish() }
-            for await _ in closed {}
-        }
+        let clientGone: @Sendable () async -> Void = { await Self.untilClosed(closeFuture) }
 
         try? await connection.executeThenClose { inbound, outbound in
             // Kept small: this frame and the wait for the next part are all that an idle

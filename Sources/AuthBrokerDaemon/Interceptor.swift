@@ -38,7 +38,8 @@ package struct ClientSide: Sendable {
     package var abort: @Sendable () -> Void
     /// Whether the daemon is draining (no connection is kept alive then).
     package var draining: @Sendable () -> Bool
-    /// Returns when the client's connection has closed.
+    /// Returns when the client's connection has closed (no default: one that returns at once
+    /// says the client has gone, and every challenge the broker would answer goes unanswered).
     package var gone: @Sendable () async -> Void
     /// The `[[rewrite]]` whose response header edits apply to what the client gets.
     package var rewrite: RewriteRule? = nil
@@ -48,7 +49,7 @@ package struct ClientSide: Sendable {
     package init(
         requestID: String, peer: ConnectionPeer?, logger: Logger, writer: ClientResponseWriter,
         close: @escaping @Sendable () -> Void, abort: @escaping @Sendable () -> Void,
-        draining: @escaping @Sendable () -> Bool, gone: @escaping @Sendable () async -> Void = {}
+        draining: @escaping @Sendable () -> Bool, gone: @escaping @Sendable () async -> Void
     ) {
         self.requestID = requestID
         self.peer = peer
