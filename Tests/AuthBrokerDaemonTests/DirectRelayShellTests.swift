@@ -17,11 +17,9 @@ import TestSupport
 /// the origin, the pool and the full path.
 @Suite("Direct relay shell")
 struct DirectRelayShellTests {
-    static let origin = "http://origin.test"
-
     @Test("a plain GET is relayed on the idle pooled connection, which goes back to the pool; the full path never starts")
     func relaysAndPools() async throws {
-        let relay = try await RelayHarness()
+        let relay = try await DataPlaneHarness()
         let upstream = try await relay.seedIdleConnection()
         try await relay.sendGet("/a")
         let sent = try await relay.requestSent(on: upstream)
@@ -46,7 +44,7 @@ struct DirectRelayShellTests {
 
     @Test("with no idle pooled connection the request goes to the full path, head and end, as a hand-over")
     func noIdleConnection() async throws {
-        let relay = try await RelayHarness()
+        let relay = try await DataPlaneHarness()
         try await relay.sendGet("/a")
         #expect(try await relay.client.readInbound(as: HTTPServerRequestPart.self).map(Self.isHead(uri: "http://origin.test/a")) == true)
         #expect(try await relay.client.readInbound(as: HTTPServerRequestPart.self).map(Self.isEnd) == true)
@@ -59,7 +57,7 @@ struct DirectRelayShellTests {
 
     @Test("a 401 is not answered here: the full path adopts the exchange, 401 head first, and the client hears nothing yet")
     func challengeIsAdopted() async throws {
-        let relay = try await RelayHarness()
+        let relay = try await DataPlaneHarness()
         let upstream = try await relay.seedIdleConnection()
         try await relay.sendGet("/private")
         _ = try await relay.requestSent(on: upstream)
@@ -91,7 +89,7 @@ struct DirectRelayShellTests {
 
     @Test("a pooled connection the origin closed before the head: the full path sends the request again, and the pool drops it")
     func closedPooledConnection() async throws {
-        let relay = try await RelayHarness()
+        let relay = try await DataPlaneHarness()
         let upstream = try await relay.seedIdleConnection()
         try await relay.sendGet("/a")
         _ = try await relay.requestSent(on: upstream)
@@ -106,7 +104,7 @@ struct DirectRelayShellTests {
 
     @Test("a request pipelined behind a relayed one is held until that response ended, then relayed on the same connection")
     func pipelinedRequestWaits() async throws {
-        let relay = try await RelayHarness()
+        let relay = try await DataPlaneHarness()
         let upstream = try await relay.seedIdleConnection()
         try await relay.sendGet("/first")
         _ = try await relay.requestSent(on: upstream)
@@ -128,7 +126,7 @@ struct DirectRelayShellTests {
 
     @Test("an origin's Connection: close closes the upstream connection, not the client's")
     func originCloses() async throws {
-        let relay = try await RelayHarness()
+        let relay = try await DataPlaneHarness()
         let upstream = try await relay.seedIdleConnection()
         try await relay.sendGet("/a")
         _ = try await relay.requestSent(on: upstream)
@@ -143,7 +141,7 @@ struct DirectRelayShellTests {
 
     @Test("a client that is not writable pauses the origin's reads until it is again")
     func backPressure() async throws {
-        let relay = try await RelayHarness()
+        let relay = try await DataPlaneHarness()
         let upstream = try await relay.seedIdleConnection()
         let reads = try #require(relay.lastUpstreamReads)
         try await relay.sendGet("/big")
@@ -168,7 +166,7 @@ struct DirectRelayShellTests {
 
     @Test("the origin failing after the head: what came goes out, then the client's connection is cut")
     func failureAfterHead() async throws {
-        let relay = try await RelayHarness()
+        let relay = try await DataPlaneHarness()
         let upstream = try await relay.seedIdleConnection()
         try await relay.sendGet("/a")
         _ = try await relay.requestSent(on: upstream)
@@ -186,7 +184,7 @@ struct DirectRelayShellTests {
 
     @Test("no response head in time: the broker's own error, marked as the broker's, and the connection is not reused")
     func headTimeout() async throws {
-        let relay = try await RelayHarness(responseHeadTimeout: .seconds(2))
+        let relay = try await DataPlaneHarness(responseHeadTimeout: .seconds(2))
         let upstream = try await relay.seedIdleConnection()
         try await relay.sendGet("/slow")
         _ = try await relay.requestSent(on: upstream)
@@ -202,7 +200,7 @@ struct DirectRelayShellTests {
 
     @Test("the client leaving mid-response closes the upstream connection (it is out of step)")
     func clientLeaves() async throws {
-        let relay = try await RelayHarness()
+        let relay = try await DataPlaneHarness()
         let upstream = try await relay.seedIdleConnection()
         try await relay.sendGet("/a")
         _ = try await relay.requestSent(on: upstream)
@@ -217,7 +215,7 @@ struct DirectRelayShellTests {
 
     @Test("beyond 64 held parts the client's reads stop, and go on once the relayed response ended")
     func heldPartsBoundReads() async throws {
-        let relay = try await RelayHarness()
+        let relay = try await DataPlaneHarness()
         let reads = ReadCounter()
         try await relay.loop.submit { try relay.client.pipeline.syncOperations.addHandler(reads, position: .first) }.get()
         let upstream = try await relay.seedIdleConnection()
@@ -237,7 +235,7 @@ struct DirectRelayShellTests {
 
     @Test("interim responses: a 100 the client never asked for is dropped, a 103 goes on before the final head")
     func interimResponses() async throws {
-        let relay = try await RelayHarness()
+        let relay = try await DataPlaneHarness()
         let upstream = try await relay.seedIdleConnection()
         try await relay.sendGet("/hints")
         _ = try await relay.requestSent(on: upstream)
@@ -258,7 +256,7 @@ struct DirectRelayShellTests {
 
     @Test("draining: the response under way goes out with Connection: close, then the client's connection closes; the next request is not relayed")
     func drainingMidResponse() async throws {
-        let relay = try await RelayHarness()
+        let relay = try await DataPlaneHarness()
         let upstream = try await relay.seedIdleConnection()
         try await relay.sendGet("/a")
         _ = try await relay.requestSent(on: upstream)
@@ -275,7 +273,7 @@ struct DirectRelayShellTests {
 
     @Test("a request that arrives while draining goes to the full path, which answers it")
     func requestWhileDraining() async throws {
-        let relay = try await RelayHarness()
+        let relay = try await DataPlaneHarness()
         let upstream = try await relay.seedIdleConnection()
         try await relay.sendGet("/warm")
         _ = try await relay.requestSent(on: upstream)
@@ -298,174 +296,5 @@ struct DirectRelayShellTests {
 
     static func isEnd(_ part: HTTPServerRequestPart) -> Bool {
         if case .end = part { true } else { false }
-    }
-}
-
-/// Counts `read` events passing towards the socket.
-final class ReadCounter: ChannelOutboundHandler, Sendable {
-    typealias OutboundIn = Any
-    private let reads = NIOLockedValueBox(0)
-
-    var count: Int { self.reads.withLockedValue { $0 } }
-
-    func read(context: ChannelHandlerContext) {
-        self.reads.withLockedValue { $0 += 1 }
-        context.read()
-    }
-}
-
-/// A client connection with its `DirectRelayHandler`, and upstream connections for the pool,
-/// all on one testing event loop; the parts the relay passes to the full path stay in the
-/// client channel's inbound buffer.
-final class RelayHarness: Sendable {
-    let loop = NIOAsyncTestingEventLoop()
-    let client: NIOAsyncTestingChannel
-    let interceptor: Interceptor
-    let pool: UpstreamPool<UpstreamConnection>
-    let handovers = RelayHandoverSlot()
-    let registry = ClientConnectionRegistry()
-    let registration: RegisteredClientConnection
-    private let started = NIOLockedValueBox(false)
-    /// Counts the reads of the upstream connection made last.
-    private let lastReads = NIOLockedValueBox<ReadCounter?>(nil)
-    private let upstreamTimeouts: (head: TimeAmount, idle: TimeAmount)
-    private let directory: String
-
-    var fullPathStarted: Bool { self.started.withLockedValue { $0 } }
-    var lastUpstreamReads: ReadCounter? { self.lastReads.withLockedValue { $0 } }
-
-    init(responseHeadTimeout: TimeAmount = .seconds(30)) async throws {
-        self.directory = try DaemonProcess.makeTemporaryDirectory()
-        let logger = Logger(label: "direct-relay-shell-tests", factory: { _ in SwiftLogNoOpLogHandler() })
-        let settings = BrokerSettings()
-        let store = try TrustStore(path: self.directory + "/trust.json")
-        let evaluator = TrustEvaluator(
-            systemAnchorsPath: self.directory + "/no-bundle.pem", store: store, cacheSize: 8, cacheTTL: .seconds(60), logger: logger
-        )
-        let vault = PasswordVault()
-        let challenges = AgentChallenges(vault: vault, store: store, evaluator: evaluator, logger: logger)
-        let authenticator = HTTPAuthenticator(vault: vault, challenges: challenges, logger: logger)
-        let timeouts = (head: responseHeadTimeout, idle: TimeAmount.seconds(60))
-        self.upstreamTimeouts = timeouts
-        let loop = self.loop
-        let poolBox = NIOLockedValueBox<UpstreamPool<UpstreamConnection>?>(nil)
-        let lastReads = self.lastReads
-        let pool = UpstreamPool<UpstreamConnection>(
-            limits: .init(maxConnections: 4, maxIdleConnections: 4, maxPendingRequests: 4), idleTimeout: .seconds(60),
-            eventLoop: loop,
-            connect: { route, id, _ in
-                let reads = ReadCounter()
-                lastReads.withLockedValue { $0 = reads }
-                return try await Self.upstreamConnection(route: route, id: id, loop: loop, timeouts: timeouts, readCounter: reads) {
-                    poolBox.withLockedValue { $0 }?.connectionClosed(route: route, id: id)
-                }
-            },
-            close: { $0.close() },
-            eventLoopOf: { $0.channel.eventLoop }
-        )
-        poolBox.withLockedValue { $0 = pool }
-        self.pool = pool
-        self.interceptor = Interceptor(
-            pool: pool, settings: settings, rules: LiveRules(settings), counters: BrokerCounters(), store: store,
-            trustGeneration: { 0 }, authenticator: authenticator, audit: nil
-        )
-        let registry = self.registry
-        let client = NIOAsyncTestingChannel(loop: loop)
-        self.client = client
-        try await client.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 40000))
-        let registration = try #require(registry.register(client))
-        self.registration = registration
-        let direct = DirectRelay(interceptor: self.interceptor, registry: registry, logger: logger)
-        let (handovers, started) = (self.handovers, self.started)
-        try await loop.submit {
-            let handler = DirectRelayHandler(relay: direct, registration: registration, handovers: handovers, peer: nil)
-            handler.startFullPathWhenNeeded { started.withLockedValue { $0 = true } }
-            try client.pipeline.syncOperations.addHandler(handler)
-        }.get()
-    }
-
-    deinit {
-        try? FileManager.default.removeItem(atPath: self.directory)
-    }
-
-    private static func upstreamConnection(
-        route: UpstreamRoute, id: Int, loop: NIOAsyncTestingEventLoop, timeouts: (head: TimeAmount, idle: TimeAmount),
-        readCounter: ReadCounter, onClose: @escaping @Sendable () -> Void
-    ) async throws -> UpstreamConnection {
-        let channel = NIOAsyncTestingChannel(loop: loop)
-        try await channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 80))
-        return try await loop.submit {
-            let handler = UpstreamExchangeHandler(
-                responseHeadTimeout: timeouts.head, idleTimeout: timeouts.idle, maxResponseHeadBytes: 16384, onClose: onClose
-            )
-            try channel.pipeline.syncOperations.addHandler(readCounter)
-            try channel.pipeline.syncOperations.addHandler(handler)
-            return UpstreamConnection(
-                id: id, route: route, channel: channel, trustGeneration: 0, handler: NIOLoopBound(handler, eventLoop: loop),
-                tlsError: NIOLockedValueBox(nil)
-            )
-        }.get()
-    }
-
-    /// An idle pooled connection to the origin, as one a finished request left; its channel.
-    func seedIdleConnection() async throws -> NIOAsyncTestingChannel {
-        let lease = try await self.pool.lease(UpstreamRoute(try CanonicalOrigin(parsing: DirectRelayShellTests.origin)))
-        self.pool.release(lease, reusable: true)
-        return try #require(lease.connection.channel as? NIOAsyncTestingChannel)
-    }
-
-    func sendGet(_ path: String) async throws {
-        let head = HTTPRequestHead(version: .http1_1, method: .GET, uri: DirectRelayShellTests.origin + path)
-        try await self.client.writeInbound(HTTPServerRequestPart.head(head))
-        try await self.client.writeInbound(HTTPServerRequestPart.end(nil))
-    }
-
-    /// The next request written on `upstream`: its head, and whether its end followed.
-    func requestSent(on upstream: NIOAsyncTestingChannel) async throws -> (head: HTTPRequestHead, ended: Bool) {
-        guard case .head(let head)? = try await upstream.readOutbound(as: HTTPClientRequestPart.self) else {
-            throw Unexpected("no request head on the upstream connection")
-        }
-        let ended = if case .end? = try await upstream.readOutbound(as: HTTPClientRequestPart.self) { true } else { false }
-        return (head, ended)
-    }
-
-    func respond(on upstream: NIOAsyncTestingChannel, status: HTTPResponseStatus, body: String, close: Bool = false) async throws {
-        var headers = HTTPHeaders()
-        headers.add(name: "Content-Length", value: "\(body.utf8.count)")
-        if close { headers.add(name: "Connection", value: "close") }
-        try await upstream.writeInbound(HTTPClientResponsePart.head(HTTPResponseHead(version: .http1_1, status: status, headers: headers)))
-        try await upstream.writeInbound(HTTPClientResponsePart.body(ByteBuffer(string: body)))
-        try await upstream.writeInbound(HTTPClientResponsePart.end(nil))
-    }
-
-    /// The next response written to the client, up to its end or as far as it went.
-    func clientResponse() async throws -> (head: HTTPResponseHead?, body: String, ended: Bool) {
-        var head: HTTPResponseHead?
-        var body = ""
-        while let part = try await self.client.readOutbound(as: HTTPServerResponsePart.self) {
-            switch part {
-            case .head(let responseHead): head = responseHead
-            case .body(.byteBuffer(let buffer)): body += String(buffer: buffer)
-            case .body(let other): body += "<\(other.readableBytes) bytes of a file>"
-            case .end: return (head, body, true)
-            }
-        }
-        return (head, body, false)
-    }
-
-    /// The id of the idle connection the relay would lease now, if any (leased and given back).
-    func idleConnectionID() async throws -> Int? {
-        let (pool, loop) = (self.pool, self.loop)
-        let route = UpstreamRoute(try CanonicalOrigin(parsing: DirectRelayShellTests.origin))
-        return try await loop.submit { () -> Int? in
-            guard let lease = pool.leaseIdle(route, on: loop) else { return nil }
-            pool.release(lease, reusable: true)
-            return lease.id
-        }.get()
-    }
-
-    struct Unexpected: Error, CustomStringConvertible {
-        let description: String
-        init(_ description: String) { self.description = description }
     }
 }
