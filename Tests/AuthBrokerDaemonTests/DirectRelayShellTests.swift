@@ -288,6 +288,44 @@ struct DirectRelayShellTests {
         #expect(try await relay.client.readInbound(as: HTTPServerRequestPart.self).map(Self.isHead(uri: "http://origin.test/b")) == true)
     }
 
+    @Test("a request pipelined behind one whose 401 the full path adopts follows it there, in order")
+    func pipelinedBehindAdoption() async throws {
+        let relay = try await DataPlaneHarness()
+        let upstream = try await relay.seedIdleConnection()
+        try await relay.sendGet("/private")
+        _ = try await relay.requestSent(on: upstream)
+        try await relay.sendGet("/next")
+        var challenge = HTTPHeaders()
+        challenge.add(name: "WWW-Authenticate", value: "Basic realm=\"r\"")
+        try await upstream.writeInbound(HTTPClientResponsePart.head(HTTPResponseHead(version: .http1_1, status: .unauthorized, headers: challenge)))
+        var passedOn: [String] = []
+        while let part = try await relay.client.readInbound(as: HTTPServerRequestPart.self) {
+            switch part {
+            case .head(let head): passedOn.append(head.uri)
+            case .body: passedOn.append("body")
+            case .end: passedOn.append("end")
+            }
+        }
+        #expect(passedOn == ["http://origin.test/private", "end", "http://origin.test/next", "end"])
+        #expect(try await upstream.readOutbound(as: HTTPClientRequestPart.self) == nil, "the relay sends nothing more on the adopted connection")
+    }
+
+    @Test("an error from the client's decoder while a response is relayed waits until that response ended")
+    func errorWaitsForResponse() async throws {
+        let relay = try await DataPlaneHarness()
+        let upstream = try await relay.seedIdleConnection()
+        try await relay.sendGet("/a")
+        _ = try await relay.requestSent(on: upstream)
+        struct GarbageAfterRequest: Error {}
+        try await relay.loop.submit { relay.client.pipeline.fireErrorCaught(GarbageAfterRequest()) }.get()
+        await #expect(throws: Never.self) { try await relay.client.throwIfErrorCaught() }
+        try await relay.respond(on: upstream, status: .ok, body: "first")
+        let response = try await relay.clientResponse()
+        #expect(response.body == "first" && response.ended, "the response in flight is whole")
+        await #expect(throws: GarbageAfterRequest.self) { try await relay.client.throwIfErrorCaught() }
+        #expect(relay.fullPathStarted, "the error goes to the full path, which answers it")
+    }
+
     // MARK: Helpers
 
     static func isHead(uri: String) -> (HTTPServerRequestPart) -> Bool {
