@@ -46,6 +46,13 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
     /// Messages ended so far: one that ends while a read is passed on may leave the rest of that
     /// read in the decoder.
     private var messagesEnded = 0
+    /// Upstream: a request is outstanding, so what the origin sends is its response. Bytes that
+    /// come in a read of their own while none is (a response nobody asked for, whole or begun;
+    /// empty lines aside) make the connection unusable: held as a head, a begun one would have
+    /// stayed in the pooled connection and completed as the answer to the next request sent on
+    /// it. True until a response ends, so a pipeline whose handler never says (the upstream
+    /// proxy's CONNECT) is not affected.
+    private var responseOutstanding = true
     /// How many bytes of a `CRLF CRLF` (1 to 3, or 0) the read in which the last message ended
     /// ends with, while the next head's end may straddle that read and what comes next.
     private var straddle = 0
@@ -73,12 +80,19 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
         self.straddle = 0
     }
 
-    /// The message ended: the next bytes start a head.
+    /// The message ended: the next bytes start a head (upstream, of a response to a request
+    /// not sent yet).
     func messageEnded() {
         guard self.mode != .refused, self.mode != .opaque else { return }
         self.mode = .head
         self.held.removeAll(keepingCapacity: true)
         self.messagesEnded &+= 1
+        if self.direction == .responses { self.responseOutstanding = false }
+    }
+
+    /// Upstream: a request is about to be sent; its response may come.
+    func responseExpected() {
+        self.responseOutstanding = true
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -94,6 +108,14 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
             return
         }
         var buffer = self.unwrapInboundIn(data)
+        // (Empty lines after a response are let through: some origins send a CRLF after a body,
+        // and the decoder skips it, RFC 9112 §2.2.)
+        if !self.responseOutstanding, buffer.readableBytesView.contains(where: { $0 != 0x0D && $0 != 0x0A }) {
+            self.mode = .refused
+            self.held.removeAll()
+            context.fireErrorCaught(UnrequestedResponse())
+            return
+        }
         // The usual case costs one scan and no copy: a whole head in this read, all ASCII, not
         // interim. The buffer goes on as it is.
         if self.straddle > 0, self.held.isEmpty, self.straddleEnd(in: buffer.readableBytesView) == .none {
@@ -282,4 +304,9 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
     private func forward(_ bytes: [UInt8], context: ChannelHandlerContext) {
         self.pass(context.channel.allocator.buffer(bytes: bytes), context: context)
     }
+}
+
+/// An origin sent bytes while no request was outstanding on its connection.
+struct UnrequestedResponse: Error, CustomStringConvertible {
+    var description: String { "the origin sent bytes while no request was outstanding" }
 }

@@ -278,6 +278,7 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
         guard !self.isClosed, let context else { throw UpstreamExchangeError.connectionClosed }
         guard self.exchange == nil else { throw UpstreamExchangeError.busy }
         self.generation += 1
+        self.headNormalizer?.responseExpected()
         let (consumer, result) = make(context)
         self.exchange = Exchange(generation: self.generation, consumer: consumer, requestEndWritten: requestEnds)
         self.batch = []

@@ -227,3 +227,23 @@ extension UpstreamResponseFramingTests.Framing {
         }
     }
 }
+
+extension UpstreamResponseFramingTests {
+    @Test("a response nobody asked for, begun in a read after the real one ended, closes the connection", arguments: [false, true])
+    func unrequestedResponseInLaterRead(whole: Bool) throws {
+        // Held as a head (when not whole), it would have stayed in the pooled connection and
+        // completed as the answer to the next request sent on it.
+        let forged = whole ? "HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nforged" : "HTTP/1.1 200 OK\r\nX-Forged: 1\r\n"
+        let reads = ["HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", forged]
+        let outcome = try Self.exchange(.GET, reads: reads.map { Array($0.utf8) }, closes: false)
+        #expect(outcome.ended && outcome.body == Array("ok".utf8) && !outcome.failed, "\(outcome)")
+        #expect(!outcome.open, "closed, never offered to the pool")
+    }
+
+    @Test("empty lines an origin sends after its response, in a read of their own, leave the connection usable")
+    func emptyLinesAfterResponse() throws {
+        let reads = ["HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", "\r\n"]
+        let outcome = try Self.exchange(.GET, reads: reads.map { Array($0.utf8) }, closes: false)
+        #expect(outcome.ended && outcome.open, "\(outcome)")
+    }
+}
