@@ -50,9 +50,9 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
     /// come in a read of their own while none is (a response nobody asked for, whole or begun;
     /// empty lines aside) make the connection unusable: held as a head, a begun one would have
     /// stayed in the pooled connection and completed as the answer to the next request sent on
-    /// it. True until a response ends, so a pipeline whose handler never says (the upstream
-    /// proxy's CONNECT) is not affected.
-    private var responseOutstanding = true
+    /// it. Starts true where the handler after the decoder does not announce requests (the
+    /// upstream proxy's CONNECT), so that nothing is refused there.
+    private var responseOutstanding: Bool
     /// How many bytes of a `CRLF CRLF` (1 to 3, or 0) the read in which the last message ended
     /// ends with, while the next head's end may straddle that read and what comes next.
     private var straddle = 0
@@ -60,9 +60,13 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
     /// More than this and the head is passed on unchanged; the decoder refuses it as too large.
     private let limit: Int
 
-    init(_ direction: Direction, maxHeadBytes: Int) {
+    /// - Parameter announcesRequests: upstream, the handler after the decoder calls
+    ///   `responseExpected` before each request (`UpstreamExchangeHandler` does), so what comes
+    ///   before the first is refused too.
+    init(_ direction: Direction, maxHeadBytes: Int, announcesRequests: Bool = false) {
         self.direction = direction
         self.limit = maxHeadBytes + 1024
+        self.responseOutstanding = !(direction == .responses && announcesRequests)
     }
 
     /// A CONNECT ended: what follows belongs to the tunnel.

@@ -458,6 +458,21 @@ package final class UpstreamConnector: Sendable {
             try sync.addHandler(tlsHandler)
             try sync.addHandler(HandshakeObserver(promise: handshake, errors: channelError))
         }
+        try UpstreamExchangeHandler.addHTTPHandlers(
+            to: sync, responseHeadTimeout: self.settings.upstream.responseHeadTimeout, idleTimeout: self.settings.upstream.idleTimeout,
+            maxResponseHeadBytes: self.settings.limits.maxResponseHeadBytes, onClose: onClose
+        )
+    }
+}
+
+extension UpstreamExchangeHandler {
+    /// An upstream connection's HTTP handlers, after its TLS when it has any: the one place
+    /// that builds them (the daemon's connections and the tests' alike).
+    @discardableResult
+    package static func addHTTPHandlers(
+        to sync: ChannelPipeline.SynchronousOperations, responseHeadTimeout: TimeAmount, idleTimeout: TimeAmount,
+        maxResponseHeadBytes: Int, onClose: @escaping @Sendable () -> Void
+    ) throws -> UpstreamExchangeHandler {
         var encoder = HTTPRequestEncoder.Configuration()
         encoder.automaticallySetFramingHeaders = false
         try sync.addHandler(HTTPRequestEncoder(configuration: encoder))
@@ -465,13 +480,13 @@ package final class UpstreamConnector: Sendable {
         try sync.addHandler(RequestFramer())
         // Each head normalised before the decoder: non-UTF-8 lines (an ISO-8859-1 realm) read as
         // ISO-8859-1, not lossily; whitespace after values, which the decoder misreads, dropped.
-        let normalizer = HeadNormalizer(.responses, maxHeadBytes: self.settings.limits.maxResponseHeadBytes)
+        let normalizer = HeadNormalizer(.responses, maxHeadBytes: maxResponseHeadBytes, announcesRequests: true)
         try sync.addHandler(normalizer)
         // The decoder's own limits enforce max_response_head_bytes while the head is still
         // arriving (an endless header line must not be buffered until a timeout).
         var limits = NIOHTTPDecoderLimitConfiguration()
-        limits.maxHeaderFieldSize = self.settings.limits.maxResponseHeadBytes
-        limits.maxHeaderListSize = self.settings.limits.maxResponseHeadBytes
+        limits.maxHeaderFieldSize = maxResponseHeadBytes
+        limits.maxHeaderListSize = maxResponseHeadBytes
         try sync.addHandler(
             ByteToMessageHandler(
                 HTTPResponseDecoder(
@@ -479,14 +494,12 @@ package final class UpstreamConnector: Sendable {
                 )
             )
         )
-        try sync.addHandler(
-            UpstreamExchangeHandler(
-                responseHeadTimeout: self.settings.upstream.responseHeadTimeout,
-                idleTimeout: self.settings.upstream.idleTimeout,
-                maxResponseHeadBytes: self.settings.limits.maxResponseHeadBytes,
-                headNormalizer: normalizer, onClose: onClose
-            )
+        let handler = UpstreamExchangeHandler(
+            responseHeadTimeout: responseHeadTimeout, idleTimeout: idleTimeout, maxResponseHeadBytes: maxResponseHeadBytes,
+            headNormalizer: normalizer, onClose: onClose
         )
+        try sync.addHandler(handler)
+        return handler
     }
 }
 

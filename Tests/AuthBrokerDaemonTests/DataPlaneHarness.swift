@@ -58,7 +58,10 @@ final class DataPlaneHarness: Sendable {
         return self.upstreams.withLockedValue { $0[index].channel }
     }
 
-    init(responseHeadTimeout: TimeAmount = .seconds(30)) async throws {
+    /// - Parameter wire: upstream connections carry bytes, through the HTTP handlers the daemon
+    ///   gives them (`UpstreamExchangeHandler.addHTTPHandlers`); otherwise HTTP parts go straight
+    ///   to and from their `UpstreamExchangeHandler`.
+    init(responseHeadTimeout: TimeAmount = .seconds(30), wire: Bool = false) async throws {
         self.directory = try DaemonProcess.makeTemporaryDirectory()
         let logger = self.logger
         let settings = BrokerSettings()
@@ -79,7 +82,9 @@ final class DataPlaneHarness: Sendable {
             eventLoop: loop,
             connect: { route, id, _ in
                 let reads = ReadCounter()
-                let connection = try await Self.upstreamConnection(route: route, id: id, loop: loop, timeouts: timeouts, readCounter: reads) {
+                let connection = try await Self.upstreamConnection(
+                    route: route, id: id, loop: loop, timeouts: timeouts, wire: wire, readCounter: reads
+                ) {
                     poolBox.withLockedValue { $0 }?.connectionClosed(route: route, id: id)
                 }
                 // Only testing channels are made here.
@@ -116,17 +121,25 @@ final class DataPlaneHarness: Sendable {
     }
 
     private static func upstreamConnection(
-        route: UpstreamRoute, id: Int, loop: NIOAsyncTestingEventLoop, timeouts: (head: TimeAmount, idle: TimeAmount),
+        route: UpstreamRoute, id: Int, loop: NIOAsyncTestingEventLoop, timeouts: (head: TimeAmount, idle: TimeAmount), wire: Bool,
         readCounter: ReadCounter, onClose: @escaping @Sendable () -> Void
     ) async throws -> UpstreamConnection {
         let channel = NIOAsyncTestingChannel(loop: loop)
         try await channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 80))
         return try await loop.submit {
-            let handler = UpstreamExchangeHandler(
-                responseHeadTimeout: timeouts.head, idleTimeout: timeouts.idle, maxResponseHeadBytes: 16384, onClose: onClose
-            )
             try channel.pipeline.syncOperations.addHandler(readCounter)
-            try channel.pipeline.syncOperations.addHandler(handler)
+            let handler =
+                if wire {
+                    try UpstreamExchangeHandler.addHTTPHandlers(
+                        to: channel.pipeline.syncOperations, responseHeadTimeout: timeouts.head, idleTimeout: timeouts.idle,
+                        maxResponseHeadBytes: 16384, onClose: onClose
+                    )
+                } else {
+                    UpstreamExchangeHandler(
+                        responseHeadTimeout: timeouts.head, idleTimeout: timeouts.idle, maxResponseHeadBytes: 16384, onClose: onClose
+                    )
+                }
+            if !wire { try channel.pipeline.syncOperations.addHandler(handler) }
             return UpstreamConnection(
                 id: id, route: route, channel: channel, trustGeneration: 0, handler: NIOLoopBound(handler, eventLoop: loop),
                 tlsError: NIOLockedValueBox(nil)

@@ -80,7 +80,7 @@ struct DirectRelayShellTests {
         for try await batch in adopted.exchange.responseParts {
             parts += batch
         }
-        #expect(parts.count == 3)
+        try #require(parts.count == 3, "\(parts)")
         if case .head(let head)? = parts.first { #expect(head.status == .unauthorized) } else { Issue.record("first part: \(String(describing: parts.first))") }
         if case .body(let body) = parts[1] { #expect(String(buffer: body) == "denied") } else { Issue.record("second part: \(parts[1])") }
         #expect(relay.pool.openConnectionCount == 1, "still leased, now by the full path")
@@ -208,6 +208,7 @@ struct DirectRelayShellTests {
         headers.add(name: "Content-Length", value: "10")
         try await upstream.writeInbound(HTTPClientResponsePart.head(HTTPResponseHead(version: .http1_1, status: .ok, headers: headers)))
         try await relay.client.close()
+        try await relay.loop.submit {}.get()
         #expect(!upstream.isActive)
         #expect(relay.pool.openConnectionCount == 0)
         #expect(relay.fullPathStarted, "a connection that ends starts its task, which finishes the async channel")
@@ -261,6 +262,7 @@ struct DirectRelayShellTests {
         try await relay.sendGet("/a")
         _ = try await relay.requestSent(on: upstream)
         relay.registry.beginDraining()
+        try await relay.loop.submit {}.get()
         #expect(relay.client.isActive, "a connection with a request in flight stays open")
         try await relay.respond(on: upstream, status: .ok, body: "last")
         let response = try await relay.clientResponse()
@@ -324,6 +326,31 @@ struct DirectRelayShellTests {
         #expect(response.body == "first" && response.ended, "the response in flight is whole")
         await #expect(throws: GarbageAfterRequest.self) { try await relay.client.throwIfErrorCaught() }
         #expect(relay.fullPathStarted, "the error goes to the full path, which answers it")
+    }
+
+    @Test("a response nobody asked for, in the same read as the real one's end, is never the answer to the request pipelined behind it")
+    func forgedResponseInSameRead() async throws {
+        let relay = try await DataPlaneHarness(wire: true)
+        let upstream = try await relay.seedIdleConnection()
+        try await relay.sendGet("/first")
+        let first = try #require(try await upstream.readOutbound(as: ByteBuffer.self))
+        #expect(String(buffer: first).hasPrefix("GET /first HTTP/1.1\r\n"))
+        try await relay.sendGet("/second")
+        // The relay sends /second on this connection inside the first response's end, while the
+        // decoder reads on in the same bytes; SwiftNIO's decoder learns of /second only after
+        // that read (it queues what it observes while decoding), so the forged head is one
+        // nobody asked for.
+        try await upstream.writeInbound(
+            ByteBuffer(string: "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nforged")
+        )
+        let response = try await relay.clientResponse()
+        #expect(response.body == "ok" && response.ended)
+        let second = try #require(try await upstream.readOutbound(as: ByteBuffer.self))
+        #expect(String(buffer: second).hasPrefix("GET /second HTTP/1.1\r\n"))
+        let then = try await relay.clientResponse()
+        #expect(then.head?.status == .badGateway && then.head?.headers["Authbroker-Error"] == ["http_protocol_error"], "\(then)")
+        #expect(!then.body.contains("forged"))
+        #expect(!upstream.isActive, "the connection is closed")
     }
 
     // MARK: Helpers

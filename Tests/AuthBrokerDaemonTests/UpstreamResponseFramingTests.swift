@@ -36,22 +36,10 @@ struct UpstreamResponseFramingTests {
     /// connection, the origin's bytes arriving as `reads`; then the origin closes when `closes`.
     static func exchange(_ method: HTTPMethod, reads: [[UInt8]], closes: Bool) throws -> Outcome {
         let channel = EmbeddedChannel()
-        var encoder = HTTPRequestEncoder.Configuration()
-        encoder.automaticallySetFramingHeaders = false
-        let normalizer = HeadNormalizer(.responses, maxHeadBytes: 8192)
-        var limits = NIOHTTPDecoderLimitConfiguration()
-        limits.maxHeaderFieldSize = 8192
-        limits.maxHeaderListSize = 8192
-        let handler = UpstreamExchangeHandler(
-            responseHeadTimeout: .seconds(30), idleTimeout: .seconds(30), maxResponseHeadBytes: 8192, headNormalizer: normalizer, onClose: {}
+        let handler = try UpstreamExchangeHandler.addHTTPHandlers(
+            to: channel.pipeline.syncOperations, responseHeadTimeout: .seconds(30), idleTimeout: .seconds(30), maxResponseHeadBytes: 8192,
+            onClose: {}
         )
-        try channel.pipeline.syncOperations.addHandlers([
-            HTTPRequestEncoder(configuration: encoder), RequestFramer(), normalizer,
-            ByteToMessageHandler(
-                HTTPResponseDecoder(leftOverBytesStrategy: .dropBytes, informationalResponseStrategy: .forward, limitConfiguration: limits)
-            ),
-            handler,
-        ])
         try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 80)).wait()
         let sink = UpstreamExchangeHandlerTests.RecordingSink()
         try handler.beginRelay(to: sink)
@@ -245,5 +233,20 @@ extension UpstreamResponseFramingTests {
         let reads = ["HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", "\r\n"]
         let outcome = try Self.exchange(.GET, reads: reads.map { Array($0.utf8) }, closes: false)
         #expect(outcome.ended && outcome.open, "\(outcome)")
+    }
+}
+
+extension UpstreamResponseFramingTests {
+    @Test("bytes from an origin before the first request on a new connection close it")
+    func bytesBeforeFirstRequest() throws {
+        let channel = EmbeddedChannel()
+        let handler = try UpstreamExchangeHandler.addHTTPHandlers(
+            to: channel.pipeline.syncOperations, responseHeadTimeout: .seconds(30), idleTimeout: .seconds(30), maxResponseHeadBytes: 8192,
+            onClose: {}
+        )
+        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 80)).wait()
+        _ = try? channel.writeInbound(ByteBuffer(string: "HTTP/1.1 200 OK\r\nX-Early: 1\r\n"))
+        #expect(!channel.isActive, "a head begun before any request is never kept for one")
+        #expect(throws: UpstreamExchangeError.self) { try handler.beginRelay(to: UpstreamExchangeHandlerTests.RecordingSink()) }
     }
 }
