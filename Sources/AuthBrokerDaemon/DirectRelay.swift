@@ -59,7 +59,7 @@ package final class RelayHandoverSlot: Sendable {
     }
 
     /// The hand-over of `head`, if it is one.
-    func take(for head: HTTPRequestHead) -> RelayHandover? {
+    package func take(for head: HTTPRequestHead) -> RelayHandover? {
         self.slot.withLockedValue { slot in
             guard let handover = slot, handover.method == head.method, handover.uri == head.uri else { return nil }
             slot = nil
@@ -178,7 +178,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
         start()
     }
 
-    func fullPathRequestDone() {
+    package func fullPathRequestDone() {
         self.fullPathPending -= 1
     }
 

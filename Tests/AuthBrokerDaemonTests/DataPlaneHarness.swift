@@ -36,6 +36,7 @@ final class DataPlaneHarness: Sendable {
     let handovers = RelayHandoverSlot()
     let registry = ClientConnectionRegistry()
     let registration: RegisteredClientConnection
+    let relayHandler: NIOLoopBound<DirectRelayHandler>
     private let started = NIOLockedValueBox(false)
     /// The upstream connections the pool made, in order, each with a count of its reads.
     private let upstreams = NIOLockedValueBox<[(channel: NIOAsyncTestingChannel, reads: ReadCounter)]>([])
@@ -47,6 +48,7 @@ final class DataPlaneHarness: Sendable {
     var fullPathStarted: Bool { self.started.withLockedValue { $0 } }
     var lastUpstreamReads: ReadCounter? { self.upstreams.withLockedValue { $0.last?.reads } }
     var upstreamCount: Int { self.upstreams.withLockedValue { $0.count } }
+    var upstreamChannels: [NIOAsyncTestingChannel] { self.upstreams.withLockedValue { $0.map(\.channel) } }
 
     static let origin = "http://origin.test"
 
@@ -109,11 +111,19 @@ final class DataPlaneHarness: Sendable {
         self.registration = registration
         let direct = DirectRelay(interceptor: self.interceptor, registry: registry, logger: logger)
         let (handovers, started) = (self.handovers, self.started)
-        try await loop.submit {
+        self.relayHandler = try await loop.submit {
             let handler = DirectRelayHandler(relay: direct, registration: registration, handovers: handovers, peer: nil)
             handler.startFullPathWhenNeeded { started.withLockedValue { $0 = true } }
             try client.pipeline.syncOperations.addHandler(handler)
+            return NIOLoopBound(handler, eventLoop: loop)
         }.get()
+    }
+
+    /// What the connection's task does after each request it finished: the relay may take the
+    /// next one again.
+    func fullPathRequestDone() async throws {
+        let handler = self.relayHandler
+        try await self.loop.submit { handler.value.fullPathRequestDone() }.get()
     }
 
     deinit {

@@ -1,0 +1,274 @@
+import AuthBrokerCore
+import AuthBrokerDaemon
+import NIOCore
+import NIOEmbedded
+import NIOHTTP1
+import Testing
+
+/// The direct relay's shell under a seeded random drive: one client connection sends plain
+/// requests (some the relay may take, some it must not), origins answer on pooled connections
+/// as they please (200, `Connection: close`, 401, 103 first, closing before the head or in the
+/// body), the full path (played by the test, as the connection's task would) answers what it is
+/// given, in order, and idle connections come and go. Whatever happens, the client gets each
+/// response in the order it asked, each one its own request's (every body names its path), and
+/// once everything is answered nothing is left in flight or leased.
+@Suite("Direct relay shell, seeded drive", .timeLimit(.minutes(5)))
+struct DirectRelayDriveTests {
+    @Test("responses in order and each its own; nothing in flight or leased at the end")
+    func drive() async throws {
+        var reached = RelayDrive.Reached()
+        for seed in 0..<150 {
+            let drive = try await RelayDrive(seed: UInt64(seed))
+            try await drive.run(steps: 60)
+            reached.add(drive.reached)
+            drive.reached.relayed = drive.harness.interceptor.counters.requestsRelayedDirectly.current
+            reached.relayed += drive.reached.relayed
+        }
+        // It cannot pass without having gone where it means to.
+        #expect(reached.relayed > 200 && reached.adopted > 20 && reached.handedOver > 50, "\(reached)")
+        #expect(reached.fullPathAnswers > 500 && reached.cuts > 5 && reached.pausedWhileRelaying > 10, "\(reached)")
+    }
+}
+
+final class RelayDrive {
+    let harness: DataPlaneHarness
+    var random: SplitMixRandom
+    var next = 0
+    /// Paths in the order the client sent them.
+    var sent: [String] = []
+    /// Bodies of the complete responses the client got, in order.
+    var received: [String] = []
+    var partial: String?
+    /// Requests the relay gave the full path, ended, in order; and a head whose end is to come.
+    var fullPath: [HTTPRequestHead] = []
+    var fullPathHead: HTTPRequestHead?
+    /// The path each upstream connection was sent and has not answered.
+    var outstanding: [ObjectIdentifier: (channel: NIOAsyncTestingChannel, path: String)] = [:]
+    var clientCut = false
+    var log: [String] = []
+    var reached = Reached()
+
+    /// What the drives got to, summed over seeds.
+    struct Reached: CustomStringConvertible {
+        var relayed = 0
+        var adopted = 0
+        var handedOver = 0
+        var fullPathAnswers = 0
+        var cuts = 0
+        var pausedWhileRelaying = 0
+
+        mutating func add(_ other: Reached) {
+            self.adopted += other.adopted
+            self.handedOver += other.handedOver
+            self.fullPathAnswers += other.fullPathAnswers
+            self.cuts += other.cuts
+            self.pausedWhileRelaying += other.pausedWhileRelaying
+        }
+
+        var description: String {
+            "relayed \(self.relayed), adopted \(self.adopted), handed over \(self.handedOver), full path \(self.fullPathAnswers), cuts \(self.cuts), paused \(self.pausedWhileRelaying)"
+        }
+    }
+
+    init(seed: UInt64) async throws {
+        self.harness = try await DataPlaneHarness()
+        self.random = SplitMixRandom(state: seed &* 0x2545_F491_4F6C_DD1D)
+        _ = try await self.harness.seedIdleConnection()
+    }
+
+    func run(steps: Int) async throws {
+        for _ in 0..<steps where !self.clientCut {
+            try await self.step()
+            try await self.harvest()
+            try self.checkOrder()
+        }
+        try await self.settle()
+    }
+
+    private func roll(_ bound: Int) -> Int { Int.random(in: 0..<bound, using: &self.random) }
+
+    private func step() async throws {
+        let choice = self.roll(100)
+        switch choice {
+        case 0..<24:
+            try await self.sendRequest(relayable: true)
+        case 24..<28:
+            try await self.sendRequest(relayable: false)
+        case 28..<58:
+            if let (_, pending) = self.outstanding.randomElement(using: &self.random) {
+                try await self.originAnswers(pending.channel, path: pending.path)
+            }
+        case 58..<84:
+            try await self.fullPathAnswers()
+        case 84..<94:
+            if self.harness.pool.openConnectionCount < 3 {
+                self.log.append("new idle connection")
+                _ = try await self.harness.seedIdleConnection()
+            }
+        default:
+            let writable = self.roll(2) == 0
+            self.log.append("client writable \(writable)")
+            self.harness.client.isWritable = writable
+            if !writable, !self.outstanding.isEmpty { self.reached.pausedWhileRelaying += 1 }
+            let client = self.harness.client
+            try await self.harness.loop.submit { client.pipeline.fireChannelWritabilityChanged() }.get()
+        }
+    }
+
+    private func sendRequest(relayable: Bool) async throws {
+        self.next += 1
+        let path = "/r\(self.next)"
+        var head = HTTPRequestHead(version: .http1_1, method: .GET, uri: DataPlaneHarness.origin + path)
+        // The relay takes no request with credentials of its own (`DirectRelayPolicy`).
+        if !relayable { head.headers.add(name: "Authorization", value: "Basic eDp5") }
+        self.log.append("client sends \(path)\(relayable ? "" : " (for the full path)")")
+        self.sent.append(path)
+        try await self.harness.client.writeInbound(HTTPServerRequestPart.head(head))
+        try await self.harness.client.writeInbound(HTTPServerRequestPart.end(nil))
+    }
+
+    private func originAnswers(_ upstream: NIOAsyncTestingChannel, path: String) async throws {
+        self.outstanding[ObjectIdentifier(upstream)] = nil
+        let kind = self.roll(100)
+        self.log.append("origin answers \(path): \(kind)")
+        func head(_ status: HTTPResponseStatus, length: Int, close: Bool = false) -> HTTPClientResponsePart {
+            var headers = HTTPHeaders()
+            headers.add(name: "Content-Length", value: "\(length)")
+            if close { headers.add(name: "Connection", value: "close") }
+            return .head(HTTPResponseHead(version: .http1_1, status: status, headers: headers))
+        }
+        switch kind {
+        case 0..<62, 62..<68, 68..<73:
+            if kind >= 68 {
+                try await upstream.writeInbound(HTTPClientResponsePart.head(HTTPResponseHead(version: .http1_1, status: .init(statusCode: 103))))
+            }
+            try await upstream.writeInbound(head(.ok, length: path.utf8.count, close: (62..<68).contains(kind)))
+            // The body now and then in two reads.
+            let cut = self.roll(path.utf8.count + 1)
+            let bytes = Array(path.utf8)
+            if cut > 0 { try await upstream.writeInbound(HTTPClientResponsePart.body(ByteBuffer(bytes: bytes[..<cut]))) }
+            if cut < bytes.count { try await upstream.writeInbound(HTTPClientResponsePart.body(ByteBuffer(bytes: bytes[cut...]))) }
+            try await upstream.writeInbound(HTTPClientResponsePart.end(nil))
+        case 73..<85:
+            var challenge = HTTPHeaders()
+            challenge.add(name: "WWW-Authenticate", value: "Basic realm=\"r\"")
+            challenge.add(name: "Content-Length", value: "0")
+            try await upstream.writeInbound(HTTPClientResponsePart.head(HTTPResponseHead(version: .http1_1, status: .unauthorized, headers: challenge)))
+            try await upstream.writeInbound(HTTPClientResponsePart.end(nil))
+        case 85..<95:
+            try await upstream.close()
+        default:
+            // Cut inside the body: the client cannot be told, its connection is cut too.
+            try await upstream.writeInbound(head(.ok, length: path.utf8.count + 10))
+            try await upstream.writeInbound(HTTPClientResponsePart.body(ByteBuffer(string: path)))
+            try await upstream.close()
+        }
+    }
+
+    /// The connection's task answers its oldest request, taking over the relay's exchange when
+    /// it was handed one (here: closing it), and reports it done.
+    private func fullPathAnswers() async throws {
+        guard !self.fullPath.isEmpty else { return }
+        let head = self.fullPath.removeFirst()
+        let path = String(head.uri.dropFirst(DataPlaneHarness.origin.count))
+        self.log.append("full path answers \(path)")
+        if let handover = self.harness.handovers.take(for: head) {
+            self.reached.handedOver += 1
+            if let adopted = handover.adopted {
+                self.reached.adopted += 1
+                adopted.lease.connection.close()
+                self.harness.pool.release(adopted.lease, reusable: false)
+            }
+        }
+        self.reached.fullPathAnswers += 1
+        var headers = HTTPHeaders()
+        headers.add(name: "Content-Length", value: "\(path.utf8.count)")
+        let client = self.harness.client
+        client.write(HTTPServerResponsePart.head(HTTPResponseHead(version: .http1_1, status: .ok, headers: headers)), promise: nil)
+        client.write(HTTPServerResponsePart.body(.byteBuffer(ByteBuffer(string: path))), promise: nil)
+        try await client.writeAndFlush(HTTPServerResponsePart.end(nil))
+        try await self.harness.fullPathRequestDone()
+    }
+
+    /// Collects what reached the client, the full path and the origins.
+    private func harvest() async throws {
+        let client = self.harness.client
+        while let part = try await client.readOutbound(as: HTTPServerResponsePart.self) {
+            switch part {
+            case .head(let head):
+                if head.status.code >= 200 { self.partial = "" }
+            case .body(.byteBuffer(let buffer)):
+                self.partial? += String(buffer: buffer)
+            case .body:
+                Issue.record("a file body")
+            case .end:
+                if let body = self.partial { self.received.append(body) }
+                self.partial = nil
+            }
+        }
+        while let part = try await client.readInbound(as: HTTPServerRequestPart.self) {
+            switch part {
+            case .head(let head): self.fullPathHead = head
+            case .body: Issue.record("a body for the full path")
+            case .end:
+                if let head = self.fullPathHead { self.fullPath.append(head) }
+                self.fullPathHead = nil
+            }
+        }
+        for upstream in self.harness.upstreamChannels {
+            while let part = try await upstream.readOutbound(as: HTTPClientRequestPart.self) {
+                if case .head(let head) = part { self.outstanding[ObjectIdentifier(upstream)] = (upstream, head.uri) }
+            }
+        }
+        if !client.isActive, !self.clientCut {
+            self.clientCut = true
+            self.reached.cuts += 1
+        }
+    }
+
+    private func checkOrder() throws {
+        for (index, body) in self.received.enumerated() where index >= self.sent.count || body != self.sent[index] {
+            Issue.record("response \(index) is \(body), for \(index < self.sent.count ? self.sent[index] : "nothing"); \(self.log.suffix(12))")
+            throw DataPlaneHarness.Unexpected("out of order")
+        }
+    }
+
+    /// Answers everything still asked, then checks nothing is left.
+    private func settle() async throws {
+        self.harness.client.isWritable = true
+        let client = self.harness.client
+        try await self.harness.loop.submit { client.pipeline.fireChannelWritabilityChanged() }.get()
+        try await self.harvest()
+        for _ in 0..<500 {
+            if let pending = self.outstanding.values.first {
+                self.outstanding[ObjectIdentifier(pending.channel)] = nil
+                var headers = HTTPHeaders()
+                headers.add(name: "Content-Length", value: "\(pending.path.utf8.count)")
+                try await pending.channel.writeInbound(HTTPClientResponsePart.head(HTTPResponseHead(version: .http1_1, status: .ok, headers: headers)))
+                try await pending.channel.writeInbound(HTTPClientResponsePart.body(ByteBuffer(string: pending.path)))
+                try await pending.channel.writeInbound(HTTPClientResponsePart.end(nil))
+            } else if !self.fullPath.isEmpty {
+                try await self.fullPathAnswers()
+            } else {
+                break
+            }
+            try await self.harvest()
+            try self.checkOrder()
+        }
+        let history = self.log.suffix(12)
+        if !self.clientCut {
+            #expect(self.received == self.sent, "every request answered once: \(history)")
+            #expect(self.fullPathHead == nil)
+        }
+        #expect(self.harness.interceptor.counters.requestsInFlight.current == 0, "\(history)")
+        let (pool, loop) = (self.harness.pool, self.harness.loop)
+        let route = UpstreamRoute(try CanonicalOrigin(parsing: DataPlaneHarness.origin))
+        let idle = try await loop.submit { () -> Int in
+            var leases: [PooledConnection<UpstreamConnection>] = []
+            while let lease = pool.leaseIdle(route, on: loop) { leases.append(lease) }
+            for lease in leases { pool.release(lease, reusable: true) }
+            return leases.count
+        }.get()
+        #expect(pool.openConnectionCount == idle, "every open connection is idle, none leased: \(history)")
+    }
+}
