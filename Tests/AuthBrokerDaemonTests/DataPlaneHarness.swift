@@ -157,6 +157,17 @@ final class DataPlaneHarness: Sendable {
         }.get()
     }
 
+    /// A harness whose relay has sent a GET of `path` on its one pooled connection, whose
+    /// channel comes with it.
+    static func relaying(_ path: String) async throws -> (DataPlaneHarness, NIOAsyncTestingChannel) {
+        let harness = try await DataPlaneHarness()
+        let upstream = try await harness.seedIdleConnection()
+        try await harness.sendGet(path)
+        let sent = try await harness.requestSent(on: upstream)
+        #expect(sent.head.uri == path && sent.ended)
+        return (harness, upstream)
+    }
+
     /// An idle pooled connection to the origin, as one a finished request left; its channel.
     func seedIdleConnection() async throws -> NIOAsyncTestingChannel {
         let lease = try await self.pool.lease(UpstreamRoute(try CanonicalOrigin(parsing: DataPlaneHarness.origin)))

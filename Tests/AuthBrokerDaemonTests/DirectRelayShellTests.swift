@@ -57,10 +57,7 @@ struct DirectRelayShellTests {
 
     @Test("a 401 is not answered here: the full path adopts the exchange, 401 head first, and the client hears nothing yet")
     func challengeIsAdopted() async throws {
-        let relay = try await DataPlaneHarness()
-        let upstream = try await relay.seedIdleConnection()
-        try await relay.sendGet("/private")
-        _ = try await relay.requestSent(on: upstream)
+        let (relay, upstream) = try await DataPlaneHarness.relaying("/private")
         var challenge = HTTPHeaders()
         challenge.add(name: "WWW-Authenticate", value: "Basic realm=\"r\"")
         challenge.add(name: "Content-Length", value: "6")
@@ -89,10 +86,7 @@ struct DirectRelayShellTests {
 
     @Test("a pooled connection the origin closed before the head: the full path sends the request again, and the pool drops it")
     func closedPooledConnection() async throws {
-        let relay = try await DataPlaneHarness()
-        let upstream = try await relay.seedIdleConnection()
-        try await relay.sendGet("/a")
-        _ = try await relay.requestSent(on: upstream)
+        let (relay, upstream) = try await DataPlaneHarness.relaying("/a")
         try await upstream.close()
         #expect(try await relay.client.readInbound(as: HTTPServerRequestPart.self).map(Self.isHead(uri: "http://origin.test/a")) == true)
         #expect(try await relay.client.readInbound(as: HTTPServerRequestPart.self).map(Self.isEnd) == true)
@@ -104,10 +98,7 @@ struct DirectRelayShellTests {
 
     @Test("a request pipelined behind a relayed one is held until that response ended, then relayed on the same connection")
     func pipelinedRequestWaits() async throws {
-        let relay = try await DataPlaneHarness()
-        let upstream = try await relay.seedIdleConnection()
-        try await relay.sendGet("/first")
-        _ = try await relay.requestSent(on: upstream)
+        let (relay, upstream) = try await DataPlaneHarness.relaying("/first")
         try await relay.sendGet("/second")
         #expect(try await upstream.readOutbound(as: HTTPClientRequestPart.self) == nil, "nothing of the second before the first's response")
         #expect(try await relay.client.readInbound(as: HTTPServerRequestPart.self) == nil, "nor to the full path")
@@ -126,10 +117,7 @@ struct DirectRelayShellTests {
 
     @Test("an origin's Connection: close closes the upstream connection, not the client's")
     func originCloses() async throws {
-        let relay = try await DataPlaneHarness()
-        let upstream = try await relay.seedIdleConnection()
-        try await relay.sendGet("/a")
-        _ = try await relay.requestSent(on: upstream)
+        let (relay, upstream) = try await DataPlaneHarness.relaying("/a")
         try await relay.respond(on: upstream, status: .ok, body: "bye", close: true)
         let response = try await relay.clientResponse()
         #expect(response.ended)
@@ -166,10 +154,7 @@ struct DirectRelayShellTests {
 
     @Test("the origin failing after the head: what came goes out, then the client's connection is cut")
     func failureAfterHead() async throws {
-        let relay = try await DataPlaneHarness()
-        let upstream = try await relay.seedIdleConnection()
-        try await relay.sendGet("/a")
-        _ = try await relay.requestSent(on: upstream)
+        let (relay, upstream) = try await DataPlaneHarness.relaying("/a")
         var headers = HTTPHeaders()
         headers.add(name: "Content-Length", value: "10")
         try await upstream.writeInbound(HTTPClientResponsePart.head(HTTPResponseHead(version: .http1_1, status: .ok, headers: headers)))
@@ -200,10 +185,7 @@ struct DirectRelayShellTests {
 
     @Test("the client leaving mid-response closes the upstream connection (it is out of step)")
     func clientLeaves() async throws {
-        let relay = try await DataPlaneHarness()
-        let upstream = try await relay.seedIdleConnection()
-        try await relay.sendGet("/a")
-        _ = try await relay.requestSent(on: upstream)
+        let (relay, upstream) = try await DataPlaneHarness.relaying("/a")
         var headers = HTTPHeaders()
         headers.add(name: "Content-Length", value: "10")
         try await upstream.writeInbound(HTTPClientResponsePart.head(HTTPResponseHead(version: .http1_1, status: .ok, headers: headers)))
@@ -236,10 +218,7 @@ struct DirectRelayShellTests {
 
     @Test("interim responses: a 100 the client never asked for is dropped, a 103 goes on before the final head")
     func interimResponses() async throws {
-        let relay = try await DataPlaneHarness()
-        let upstream = try await relay.seedIdleConnection()
-        try await relay.sendGet("/hints")
-        _ = try await relay.requestSent(on: upstream)
+        let (relay, upstream) = try await DataPlaneHarness.relaying("/hints")
         try await upstream.writeInbound(HTTPClientResponsePart.head(HTTPResponseHead(version: .http1_1, status: .continue)))
         var hints = HTTPHeaders()
         hints.add(name: "Link", value: "</style.css>; rel=preload")
@@ -257,10 +236,7 @@ struct DirectRelayShellTests {
 
     @Test("draining: the response under way goes out with Connection: close, then the client's connection closes; the next request is not relayed")
     func drainingMidResponse() async throws {
-        let relay = try await DataPlaneHarness()
-        let upstream = try await relay.seedIdleConnection()
-        try await relay.sendGet("/a")
-        _ = try await relay.requestSent(on: upstream)
+        let (relay, upstream) = try await DataPlaneHarness.relaying("/a")
         relay.registry.beginDraining()
         try await relay.loop.submit {}.get()
         #expect(relay.client.isActive, "a connection with a request in flight stays open")
@@ -275,10 +251,7 @@ struct DirectRelayShellTests {
 
     @Test("a request that arrives while draining goes to the full path, which answers it")
     func requestWhileDraining() async throws {
-        let relay = try await DataPlaneHarness()
-        let upstream = try await relay.seedIdleConnection()
-        try await relay.sendGet("/warm")
-        _ = try await relay.requestSent(on: upstream)
+        let (relay, upstream) = try await DataPlaneHarness.relaying("/warm")
         try await relay.respond(on: upstream, status: .ok, body: "1")
         _ = try await relay.clientResponse()
         // Draining closes an idle connection at once; this one is kept open by a request the
@@ -292,10 +265,7 @@ struct DirectRelayShellTests {
 
     @Test("a request pipelined behind one whose 401 the full path adopts follows it there, in order")
     func pipelinedBehindAdoption() async throws {
-        let relay = try await DataPlaneHarness()
-        let upstream = try await relay.seedIdleConnection()
-        try await relay.sendGet("/private")
-        _ = try await relay.requestSent(on: upstream)
+        let (relay, upstream) = try await DataPlaneHarness.relaying("/private")
         try await relay.sendGet("/next")
         var challenge = HTTPHeaders()
         challenge.add(name: "WWW-Authenticate", value: "Basic realm=\"r\"")
@@ -314,10 +284,7 @@ struct DirectRelayShellTests {
 
     @Test("an error from the client's decoder while a response is relayed waits until that response ended")
     func errorWaitsForResponse() async throws {
-        let relay = try await DataPlaneHarness()
-        let upstream = try await relay.seedIdleConnection()
-        try await relay.sendGet("/a")
-        _ = try await relay.requestSent(on: upstream)
+        let (relay, upstream) = try await DataPlaneHarness.relaying("/a")
         struct GarbageAfterRequest: Error {}
         try await relay.loop.submit { relay.client.pipeline.fireErrorCaught(GarbageAfterRequest()) }.get()
         await #expect(throws: Never.self) { try await relay.client.throwIfErrorCaught() }

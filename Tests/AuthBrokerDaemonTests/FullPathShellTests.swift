@@ -22,8 +22,7 @@ struct FullPathShellTests {
             credential: PasswordCredential(user: "alice", password: "s3cret"), persistence: .session
         )
         let client = try await FullPathClient(harness, target: "/private")
-        try await client.send(.head(HTTPRequestHead(version: .http1_1, method: .GET, uri: DataPlaneHarness.origin + "/private")))
-        try await client.send(.end(nil))
+        try await client.sendGet("/private")
         let upstream = try await harness.upstream(0)
         let first = try await harness.requestWritten(on: upstream)
         #expect(first.head.headers["Authorization"].isEmpty && first.ended)
@@ -95,8 +94,7 @@ struct FullPathShellTests {
         let harness = try await DataPlaneHarness()
         let stale = try await harness.seedIdleConnection()
         let client = try await FullPathClient(harness, target: "/a")
-        try await client.send(.head(HTTPRequestHead(version: .http1_1, method: .GET, uri: DataPlaneHarness.origin + "/a")))
-        try await client.send(.end(nil))
+        try await client.sendGet("/a")
         let first = try await harness.requestWritten(on: stale)
         #expect(first.head.uri == "/a" && first.ended)
         try await stale.close()
@@ -113,8 +111,7 @@ struct FullPathShellTests {
     func closedTwice() async throws {
         let harness = try await DataPlaneHarness()
         let client = try await FullPathClient(harness, target: "/a")
-        try await client.send(.head(HTTPRequestHead(version: .http1_1, method: .GET, uri: DataPlaneHarness.origin + "/a")))
-        try await client.send(.end(nil))
+        try await client.sendGet("/a")
         for index in 0..<2 {
             let upstream = try await harness.upstream(index)
             _ = try await harness.requestWritten(on: upstream)
@@ -225,6 +222,11 @@ final class FullPathClient: Sendable {
 
     func send(_ part: HTTPServerRequestPart) async throws {
         try await self.channel.writeInbound(part)
+    }
+
+    func sendGet(_ path: String) async throws {
+        try await self.send(.head(HTTPRequestHead(version: .http1_1, method: .GET, uri: DataPlaneHarness.origin + path)))
+        try await self.send(.end(nil))
     }
 
     /// The response written to the client, waiting for each part, up to its end.
