@@ -53,6 +53,7 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
     /// it. Starts true where the handler after the decoder does not announce requests (the
     /// upstream proxy's CONNECT), so that nothing is refused there.
     private var responseOutstanding: Bool
+    private let announcesRequests: Bool
     /// How many bytes of a `CRLF CRLF` (1 to 3, or 0) the read in which the last message ended
     /// ends with, while the next head's end may straddle that read and what comes next.
     private var straddle = 0
@@ -66,7 +67,8 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
     init(_ direction: Direction, maxHeadBytes: Int, announcesRequests: Bool = false) {
         self.direction = direction
         self.limit = maxHeadBytes + 1024
-        self.responseOutstanding = !(direction == .responses && announcesRequests)
+        self.announcesRequests = direction == .responses && announcesRequests
+        self.responseOutstanding = !self.announcesRequests
     }
 
     /// A CONNECT ended: what follows belongs to the tunnel.
@@ -91,7 +93,7 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
         self.mode = .head
         self.held.removeAll(keepingCapacity: true)
         self.messagesEnded &+= 1
-        if self.direction == .responses { self.responseOutstanding = false }
+        if self.announcesRequests { self.responseOutstanding = false }
     }
 
     /// Upstream: a request is about to be sent; its response may come.

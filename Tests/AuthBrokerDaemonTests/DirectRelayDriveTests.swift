@@ -26,7 +26,7 @@ struct DirectRelayDriveTests {
         }
         // It cannot pass without having gone where it means to.
         #expect(reached.relayed > 200 && reached.adopted > 20 && reached.handedOver > 50, "\(reached)")
-        #expect(reached.fullPathAnswers > 500 && reached.cuts > 5 && reached.pausedWhileRelaying > 10, "\(reached)")
+        #expect(reached.fullPathAnswers > 500 && reached.cuts > 5 && reached.unwritableWhileAsked > 10, "\(reached)")
     }
 }
 
@@ -45,6 +45,10 @@ final class RelayDrive {
     /// The path each upstream connection was sent and has not answered.
     var outstanding: [ObjectIdentifier: (channel: NIOAsyncTestingChannel, path: String)] = [:]
     var clientCut = false
+    /// The origin was just made to fail inside a response body: the only step that may cut the
+    /// client's connection.
+    var cutExpected = false
+    var notRelayable: Set<String> = []
     var log: [String] = []
     var reached = Reached()
 
@@ -55,18 +59,18 @@ final class RelayDrive {
         var handedOver = 0
         var fullPathAnswers = 0
         var cuts = 0
-        var pausedWhileRelaying = 0
+        var unwritableWhileAsked = 0
 
         mutating func add(_ other: Reached) {
             self.adopted += other.adopted
             self.handedOver += other.handedOver
             self.fullPathAnswers += other.fullPathAnswers
             self.cuts += other.cuts
-            self.pausedWhileRelaying += other.pausedWhileRelaying
+            self.unwritableWhileAsked += other.unwritableWhileAsked
         }
 
         var description: String {
-            "relayed \(self.relayed), adopted \(self.adopted), handed over \(self.handedOver), full path \(self.fullPathAnswers), cuts \(self.cuts), paused \(self.pausedWhileRelaying)"
+            "relayed \(self.relayed), adopted \(self.adopted), handed over \(self.handedOver), full path \(self.fullPathAnswers), cuts \(self.cuts), unwritable while asked \(self.unwritableWhileAsked)"
         }
     }
 
@@ -109,7 +113,7 @@ final class RelayDrive {
             let writable = self.roll(2) == 0
             self.log.append("client writable \(writable)")
             self.harness.client.isWritable = writable
-            if !writable, !self.outstanding.isEmpty { self.reached.pausedWhileRelaying += 1 }
+            if !writable, !self.outstanding.isEmpty { self.reached.unwritableWhileAsked += 1 }
             let client = self.harness.client
             try await self.harness.loop.submit { client.pipeline.fireChannelWritabilityChanged() }.get()
         }
@@ -120,7 +124,10 @@ final class RelayDrive {
         let path = "/r\(self.next)"
         var head = HTTPRequestHead(version: .http1_1, method: .GET, uri: DataPlaneHarness.origin + path)
         // The relay takes no request with credentials of its own (`DirectRelayPolicy`).
-        if !relayable { head.headers.add(name: "Authorization", value: "Basic eDp5") }
+        if !relayable {
+            head.headers.add(name: "Authorization", value: "Basic eDp5")
+            self.notRelayable.insert(path)
+        }
         self.log.append("client sends \(path)\(relayable ? "" : " (for the full path)")")
         self.sent.append(path)
         try await self.harness.client.writeInbound(HTTPServerRequestPart.head(head))
@@ -159,6 +166,7 @@ final class RelayDrive {
             try await upstream.close()
         default:
             // Cut inside the body: the client cannot be told, its connection is cut too.
+            self.cutExpected = true
             try await upstream.writeInbound(head(.ok, length: path.utf8.count + 10))
             try await upstream.writeInbound(HTTPClientResponsePart.body(ByteBuffer(string: path)))
             try await upstream.close()
@@ -175,9 +183,16 @@ final class RelayDrive {
         if let handover = self.harness.handovers.take(for: head) {
             self.reached.handedOver += 1
             if let adopted = handover.adopted {
+                // As the connection's task does with a 401 it passes on: the rest of the
+                // response read on the adopted exchange, and the connection back for reuse.
                 self.reached.adopted += 1
-                adopted.lease.connection.close()
-                self.harness.pool.release(adopted.lease, reusable: false)
+                var parts: [HTTPClientResponsePart] = []
+                for try await batch in adopted.exchange.responseParts { parts += batch }
+                guard case .head(let first)? = parts.first, first.status == .unauthorized, case .end? = parts.last else {
+                    Issue.record("the adopted exchange gave \(parts)")
+                    throw DataPlaneHarness.Unexpected("adopted exchange")
+                }
+                self.harness.pool.release(adopted.lease, reusable: adopted.lease.connection.isActive)
             }
         }
         self.reached.fullPathAnswers += 1
@@ -196,13 +211,20 @@ final class RelayDrive {
         while let part = try await client.readOutbound(as: HTTPServerResponsePart.self) {
             switch part {
             case .head(let head):
-                if head.status.code >= 200 { self.partial = "" }
+                guard head.status.code >= 200 else { continue }
+                if self.partial != nil { Issue.record("a second head before the end: \(self.log.suffix(12))") }
+                self.partial = ""
             case .body(.byteBuffer(let buffer)):
+                if self.partial == nil { Issue.record("a body with no head: \(self.log.suffix(12))") }
                 self.partial? += String(buffer: buffer)
             case .body:
                 Issue.record("a file body")
             case .end:
-                if let body = self.partial { self.received.append(body) }
+                guard let body = self.partial else {
+                    Issue.record("an end with no head: \(self.log.suffix(12))")
+                    continue
+                }
+                self.received.append(body)
                 self.partial = nil
             }
         }
@@ -217,13 +239,17 @@ final class RelayDrive {
         }
         for upstream in self.harness.upstreamChannels {
             while let part = try await upstream.readOutbound(as: HTTPClientRequestPart.self) {
-                if case .head(let head) = part { self.outstanding[ObjectIdentifier(upstream)] = (upstream, head.uri) }
+                guard case .head(let head) = part else { continue }
+                if self.notRelayable.contains(head.uri) { Issue.record("\(head.uri), not the relay's to take, went upstream from it") }
+                self.outstanding[ObjectIdentifier(upstream)] = (upstream, head.uri)
             }
         }
         if !client.isActive, !self.clientCut {
             self.clientCut = true
             self.reached.cuts += 1
+            if !self.cutExpected { Issue.record("the client's connection was cut: \(self.log.suffix(12))") }
         }
+        self.cutExpected = false
     }
 
     private func checkOrder() throws {
