@@ -23,6 +23,8 @@ package final class RegisteredClientConnection: Sendable {
     private let intercepted = Atomic<Bool>(false)
 
     package var isIntercepted: Bool { self.intercepted.load(ordering: .relaxed) }
+    /// Requests in hand now (the relay's and the full path's).
+    package var requestsInHand: Int { self.requests.load(ordering: .sequentiallyConsistent) }
 
     func markIntercepted() {
         self.intercepted.store(true, ordering: .relaxed)

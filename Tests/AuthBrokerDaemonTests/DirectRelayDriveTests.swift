@@ -180,7 +180,10 @@ final class RelayDrive {
         let head = self.fullPath.removeFirst()
         let path = String(head.uri.dropFirst(DataPlaneHarness.origin.count))
         self.log.append("full path answers \(path)")
-        if let handover = self.harness.handovers.take(for: head) {
+        // As the connection's task counts: a request the relay handed over is counted already.
+        let handover = self.harness.handovers.take(for: head)
+        if handover == nil { self.harness.registry.requestStarted(self.harness.registration) }
+        if let handover {
             self.reached.handedOver += 1
             if let adopted = handover.adopted {
                 // As the connection's task does with a 401 it passes on: the rest of the
@@ -202,6 +205,7 @@ final class RelayDrive {
         client.write(HTTPServerResponsePart.head(HTTPResponseHead(version: .http1_1, status: .ok, headers: headers)), promise: nil)
         client.write(HTTPServerResponsePart.body(.byteBuffer(ByteBuffer(string: path))), promise: nil)
         try await client.writeAndFlush(HTTPServerResponsePart.end(nil))
+        self.harness.registry.requestEnded(self.harness.registration)
         try await self.harness.fullPathRequestDone()
     }
 
@@ -253,6 +257,10 @@ final class RelayDrive {
     }
 
     private func checkOrder() throws {
+        if self.harness.registration.requestsInHand < 0 {
+            Issue.record("a request counted out twice (draining would close a busy connection): \(self.log.suffix(12))")
+            throw DataPlaneHarness.Unexpected("count")
+        }
         for (index, body) in self.received.enumerated() where index >= self.sent.count || body != self.sent[index] {
             Issue.record("response \(index) is \(body), for \(index < self.sent.count ? self.sent[index] : "nothing"); \(self.log.suffix(12))")
             throw DataPlaneHarness.Unexpected("out of order")
@@ -287,6 +295,7 @@ final class RelayDrive {
             #expect(self.fullPathHead == nil)
         }
         #expect(self.harness.interceptor.counters.requestsInFlight.current == 0, "\(history)")
+        #expect(self.harness.registration.requestsInHand == 0, "every request counted in is counted out: \(history)")
         let (pool, loop) = (self.harness.pool, self.harness.loop)
         let route = UpstreamRoute(try CanonicalOrigin(parsing: DataPlaneHarness.origin))
         let idle = try await loop.submit { () -> Int in
