@@ -33,14 +33,17 @@ struct DirectRelayDriveTests {
     func driveWithBytes() async throws {
         var reached = RelayDrive.Reached()
         var forged = 0
+        var protocolErrors = 0
         for seed in 0..<100 {
             let drive = try await RelayDrive(seed: UInt64(seed) &+ 1000, wire: true)
             try await drive.run(steps: 60)
             reached.add(drive.reached)
             reached.relayed += drive.harness.interceptor.counters.requestsRelayedDirectly.current
             forged += drive.forgedSameRead
+            protocolErrors += drive.protocolErrorsAnswered
         }
         #expect(reached.relayed > 100 && reached.adopted > 10 && reached.handedOver > 30 && reached.cuts > 3 && forged > 20, "\(reached), forged \(forged)")
+        #expect(protocolErrors > 0, "a request sent on a connection a forgery made unusable was reached (\(protocolErrors))")
     }
 }
 
@@ -53,7 +56,8 @@ final class RelayDrive {
     /// Bodies of the complete responses the client got, in order.
     var received: [String] = []
     var partial: String?
-    var partialIsBrokerError = false
+    /// The `Authbroker-Error` code of the response being received, if it is the broker's own.
+    var partialBrokerError: String?
     /// Requests the relay gave the full path, ended, in order; and a head whose end is to come.
     var fullPath: [HTTPRequestHead] = []
     var fullPathHead: HTTPRequestHead?
@@ -94,6 +98,12 @@ final class RelayDrive {
     /// Forged responses sent in the same read as a real one's end: SwiftNIO's decoder refuses
     /// them, and a request the relay started on that connection meanwhile gets the broker's 502.
     var forgedSameRead = 0
+    /// The upstream connection a forged response was just sent on, until the next harvest.
+    var forgedOn: ObjectIdentifier?
+    /// Requests the relay had sent on a connection that a forgery then made unusable: the only
+    /// ones whose answer may be the broker's `http_protocol_error`.
+    var poisoned: Set<String> = []
+    var protocolErrorsAnswered = 0
 
     init(seed: UInt64, wire: Bool = false) async throws {
         self.wire = wire
@@ -218,6 +228,7 @@ final class RelayDrive {
             case 1:
                 after = "HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nforged"
                 self.forgedSameRead += 1
+                self.forgedOn = ObjectIdentifier(upstream)
             default: break
             }
         case 73..<85:
@@ -289,7 +300,7 @@ final class RelayDrive {
                 guard head.status.code >= 200 else { continue }
                 if self.partial != nil { Issue.record("a second head before the end: \(self.log.suffix(12))") }
                 self.partial = ""
-                self.partialIsBrokerError = head.headers.contains(name: "Authbroker-Error")
+                self.partialBrokerError = head.headers["Authbroker-Error"].first
             case .body(.byteBuffer(let buffer)):
                 if self.partial == nil { Issue.record("a body with no head: \(self.log.suffix(12))") }
                 self.partial? += String(buffer: buffer)
@@ -300,7 +311,8 @@ final class RelayDrive {
                     Issue.record("an end with no head: \(self.log.suffix(12))")
                     continue
                 }
-                self.received.append(self.partialIsBrokerError ? Self.brokerError : body)
+                self.received.append(self.partialBrokerError.map { Self.brokerError($0) } ?? body)
+                if self.partialBrokerError == "http_protocol_error" { self.protocolErrorsAnswered += 1 }
                 self.partial = nil
             }
         }
@@ -317,7 +329,7 @@ final class RelayDrive {
             var sentPaths: [String] = []
             if self.wire {
                 while let bytes = try await upstream.readOutbound(as: ByteBuffer.self) {
-                    // A request head in one write, its empty end in another.
+                    // A request head is one write (a bodiless request's end writes nothing).
                     let text = String(buffer: bytes)
                     if text.hasPrefix("GET "), let path = text.split(separator: " ").dropFirst().first { sentPaths.append(String(path)) }
                 }
@@ -326,6 +338,10 @@ final class RelayDrive {
                     if case .head(let head) = part { sentPaths.append(head.uri) }
                 }
             }
+            if sentPaths.count > 1 || (!sentPaths.isEmpty && self.outstanding[ObjectIdentifier(upstream)] != nil) {
+                Issue.record("a second request on a connection before its response: \(sentPaths); \(self.log.suffix(12))")
+            }
+            if self.forgedOn == ObjectIdentifier(upstream), !upstream.isActive { self.poisoned.formUnion(sentPaths) }
             for path in sentPaths {
                 if self.notRelayable.contains(path) { Issue.record("\(path), not the relay's to take, went upstream from it") }
                 self.outstanding[ObjectIdentifier(upstream)] = (upstream, path)
@@ -339,9 +355,10 @@ final class RelayDrive {
             if !self.cutExpected { Issue.record("the client's connection was cut: \(self.log.suffix(12))") }
         }
         self.cutExpected = false
+        self.forgedOn = nil
     }
 
-    static let brokerError = "<the broker's error>"
+    static func brokerError(_ code: String) -> String { "<the broker's \(code)>" }
 
     private func checkOrder() throws {
         if self.harness.registration.requestsInHand < 0 {
@@ -349,7 +366,9 @@ final class RelayDrive {
             throw DataPlaneHarness.Unexpected("count")
         }
         for (index, body) in self.received.enumerated()
-        where index >= self.sent.count || (body != self.sent[index] && !(body == Self.brokerError && self.forgedSameRead > 0)) {
+        where index >= self.sent.count
+            || (body != self.sent[index] && !(body == Self.brokerError("http_protocol_error") && self.poisoned.contains(self.sent[index])))
+        {
             Issue.record("response \(index) is \(body), for \(index < self.sent.count ? self.sent[index] : "nothing"); \(self.log.suffix(12))")
             throw DataPlaneHarness.Unexpected("out of order")
         }
@@ -361,6 +380,7 @@ final class RelayDrive {
         let client = self.harness.client
         try await self.harness.loop.submit { client.pipeline.fireChannelWritabilityChanged() }.get()
         try await self.harvest()
+        try self.checkOrder()
         for _ in 0..<500 {
             if let pending = self.outstanding.values.first {
                 self.outstanding[ObjectIdentifier(pending.channel)] = nil
