@@ -119,7 +119,8 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
         if !self.responseOutstanding, buffer.readableBytesView.contains(where: { $0 != 0x0D && $0 != 0x0A }) {
             self.mode = .refused
             self.held.removeAll()
-            context.fireErrorCaught(UnrequestedResponse())
+            // SwiftNIO's decoder's own error for a whole one: the same failure either way.
+            context.fireErrorCaught(NIOHTTPDecoderError.unsolicitedResponse)
             return
         }
         // The usual case costs one scan and no copy: a whole head in this read, all ASCII, not
@@ -310,9 +311,4 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
     private func forward(_ bytes: [UInt8], context: ChannelHandlerContext) {
         self.pass(context.channel.allocator.buffer(bytes: bytes), context: context)
     }
-}
-
-/// An origin sent bytes while no request was outstanding on its connection.
-struct UnrequestedResponse: Error, CustomStringConvertible {
-    var description: String { "the origin sent bytes while no request was outstanding" }
 }
