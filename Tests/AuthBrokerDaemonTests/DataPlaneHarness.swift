@@ -42,8 +42,9 @@ final class DataPlaneHarness: Sendable {
     private let upstreams = NIOLockedValueBox<[(channel: NIOAsyncTestingChannel, reads: ReadCounter)]>([])
     let vault = PasswordVault()
     let logger = Logger(label: "data-plane-tests", factory: { _ in SwiftLogNoOpLogHandler() })
-    private let upstreamTimeouts: (head: TimeAmount, idle: TimeAmount)
     private let directory: String
+    /// The one origin's route, as the relay and the full path choose it.
+    let route: UpstreamRoute
 
     var fullPathStarted: Bool { self.started.withLockedValue { $0 } }
     var lastUpstreamReads: ReadCounter? { self.upstreams.withLockedValue { $0.last?.reads } }
@@ -65,6 +66,7 @@ final class DataPlaneHarness: Sendable {
     ///   to and from their `UpstreamExchangeHandler`.
     init(responseHeadTimeout: TimeAmount = .seconds(30), wire: Bool = false) async throws {
         self.directory = try DaemonProcess.makeTemporaryDirectory()
+        self.route = UpstreamRoute(try CanonicalOrigin(parsing: Self.origin))
         let logger = self.logger
         let settings = BrokerSettings()
         let store = try TrustStore(path: self.directory + "/trust.json")
@@ -75,7 +77,6 @@ final class DataPlaneHarness: Sendable {
         let challenges = AgentChallenges(vault: vault, store: store, evaluator: evaluator, logger: logger)
         let authenticator = HTTPAuthenticator(vault: vault, challenges: challenges, logger: logger)
         let timeouts = (head: responseHeadTimeout, idle: TimeAmount.seconds(60))
-        self.upstreamTimeouts = timeouts
         let loop = self.loop
         let poolBox = NIOLockedValueBox<UpstreamPool<UpstreamConnection>?>(nil)
         let upstreams = self.upstreams
@@ -163,14 +164,14 @@ final class DataPlaneHarness: Sendable {
         let harness = try await DataPlaneHarness()
         let upstream = try await harness.seedIdleConnection()
         try await harness.sendGet(path)
-        let sent = try await harness.requestSent(on: upstream)
+        let sent = try await harness.requestWritten(on: upstream)
         #expect(sent.head.uri == path && sent.ended)
         return (harness, upstream)
     }
 
     /// An idle pooled connection to the origin, as one a finished request left; its channel.
     func seedIdleConnection() async throws -> NIOAsyncTestingChannel {
-        let lease = try await self.pool.lease(UpstreamRoute(try CanonicalOrigin(parsing: DataPlaneHarness.origin)))
+        let lease = try await self.pool.lease(self.route)
         self.pool.release(lease, reusable: true)
         return try #require(lease.connection.channel as? NIOAsyncTestingChannel)
     }
@@ -181,17 +182,9 @@ final class DataPlaneHarness: Sendable {
         try await self.client.writeInbound(HTTPServerRequestPart.end(nil))
     }
 
-    /// The next request written on `upstream`: its head, and whether its end followed.
-    func requestSent(on upstream: NIOAsyncTestingChannel) async throws -> (head: HTTPRequestHead, ended: Bool) {
-        guard case .head(let head)? = try await upstream.readOutbound(as: HTTPClientRequestPart.self) else {
-            throw Unexpected("no request head on the upstream connection")
-        }
-        let ended = if case .end? = try await upstream.readOutbound(as: HTTPClientRequestPart.self) { true } else { false }
-        return (head, ended)
-    }
-
     /// The next whole request written on `upstream`, waiting for it (the full path writes from
-    /// its task): head, body, and whether it ended (false when `upTo` body bytes came first).
+    /// its task; the relay has written it already): head, body, and whether it ended (false
+    /// when `upTo` body bytes came first).
     func requestWritten(on upstream: NIOAsyncTestingChannel, upTo bodyBytes: Int = .max) async throws -> (head: HTTPRequestHead, body: String, ended: Bool) {
         guard case .head(let head) = try await upstream.waitForOutboundWrite(as: HTTPClientRequestPart.self) else {
             throw Unexpected("the upstream connection's first write is not a head")
@@ -208,38 +201,60 @@ final class DataPlaneHarness: Sendable {
         return (head, body, false)
     }
 
-    func respond(on upstream: NIOAsyncTestingChannel, status: HTTPResponseStatus, body: String, close: Bool = false) async throws {
+    /// The origin's answer on `upstream`: head, body (when there is one) and end, each a read.
+    static func respond(
+        on upstream: NIOAsyncTestingChannel, status: HTTPResponseStatus, body: String, close: Bool = false, extra: [String: String] = [:]
+    ) async throws {
         var headers = HTTPHeaders()
         headers.add(name: "Content-Length", value: "\(body.utf8.count)")
         if close { headers.add(name: "Connection", value: "close") }
+        for (name, value) in extra { headers.add(name: name, value: value) }
         try await upstream.writeInbound(HTTPClientResponsePart.head(HTTPResponseHead(version: .http1_1, status: status, headers: headers)))
-        try await upstream.writeInbound(HTTPClientResponsePart.body(ByteBuffer(string: body)))
+        if !body.isEmpty { try await upstream.writeInbound(HTTPClientResponsePart.body(ByteBuffer(string: body))) }
         try await upstream.writeInbound(HTTPClientResponsePart.end(nil))
+    }
+
+    func respond(on upstream: NIOAsyncTestingChannel, status: HTTPResponseStatus, body: String, close: Bool = false) async throws {
+        try await Self.respond(on: upstream, status: status, body: body, close: close)
     }
 
     /// The next response written to the client, up to its end or as far as it went.
     func clientResponse() async throws -> (head: HTTPResponseHead?, body: String, ended: Bool) {
+        try await Self.response(from: self.client, waiting: false)
+    }
+
+    /// The next response written to `channel` (its interim heads aside only when none came
+    /// before), up to its end; without `waiting`, as far as it went.
+    static func response(from channel: NIOAsyncTestingChannel, waiting: Bool) async throws -> (head: HTTPResponseHead?, body: String, ended: Bool) {
         var head: HTTPResponseHead?
         var body = ""
-        while let part = try await self.client.readOutbound(as: HTTPServerResponsePart.self) {
+        while true {
+            let next = waiting ? try await channel.waitForOutboundWrite(as: HTTPServerResponsePart.self) : try await channel.readOutbound(as: HTTPServerResponsePart.self)
+            guard let part = next else { return (head, body, false) }
             switch part {
-            case .head(let responseHead): head = responseHead
+            case .head(let responseHead):
+                if head != nil { throw Unexpected("a second head before the end") }
+                head = responseHead
             case .body(.byteBuffer(let buffer)): body += String(buffer: buffer)
-            case .body(let other): body += "<\(other.readableBytes) bytes of a file>"
+            case .body(let other): throw Unexpected("a file body: \(other)")
             case .end: return (head, body, true)
             }
         }
-        return (head, body, false)
     }
 
     /// The id of the idle connection the relay would lease now, if any (leased and given back).
     func idleConnectionID() async throws -> Int? {
-        let (pool, loop) = (self.pool, self.loop)
-        let route = UpstreamRoute(try CanonicalOrigin(parsing: DataPlaneHarness.origin))
-        return try await loop.submit { () -> Int? in
-            guard let lease = pool.leaseIdle(route, on: loop) else { return nil }
-            pool.release(lease, reusable: true)
-            return lease.id
+        try await self.idleConnectionIDs().first
+    }
+
+    /// Every idle connection the relay could lease now (leased and given back), in lease order.
+    func idleConnectionIDs() async throws -> [Int] {
+        let (pool, loop, route) = (self.pool, self.loop, self.route)
+        return try await loop.submit { () -> [Int] in
+            var leases: [PooledConnection<UpstreamConnection>] = []
+            while let lease = pool.leaseIdle(route, on: loop) { leases.append(lease) }
+            for lease in leases { pool.release(lease, reusable: true) }
+            return leases.map(\.id)
         }.get()
     }
 

@@ -15,14 +15,14 @@ import TestSupport
 /// `UpstreamExchangeHandler`, authenticator and registry beside it. The daemon tests
 /// (`DirectRelayTests`) show the same end to end; these pin what each event does to the client,
 /// the origin, the pool and the full path.
-@Suite("Direct relay shell")
+@Suite("Direct relay shell", .timeLimit(.minutes(1)))
 struct DirectRelayShellTests {
     @Test("a plain GET is relayed on the idle pooled connection, which goes back to the pool; the full path never starts")
     func relaysAndPools() async throws {
         let relay = try await DataPlaneHarness()
         let upstream = try await relay.seedIdleConnection()
         try await relay.sendGet("/a")
-        let sent = try await relay.requestSent(on: upstream)
+        let sent = try await relay.requestWritten(on: upstream)
         #expect(sent.head.uri == "/a")
         #expect(sent.head.headers["Host"] == ["origin.test"])
         #expect(sent.head.headers["Via"].first?.contains("authbrokerd") == true)
@@ -104,7 +104,7 @@ struct DirectRelayShellTests {
         #expect(try await relay.client.readInbound(as: HTTPServerRequestPart.self) == nil, "nor to the full path")
 
         try await relay.respond(on: upstream, status: .ok, body: "one")
-        let second = try await relay.requestSent(on: upstream)
+        let second = try await relay.requestWritten(on: upstream)
         #expect(second.head.uri == "/second" && second.ended)
         try await relay.respond(on: upstream, status: .ok, body: "two")
         let first = try await relay.clientResponse()
@@ -133,7 +133,7 @@ struct DirectRelayShellTests {
         let upstream = try await relay.seedIdleConnection()
         let reads = try #require(relay.lastUpstreamReads)
         try await relay.sendGet("/big")
-        _ = try await relay.requestSent(on: upstream)
+        _ = try await relay.requestWritten(on: upstream)
         relay.client.isWritable = false
         var headers = HTTPHeaders()
         headers.add(name: "Content-Length", value: "1000")
@@ -172,7 +172,7 @@ struct DirectRelayShellTests {
         let relay = try await DataPlaneHarness(responseHeadTimeout: .seconds(2))
         let upstream = try await relay.seedIdleConnection()
         try await relay.sendGet("/slow")
-        _ = try await relay.requestSent(on: upstream)
+        _ = try await relay.requestWritten(on: upstream)
         await relay.loop.advanceTime(by: .seconds(2))
         let response = try await relay.clientResponse()
         #expect(response.head?.status == .gatewayTimeout)
@@ -203,7 +203,7 @@ struct DirectRelayShellTests {
         try await relay.loop.submit { try relay.client.pipeline.syncOperations.addHandler(reads, position: .first) }.get()
         let upstream = try await relay.seedIdleConnection()
         try await relay.sendGet("/first")
-        _ = try await relay.requestSent(on: upstream)
+        _ = try await relay.requestWritten(on: upstream)
         for index in 0..<(DirectRelayHandler.maxHeldParts / 2) { try await relay.sendGet("/held-\(index)") }
         let before = reads.count
         relay.client.read()
@@ -212,7 +212,7 @@ struct DirectRelayShellTests {
 
         try await relay.respond(on: upstream, status: .ok, body: "one")
         #expect(reads.count == before + 1, "the withheld read goes on when the held parts start moving")
-        let next = try await relay.requestSent(on: upstream)
+        let next = try await relay.requestWritten(on: upstream)
         #expect(next.head.uri == "/held-0")
     }
 

@@ -26,12 +26,12 @@ struct FullPathShellTests {
         let upstream = try await harness.upstream(0)
         let first = try await harness.requestWritten(on: upstream)
         #expect(first.head.headers["Authorization"].isEmpty && first.ended)
-        try await Self.respond(on: upstream, status: .unauthorized, body: "who?", extra: ["WWW-Authenticate": "Basic realm=\"r\""])
+        try await DataPlaneHarness.respond(on: upstream, status: .unauthorized, body: "who?", extra: ["WWW-Authenticate": "Basic realm=\"r\""])
 
         let second = try await harness.requestWritten(on: upstream)
         #expect(second.head.headers["Authorization"] == ["Basic " + Data("alice:s3cret".utf8).base64EncodedString()])
         #expect(second.head.uri == "/private" && second.ended)
-        try await Self.respond(on: upstream, status: .ok, body: "secret page")
+        try await DataPlaneHarness.respond(on: upstream, status: .ok, body: "secret page")
         let response = try await client.response()
         #expect(response.head.status == .ok && response.body == "secret page" && response.ended)
         let outcome = try await client.outcome()
@@ -55,13 +55,13 @@ struct FullPathShellTests {
         let upstream = try await harness.upstream(0)
         let first = try await harness.requestWritten(on: upstream)
         #expect(first.body == "payload" && first.ended)
-        try await Self.respond(on: upstream, status: .unauthorized, body: "", extra: ["WWW-Authenticate": "Basic realm=\"r\""])
+        try await DataPlaneHarness.respond(on: upstream, status: .unauthorized, body: "", extra: ["WWW-Authenticate": "Basic realm=\"r\""])
 
         let second = try await harness.requestWritten(on: upstream)
         #expect(second.head.method == .POST && second.head.headers["Content-Length"] == ["7"])
         #expect(second.head.headers["Authorization"].count == 1)
         #expect(second.body == "payload" && second.ended)
-        try await Self.respond(on: upstream, status: .created, body: "stored")
+        try await DataPlaneHarness.respond(on: upstream, status: .created, body: "stored")
         let response = try await client.response()
         #expect(response.head.status == .created && response.body == "stored")
         #expect(try await client.outcome()?.status == 201)
@@ -101,7 +101,7 @@ struct FullPathShellTests {
         let fresh = try await harness.upstream(1)
         let second = try await harness.requestWritten(on: fresh)
         #expect(second.head.uri == "/a" && second.ended)
-        try await Self.respond(on: fresh, status: .ok, body: "fine")
+        try await DataPlaneHarness.respond(on: fresh, status: .ok, body: "fine")
         let response = try await client.response()
         #expect(response.head.status == .ok && response.body == "fine")
         #expect(try await client.outcome()?.status == 200)
@@ -158,7 +158,7 @@ struct FullPathShellTests {
             return
         }
         try await upstream.writeInbound(HTTPClientResponsePart.head(HTTPResponseHead(version: .http1_1, status: .continue)))
-        try await Self.respond(on: upstream, status: .noContent, body: "")
+        try await DataPlaneHarness.respond(on: upstream, status: .noContent, body: "")
         let response = try await client.response()
         #expect(response.head.status == .noContent, "a second 100 from the origin is not relayed: \(response.head.status)")
         #expect(try await client.outcome()?.status == 204)
@@ -175,19 +175,10 @@ struct FullPathShellTests {
         let upstream = try await harness.upstream(0)
         let sent = try await harness.requestWritten(on: upstream, upTo: 5)
         #expect(sent.body == "12345" && !sent.ended)
-        try await Self.respond(on: upstream, status: .ok, body: "early")
+        try await DataPlaneHarness.respond(on: upstream, status: .ok, body: "early")
         let response = try await client.response()
         #expect(response.head.status == .ok && response.body == "early" && response.ended)
         return (client, upstream)
-    }
-
-    static func respond(on upstream: NIOAsyncTestingChannel, status: HTTPResponseStatus, body: String, extra: [String: String] = [:]) async throws {
-        var headers = HTTPHeaders()
-        headers.add(name: "Content-Length", value: "\(body.utf8.count)")
-        for (name, value) in extra { headers.add(name: name, value: value) }
-        try await upstream.writeInbound(HTTPClientResponsePart.head(HTTPResponseHead(version: .http1_1, status: status, headers: headers)))
-        if !body.isEmpty { try await upstream.writeInbound(HTTPClientResponsePart.body(ByteBuffer(string: body))) }
-        try await upstream.writeInbound(HTTPClientResponsePart.end(nil))
     }
 }
 
@@ -231,18 +222,9 @@ final class FullPathClient: Sendable {
 
     /// The response written to the client, waiting for each part, up to its end.
     func response() async throws -> (head: HTTPResponseHead, body: String, ended: Bool) {
-        guard case .head(let head) = try await self.channel.waitForOutboundWrite(as: HTTPServerResponsePart.self) else {
-            throw DataPlaneHarness.Unexpected("the client's first part is not a head")
-        }
-        var body = ""
-        while true {
-            switch try await self.channel.waitForOutboundWrite(as: HTTPServerResponsePart.self) {
-            case .head: throw DataPlaneHarness.Unexpected("a second head")
-            case .body(.byteBuffer(let buffer)): body += String(buffer: buffer)
-            case .body(let other): throw DataPlaneHarness.Unexpected("a file body: \(other)")
-            case .end: return (head, body, true)
-            }
-        }
+        let response = try await DataPlaneHarness.response(from: self.channel, waiting: true)
+        guard let head = response.head else { throw DataPlaneHarness.Unexpected("the client's first part is not a head") }
+        return (head, response.body, response.ended)
     }
 
     func outcome() async throws -> RequestOutcome? {
