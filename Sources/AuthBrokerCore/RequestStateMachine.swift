@@ -8,8 +8,12 @@
 ///   whole, the origin kept the connection alive, and it is still usable. A response that ended
 ///   before its request body did leaves the origin out of step (it would read the rest of the
 ///   body as the next request: one app's body answering another app's request).
-/// - **One retry on a closed pooled connection**, for a request without a body, on its first
-///   attempt, and not when a TLS alert closed it (that alert is the origin's answer).
+/// - **One retry on a closed pooled connection**, for a request without a body, when the
+///   connection had waited in the pool (an origin drops those unseen: a keep-alive timeout, a
+///   restart, a network change), and not when a TLS alert closed it (that alert is the origin's
+///   answer). A connection made for the request that closes before answering is the origin's
+///   answer too: no retry. The other idle connections to the origin are closed with it
+///   (`Release.closeWithIdle`), so the retry goes on a fresh one, not on another dropped one.
 /// - **Trust is asked about once**: an interactive request whose server is not trusted asks an
 ///   agent once; a yes connects anew, a no (or a second failure) is the broker's error.
 /// - **The client's broken body outranks the origin**: a body that broke HTTP/1.1 framing is a
@@ -31,19 +35,23 @@ package struct RequestStateMachine: Sendable {
         package var mayAskAboutTrust: Bool
         /// The first attempt was already sent by the direct relay, which handed it over.
         package var adopted: Bool
+        /// The direct relay sent the request on a pooled connection the origin had closed, and
+        /// handed it over to be sent again: that was its one retry.
+        package var closedConnectionRetried: Bool
         /// Attempts allowed for answering challenges (`Interceptor.maxAttempts`).
         package var maxAttempts: Int
         /// How the body goes on the first attempt (held for `100 Continue` or streamed).
         package var uploadPlan: UploadPlan
 
         package init(
-            hasBody: Bool, clientWantsKeepAlive: Bool, mayAskAboutTrust: Bool, adopted: Bool, maxAttempts: Int,
-            uploadPlan: UploadPlan
+            hasBody: Bool, clientWantsKeepAlive: Bool, mayAskAboutTrust: Bool, adopted: Bool, closedConnectionRetried: Bool = false,
+            maxAttempts: Int, uploadPlan: UploadPlan
         ) {
             self.hasBody = hasBody
             self.clientWantsKeepAlive = clientWantsKeepAlive
             self.mayAskAboutTrust = mayAskAboutTrust
             self.adopted = adopted
+            self.closedConnectionRetried = closedConnectionRetried
             self.maxAttempts = maxAttempts
             self.uploadPlan = uploadPlan
         }
@@ -63,9 +71,15 @@ package struct RequestStateMachine: Sendable {
         package var continueSentToClient: Bool
         /// A 401 (or the upstream proxy's 407) may be answered from the store on this attempt.
         package var mayAnswerChallenges: Bool
-        /// The response pump may report a connection closed before any answer as retryable
-        /// instead of answering the client itself.
+        /// The request may go again if this attempt's connection turns out closed before any
+        /// answer (`retriesClosedConnection`).
         package var mayRetryClosedConnection: Bool
+
+        /// Whether a connection closed before any answer (not by a TLS alert) means sending this
+        /// attempt again: the response pump then leaves the answer to the machine.
+        package func retriesClosedConnection(reused: Bool, closedByTLSAlert: Bool) -> Bool {
+            self.mayRetryClosedConnection && reused && !closedByTLSAlert
+        }
     }
 
     /// Why the request ends with the broker's own error, for the shell to map to one.
@@ -108,6 +122,10 @@ package struct RequestStateMachine: Sendable {
     package enum Release: Sendable, Hashable {
         case reuse
         case close
+        /// Close it, and the origin's idle connections with it: it had waited in the pool and the
+        /// origin had dropped it, as it likely dropped the others that waited (a restart, a
+        /// network change).
+        case closeWithIdle
     }
 
     /// One decision: what to do with the attempt's connection (nil: it had none), then what next.
@@ -154,13 +172,16 @@ package struct RequestStateMachine: Sendable {
         package var connectionUsable: Bool
         /// A TLS alert closed the connection (the origin's answer, not a stale pooled connection).
         package var closedByTLSAlert: Bool
+        /// The connection had waited in the pool (idle, or between requests) rather than being
+        /// made for this attempt.
+        package var connectionReused: Bool
         /// The daemon is shutting down: no connection is kept alive.
         package var draining: Bool
 
         package init(
             exchange: Exchange, requestComplete: Bool, malformedBody: Bool = false, bodyWithheld: Bool = false,
             continueSentToClient: Bool = false, connectionUsable: Bool = true, closedByTLSAlert: Bool = false,
-            draining: Bool = false
+            connectionReused: Bool = true, draining: Bool = false
         ) {
             self.exchange = exchange
             self.requestComplete = requestComplete
@@ -169,6 +190,7 @@ package struct RequestStateMachine: Sendable {
             self.continueSentToClient = continueSentToClient
             self.connectionUsable = connectionUsable
             self.closedByTLSAlert = closedByTLSAlert
+            self.connectionReused = connectionReused
             self.draining = draining
         }
     }
@@ -179,11 +201,13 @@ package struct RequestStateMachine: Sendable {
     private var askedAboutTrust = false
     private var uploadPlan: UploadPlan
     private var continueSentToClient = false
+    private var closedConnectionRetried: Bool
     package private(set) var isFinished = false
 
     package init(_ request: Request) {
         self.request = request
         self.uploadPlan = request.uploadPlan
+        self.closedConnectionRetried = request.closedConnectionRetried
     }
 
     /// The first action.
@@ -215,17 +239,17 @@ package struct RequestStateMachine: Sendable {
         trusted ? self.nextAttempt() : self.respond(.leaseFailed)
     }
 
-    /// Sending the attempt's head failed: the connection closed (`closedByTLSAlert`: with an alert).
-    package mutating func sendFailed(closedByTLSAlert: Bool) -> Step {
-        if self.mayRetryClosedConnection && !closedByTLSAlert {
-            return Step(release: .close, next: self.nextAttempt())
+    /// Sending the attempt's head failed: the connection closed (`closedByTLSAlert`: with an
+    /// alert); `connectionReused`: it had waited in the pool.
+    package mutating func sendFailed(closedByTLSAlert: Bool, connectionReused: Bool) -> Step {
+        if self.mayRetryClosedConnection && connectionReused && !closedByTLSAlert {
+            return Step(release: .closeWithIdle, next: self.retry())
         }
         return Step(release: .close, next: self.respond(closedByTLSAlert ? .tlsAlertOnSend : .closedOnSend))
     }
 
     /// The attempt's exchange ended.
     package mutating func attemptEnded(_ end: AttemptEnd) -> Step {
-        let retryClosedAllowed = self.mayRetryClosedConnection
         self.requestEnded = end.requestComplete
         self.continueSentToClient = end.continueSentToClient
         if !end.bodyWithheld { self.uploadPlan.bodyStarted() }
@@ -248,8 +272,8 @@ package struct RequestStateMachine: Sendable {
             let keepAlive = end.requestComplete && clientKeepAlive && !end.draining
             return Step(release: reuse ? .reuse : .close, next: self.finish(.finish(keepAlive: keepAlive)))
         case .failedBeforeHead(let connectionClosed):
-            if connectionClosed, retryClosedAllowed, !end.closedByTLSAlert {
-                return Step(release: .close, next: self.nextAttempt())
+            if connectionClosed, self.mayRetryClosedConnection, end.connectionReused, !end.closedByTLSAlert {
+                return Step(release: .closeWithIdle, next: self.retry())
             }
             let keepAlive = end.requestComplete && self.request.clientWantsKeepAlive && !end.draining
             return Step(release: .close, next: self.finish(.sendExchangeError(keepAlive: keepAlive)))
@@ -269,8 +293,13 @@ package struct RequestStateMachine: Sendable {
 
     // MARK: -
 
-    /// Only the first attempt of a request without a body may be retried on a closed connection.
-    private var mayRetryClosedConnection: Bool { !self.request.hasBody && self.attempt == 1 }
+    /// Only a request without a body may be sent again after a closed connection, and once.
+    private var mayRetryClosedConnection: Bool { !self.request.hasBody && !self.closedConnectionRetried }
+
+    private mutating func retry() -> Action {
+        self.closedConnectionRetried = true
+        return self.nextAttempt()
+    }
 
     private mutating func nextAttempt() -> Action {
         self.attempt += 1

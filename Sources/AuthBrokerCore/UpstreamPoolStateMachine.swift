@@ -271,6 +271,16 @@ package struct UpstreamPoolStateMachine: Sendable {
         }
     }
 
+    /// The origin dropped a connection that had waited in the pool: the others waiting there
+    /// are likely dropped too (a restart, a network change). Closes every idle connection, so
+    /// the next request gets one made for it.
+    package mutating func idleConnectionsSuspect() -> Action {
+        let closing = idle
+        idle.removeAll()
+        for connection in closing { forget(connection) }
+        return Action(request: .none, connection: closing.isEmpty ? .none : .closeMany(closing))
+    }
+
     /// The caller stopped waiting. A connection being made for it is kept (it will serve the next
     /// request or go idle). Unknown after a lease or a failure: ignored.
     package mutating func leaseCancelled(_ request: RequestID) -> Action {

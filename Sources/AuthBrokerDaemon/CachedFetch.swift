@@ -303,10 +303,15 @@ extension Interceptor {
     /// otherwise (and for whatever the cache does not answer) `proxy` does the work.
     package func fetch(
         head: HTTPRequestHead, origin: CanonicalOrigin, pathAndQuery: String, adopted: AdoptedExchange? = nil,
-        client: ClientSide, requests: inout ClientRequestIterator
+        closedConnectionRetried: Bool = false, client: ClientSide, requests: inout ClientRequestIterator
     ) async -> RequestOutcome {
-        guard let cache = self.cache, adopted == nil, cache.covers(host: origin.host) else {
-            return await self.proxy(head: head, origin: origin, pathAndQuery: pathAndQuery, adopted: adopted, client: client, requests: &requests)
+        // The direct relay relays to an origin the cache covers only a hit it answers itself:
+        // what it hands over from there carries on as it began.
+        guard let cache = self.cache, adopted == nil, !closedConnectionRetried, cache.covers(host: origin.host) else {
+            return await self.proxy(
+                head: head, origin: origin, pathAndQuery: pathAndQuery, adopted: adopted, closedConnectionRetried: closedConnectionRetried,
+                client: client, requests: &requests
+            )
         }
         let use = BrokerDirectives(headers: head.headers).cache
         let url = origin.description + pathAndQuery

@@ -500,8 +500,8 @@ package struct ClientConnectionServer: Sendable {
                         logger.debug("a [[rewrite]] rule applies", metadata: ["line": "\(rule.line)", "to": "\(origin)"])
                     }
                     outcome = await self.interceptor.fetch(
-                        head: head, origin: origin, pathAndQuery: pathAndQuery, adopted: exchange, client: client,
-                        requests: &requests
+                        head: head, origin: origin, pathAndQuery: pathAndQuery, adopted: exchange,
+                        closedConnectionRetried: handover?.closedConnectionRetried ?? false, client: client, requests: &requests
                     )
                 }
             }

@@ -37,6 +37,9 @@ package struct RelayHandover: Sendable {
     package let uri: String
     /// The upstream exchange, when the full path carries it on.
     package let adopted: AdoptedExchange?
+    /// The relay sent the request on a pooled connection the origin had closed: the full path
+    /// sends it again, and that is its one retry.
+    package let closedConnectionRetried: Bool
 }
 
 /// Where the direct relay leaves a `RelayHandover` for the connection's task, which takes it
@@ -389,10 +392,15 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
 
     /// Gives the request to the full path, which carries on with `adopted` when given, or else
     /// sends it (again) itself.
-    private func handToFullPath(_ relayed: RelayedRequest, context: ChannelHandlerContext, adopted: AdoptedExchange? = nil) {
-        guard self.end(relayed, reusable: false, handingOver: true) else { return }
+    /// `retrying`: its connection closed before any answer; the full path sends it again once.
+    private func handToFullPath(
+        _ relayed: RelayedRequest, context: ChannelHandlerContext, adopted: AdoptedExchange? = nil, retrying: Bool = false
+    ) {
+        guard self.end(relayed, release: retrying ? .closeWithIdle : .close, handingOver: true) else { return }
         self.fullPathPending += 1
-        self.handovers.put(RelayHandover(method: relayed.head.method, uri: relayed.head.uri, adopted: adopted))
+        self.handovers.put(
+            RelayHandover(method: relayed.head.method, uri: relayed.head.uri, adopted: adopted, closedConnectionRetried: retrying)
+        )
         self.passOn(.head(relayed.head), context: context)
         if case .awaitingRequestEnd = relayed.phase {
             // Its end, when it comes, follows it there.
@@ -497,12 +505,13 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             let step = relayed.machine.attemptEnded(
                 RequestStateMachine.AttemptEnd(
                     exchange: .failedBeforeHead(connectionClosed: closed), requestComplete: true,
-                    closedByTLSAlert: lease.connection.closingTLSError != nil, draining: self.relay.registry.isDraining
+                    closedByTLSAlert: lease.connection.closingTLSError != nil, connectionReused: lease.reused,
+                    draining: self.relay.registry.isDraining
                 )
             )
             if case .send = step.next {
                 // A pooled connection the origin had closed: the full path sends it on a fresh one.
-                self.handToFullPath(relayed, context: context)
+                self.handToFullPath(relayed, context: context, retrying: true)
                 self.deliverHeld(context: context)
                 return
             }
@@ -537,7 +546,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
     /// The relayed request is over: its connection goes back, the access line is written, and
     /// what arrived meanwhile is delivered.
     private func finish(_ relayed: RelayedRequest, reusable: Bool, brokerError: String?, context: ChannelHandlerContext) {
-        guard self.end(relayed, reusable: reusable) else { return }
+        guard self.end(relayed, release: reusable ? .reuse : .close) else { return }
         // Draining may have begun after the machine was asked and before `end` counted the
         // request out, and then saw this connection busy and left it open: ask again now that
         // it is counted out (the registry's Dekker pairing), or it would idle out the grace period.
@@ -573,13 +582,13 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
     /// Ends the relay's hold on `relayed` (its connection back to the pool, its counts undone;
     /// when `handingOver`, its connection's request count passes to the full path instead);
     /// false when it is not the current request (a late callback).
-    private func end(_ relayed: RelayedRequest, reusable: Bool, handingOver: Bool = false) -> Bool {
+    private func end(_ relayed: RelayedRequest, release: RequestStateMachine.Release, handingOver: Bool = false) -> Bool {
         guard relayed === self.current else { return false }
         self.current = nil
         let interceptor = self.relay.interceptor
         if let lease = relayed.lease {
             relayed.lease = nil
-            interceptor.pool.release(lease, reusable: reusable)
+            interceptor.pool.release(lease, release)
         }
         interceptor.counters.requestsInFlight.subtract(1)
         if !handingOver { self.relay.registry.requestEnded(self.registration) }

@@ -110,11 +110,14 @@ package struct Interceptor: Sendable {
     /// through a proxy its challenge and stale nonce too.
     static let maxAttempts = 6
 
-    /// - Parameter adopted: an exchange the client connection's direct relay started for this
-    ///   request and hands over with its response head read (a challenge): the first attempt.
+    /// - Parameters:
+    ///   - adopted: an exchange the client connection's direct relay started for this request
+    ///     and hands over with its response head read (a challenge): the first attempt.
+    ///   - closedConnectionRetried: the direct relay sent the request on a pooled connection the
+    ///     origin had closed; sending it now is its one retry.
     package func proxy(
         head: HTTPRequestHead, origin: CanonicalOrigin, pathAndQuery: String, adopted: AdoptedExchange? = nil,
-        client: ClientSide, requests: inout ClientRequestIterator
+        closedConnectionRetried: Bool = false, client: ClientSide, requests: inout ClientRequestIterator
     ) async -> RequestOutcome {
         let (requestID, peer, logger, writer) = (client.requestID, client.peer, client.logger, client.writer)
         let (closeClient, abortClient, draining, clientGone) = (client.close, client.abort, client.draining, client.gone)
@@ -199,6 +202,7 @@ package struct Interceptor: Sendable {
             RequestStateMachine.Request(
                 hasBody: !hasNoBody, clientWantsKeepAlive: clientWantsKeepAlive,
                 mayAskAboutTrust: agentWait != nil && self.challenges != nil, adopted: adopted != nil,
+                closedConnectionRetried: closedConnectionRetried,
                 maxAttempts: Self.maxAttempts, uploadPlan: uploadPlan
             )
         )
@@ -258,9 +262,10 @@ package struct Interceptor: Sendable {
                     do {
                         exchange = try await lease.connection.startExchange(head: attemptHead, requestEnds: sendsWhole)
                     } catch {
-                        self.pool.release(lease, reusable: false)
                         closingTLSError = lease.connection.closingTLSError
-                        action = machine.sendFailed(closedByTLSAlert: closingTLSError != nil).next
+                        let step = machine.sendFailed(closedByTLSAlert: closingTLSError != nil, connectionReused: lease.reused)
+                        self.pool.release(lease, step.release ?? .close)
+                        action = step.next
                         continue
                     }
                 }
@@ -282,10 +287,10 @@ package struct Interceptor: Sendable {
                         malformedBody: result.malformedBody != nil, bodyWithheld: result.bodyWithheld,
                         continueSentToClient: result.continueSentToClient,
                         connectionUsable: lease.connection.isActive && lease.connection.isTrustCurrent(self.trustGeneration()),
-                        closedByTLSAlert: lease.connection.closingTLSError != nil, draining: draining()
+                        closedByTLSAlert: lease.connection.closingTLSError != nil, connectionReused: lease.reused, draining: draining()
                     )
                 )
-                if let release = step.release { self.pool.release(lease, reusable: release == .reuse) }
+                if let release = step.release { self.pool.release(lease, release) }
                 switch result.pump {
                 case .challengeAnswered(_, let byProxy):
                     logger.debug("answered the \(byProxy ? "proxy's" : "origin's") challenge from the store; sending the request again")
@@ -398,7 +403,7 @@ package struct Interceptor: Sendable {
                 logger: client.logger, writer: writer, gate: gate, brokerAddedExpect: brokerAddedExpect,
                 clientWantsKeepAlive: clientWantsKeepAlive, state: state, auth: context, closeClient: client.close,
                 draining: client.draining, rewrite: client.rewrite, cache: client.cache, client: client,
-                retryAllowed: attempt.mayRetryClosedConnection
+                retries: { attempt.retriesClosedConnection(reused: lease.reused, closedByTLSAlert: $0) }
             )
         }
         let result: ResponsePumpResult
@@ -683,7 +688,7 @@ package struct Interceptor: Sendable {
         requestID: String, logger: Logger,
         writer: ClientResponseWriter, gate: ContinueGate, brokerAddedExpect: Bool, clientWantsKeepAlive: Bool,
         state: ExchangeState, auth: AuthContext, closeClient: @Sendable () -> Void, draining: @Sendable () -> Bool,
-        rewrite: RewriteRule?, cache: CacheExchange?, client: ClientSide, retryAllowed: Bool
+        rewrite: RewriteRule?, cache: CacheExchange?, client: ClientSide, retries: @Sendable (_ closedByTLSAlert: Bool) -> Bool
     ) async -> ResponsePumpResult {
         var status = 0
         var bytes = 0
@@ -863,7 +868,7 @@ package struct Interceptor: Sendable {
             return await self.failBeforeHead(
                 .connectionClosed, route: route, connection: connection, requestID: requestID, writer: writer,
                 clientWantsKeepAlive: clientWantsKeepAlive, state: state, closeClient: closeClient,
-                draining: draining, retryAllowed: retryAllowed, cache: cache, client: client, requestHead: auth.head
+                draining: draining, retries: retries, cache: cache, client: client, requestHead: auth.head
             )
         } catch let error as UpstreamExchangeError {
             gate.exchangeFailed()
@@ -873,7 +878,7 @@ package struct Interceptor: Sendable {
             return await self.failBeforeHead(
                 error, route: route, connection: connection, requestID: requestID, writer: writer,
                 clientWantsKeepAlive: clientWantsKeepAlive, state: state, closeClient: closeClient,
-                draining: draining, retryAllowed: retryAllowed, cache: cache, client: client, requestHead: auth.head
+                draining: draining, retries: retries, cache: cache, client: client, requestHead: auth.head
             )
         } catch {
             // Writing to the client failed: it went away. Dropping the sequence closes upstream.
@@ -1029,9 +1034,11 @@ package struct Interceptor: Sendable {
     private func failBeforeHead(
         _ error: UpstreamExchangeError, route: UpstreamRoute, connection: UpstreamConnection, requestID: String,
         writer: ClientResponseWriter, clientWantsKeepAlive: Bool, state: ExchangeState, closeClient: @Sendable () -> Void,
-        draining: @Sendable () -> Bool, retryAllowed: Bool, cache: CacheExchange?, client: ClientSide, requestHead: HTTPRequestHead
+        draining: @Sendable () -> Bool, retries: @Sendable (_ closedByTLSAlert: Bool) -> Bool, cache: CacheExchange?, client: ClientSide,
+        requestHead: HTTPRequestHead
     ) async -> ResponsePumpResult {
-        if (retryAllowed && self.isConnectionClosed(error) && connection.closingTLSError == nil) || state.requestBodyBroken {
+        // The machine's retry rule, asked here: a retry leaves the answer to the machine.
+        if (self.isConnectionClosed(error) && retries(connection.closingTLSError != nil)) || state.requestBodyBroken {
             return .failedBeforeHead(error)
         }
         let brokerError = self.mapExchangeError(error, route: route, connection: connection)

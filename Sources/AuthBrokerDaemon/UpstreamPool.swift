@@ -9,11 +9,15 @@ package struct PooledConnection<Connection: Sendable>: Sendable {
     /// Unique within `route` for the pool's lifetime (also after the route's pool was emptied).
     package let id: Int
     package let connection: Connection
+    /// The connection had waited in the pool (idle, or released by an earlier request) rather
+    /// than being made for this lease: the origin may have dropped it unseen.
+    package let reused: Bool
 
-    package init(route: UpstreamRoute, id: Int, connection: Connection) {
+    package init(route: UpstreamRoute, id: Int, connection: Connection, reused: Bool) {
         self.route = route
         self.id = id
         self.connection = connection
+        self.reused = reused
     }
 }
 
@@ -121,6 +125,8 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
         /// The request that takes an idle connection at once, without waiting (see `lease`).
         var immediateRequest: Int?
         var leasedNow: Result<PooledConnection<Connection>, any Error>?
+        /// The connection just made, in the event that reports it: leased now, it is not reused.
+        var justCreated: Int?
         var shutdownDone: [CheckedContinuation<Void, Never>] = []
     }
 
@@ -242,6 +248,14 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
         run(modify(lease.route) { entry, _ in entry.machine.connectionReleased(lease.id, reusable: reusable) })
     }
 
+    /// Gives a leased connection back as the request state machine decided.
+    package func release(_ lease: PooledConnection<Connection>, _ release: RequestStateMachine.Release) {
+        self.release(lease, reusable: release == .reuse)
+        if release == .closeWithIdle {
+            run(modify(lease.route) { entry, _ in entry.machine.idleConnectionsSuspect() })
+        }
+    }
+
     /// The connection's channel closed by itself (server closed, error).
     package func connectionClosed(route: UpstreamRoute, id: Int) {
         run(
@@ -277,6 +291,7 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
         run(
             modify(route) { entry, effects in
                 entry.connections[id] = connection
+                effects.justCreated = id
                 let action = entry.machine.connectionCreated(id, affinity: affinity)
                 if action == .none {
                     // The machine did not expect this connection: never keep one nobody owns.
@@ -384,7 +399,7 @@ package final class UpstreamPool<Connection: Sendable>: Sendable {
             // leave it hanging.
             let leased: Result<PooledConnection<Connection>, any Error> =
                 if let connection = entry.connections[id] {
-                    .success(PooledConnection(route: route, id: id, connection: connection))
+                    .success(PooledConnection(route: route, id: id, connection: connection, reused: id != effects.justCreated))
                 } else {
                     .failure(UpstreamPoolError(.connectFailed(LostConnectionError(id: id)), route: route))
                 }

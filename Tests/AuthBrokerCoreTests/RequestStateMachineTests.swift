@@ -7,11 +7,13 @@ import Testing
 struct RequestStateMachineTests {
     typealias Machine = RequestStateMachine
 
-    static func request(hasBody: Bool = false, keepAlive: Bool = true, ask: Bool = false, adopted: Bool = false, holdsBody: Bool = false)
-        -> Machine.Request
-    {
+    static func request(
+        hasBody: Bool = false, keepAlive: Bool = true, ask: Bool = false, adopted: Bool = false, holdsBody: Bool = false,
+        closedConnectionRetried: Bool = false
+    ) -> Machine.Request {
         Machine.Request(
-            hasBody: hasBody, clientWantsKeepAlive: keepAlive, mayAskAboutTrust: ask, adopted: adopted, maxAttempts: 6,
+            hasBody: hasBody, clientWantsKeepAlive: keepAlive, mayAskAboutTrust: ask, adopted: adopted,
+            closedConnectionRetried: closedConnectionRetried, maxAttempts: 6,
             uploadPlan: UploadPlan(
                 body: hasBody ? (holdsBody ? .chunked : .length(10)) : .none, clientExpectsContinue: false, replayBound: 100,
                 credentialUpFront: false
@@ -63,7 +65,7 @@ struct RequestStateMachineTests {
         // the full path; closed by a TLS alert, or any other failure: the broker's error.
         (machine, _) = try Self.startedWithoutBody(.directlyRelayed)
         step = machine.attemptEnded(.init(exchange: .failedBeforeHead(connectionClosed: true), requestComplete: true))
-        #expect(step.release == .close && Self.sent(step.next)?.number == 2)
+        #expect(step.release == .closeWithIdle && Self.sent(step.next)?.number == 2)
         (machine, _) = try Self.startedWithoutBody(.directlyRelayed)
         step = machine.attemptEnded(.init(exchange: .failedBeforeHead(connectionClosed: true), requestComplete: true, closedByTLSAlert: true))
         #expect(step == Machine.Step(release: .close, next: .sendExchangeError(keepAlive: true)))
@@ -96,14 +98,58 @@ struct RequestStateMachineTests {
         #expect(step.next == .finish(keepAlive: true))
     }
 
-    @Test("a bodiless request is retried once on a fresh connection when its pooled one was closed, and only once")
+    @Test("a bodiless request is retried once when its pooled connection was closed, the origin's other idle ones closed with it, and only once")
     func closedPooledConnectionRetriedOnce() throws {
-        var (machine, _) = try Self.startedWithoutBody()
+        var (machine, first) = try Self.startedWithoutBody()
+        #expect(first.retriesClosedConnection(reused: true, closedByTLSAlert: false))
         let retry = machine.attemptEnded(.init(exchange: .failedBeforeHead(connectionClosed: true), requestComplete: true))
         guard case .send(let second) = retry.next else { Issue.record("not retried: \(retry)"); return }
-        #expect(retry.release == .close && second.number == 2 && !second.mayRetryClosedConnection)
+        #expect(retry.release == .closeWithIdle && second.number == 2 && !second.mayRetryClosedConnection)
+        #expect(!second.retriesClosedConnection(reused: true, closedByTLSAlert: false))
         let end = machine.attemptEnded(.init(exchange: .failedBeforeHead(connectionClosed: true), requestComplete: true))
         #expect(end == Machine.Step(release: .close, next: .sendExchangeError(keepAlive: true)))
+
+        // The same when the head could not even be written.
+        var (sending, _) = try Self.startedWithoutBody()
+        let resend = sending.sendFailed(closedByTLSAlert: false, connectionReused: true)
+        #expect(resend.release == .closeWithIdle && Self.sent(resend.next)?.number == 2)
+        #expect(
+            sending.sendFailed(closedByTLSAlert: false, connectionReused: true)
+                == Machine.Step(release: .close, next: .respondWithError(.closedOnSend, clientKeepAlive: true, requestEnded: true))
+        )
+    }
+
+    @Test("a connection made for the request that closes before any answer is the origin's answer: no retry")
+    func freshConnectionClosedIsNotRetried() throws {
+        var (machine, first) = try Self.startedWithoutBody()
+        #expect(!first.retriesClosedConnection(reused: false, closedByTLSAlert: false))
+        let step = machine.attemptEnded(
+            .init(exchange: .failedBeforeHead(connectionClosed: true), requestComplete: true, connectionReused: false)
+        )
+        #expect(step == Machine.Step(release: .close, next: .sendExchangeError(keepAlive: true)))
+        var (sending, _) = try Self.startedWithoutBody()
+        #expect(
+            sending.sendFailed(closedByTLSAlert: false, connectionReused: false)
+                == Machine.Step(release: .close, next: .respondWithError(.closedOnSend, clientKeepAlive: true, requestEnded: true))
+        )
+    }
+
+    @Test("the one retry also serves a later attempt: a pooled connection closed under the resend after a challenge")
+    func retryAfterChallenge() throws {
+        var (machine, _) = try Self.startedWithoutBody()
+        guard case .send(let second) = machine.attemptEnded(.init(exchange: .challengeAnswered(upstreamKeepAlive: true), requestComplete: true)).next
+        else { Issue.record("no resend after the challenge"); return }
+        #expect(second.mayRetryClosedConnection)
+        let retry = machine.attemptEnded(.init(exchange: .failedBeforeHead(connectionClosed: true), requestComplete: true))
+        #expect(retry.release == .closeWithIdle && Self.sent(retry.next)?.number == 3)
+    }
+
+    @Test("a request the direct relay handed over after its pooled connection closed has had its retry")
+    func handedOverAfterClosedConnection() throws {
+        var (machine, first) = try Self.startedWithoutBody(Self.request(closedConnectionRetried: true))
+        #expect(first.number == 1 && !first.mayRetryClosedConnection)
+        let step = machine.attemptEnded(.init(exchange: .failedBeforeHead(connectionClosed: true), requestComplete: true))
+        #expect(step == Machine.Step(release: .close, next: .sendExchangeError(keepAlive: true)))
     }
 
     @Test("a TLS alert that closed the connection is the origin's answer: no retry")
@@ -114,14 +160,20 @@ struct RequestStateMachineTests {
         )
         #expect(step.next == .sendExchangeError(keepAlive: true))
         var (sending, _) = try Self.startedWithoutBody()
-        #expect(sending.sendFailed(closedByTLSAlert: true).next == .respondWithError(.tlsAlertOnSend, clientKeepAlive: true, requestEnded: true))
+        #expect(
+            sending.sendFailed(closedByTLSAlert: true, connectionReused: true).next
+                == .respondWithError(.tlsAlertOnSend, clientKeepAlive: true, requestEnded: true)
+        )
     }
 
     @Test("a request with a body is never retried on a closed connection: its body may have gone")
     func bodyIsNotRetried() {
         var machine = Machine(Self.request(hasBody: true))
         _ = machine.start()
-        #expect(machine.sendFailed(closedByTLSAlert: false).next == .respondWithError(.closedOnSend, clientKeepAlive: true, requestEnded: false))
+        #expect(
+            machine.sendFailed(closedByTLSAlert: false, connectionReused: true).next
+                == .respondWithError(.closedOnSend, clientKeepAlive: true, requestEnded: false)
+        )
     }
 
     @Test("trust is asked about once: a yes connects anew, a second refusal is the broker's error")
@@ -251,7 +303,8 @@ struct RequestStateMachineTests {
             var random = ChallengeQueueRandomTests.SplitMix(state: seed)
             let request = Self.request(
                 hasBody: Bool.random(using: &random), keepAlive: Bool.random(using: &random), ask: Bool.random(using: &random),
-                adopted: Bool.random(using: &random), holdsBody: Bool.random(using: &random)
+                adopted: Bool.random(using: &random), holdsBody: Bool.random(using: &random),
+                closedConnectionRetried: Int.random(in: 0..<4, using: &random) == 0
             )
             var machine = Machine(request)
             var action = machine.start()
@@ -259,6 +312,7 @@ struct RequestStateMachineTests {
             var questions = 0
             var steps = 0
             var requestEnded = false
+            var retries = 0
             while !machine.isFinished {
                 steps += 1
                 guard steps < 100 else {
@@ -280,9 +334,16 @@ struct RequestStateMachineTests {
                     case 0:
                         action = machine.leaseFailed(untrustedServer: Bool.random(using: &random)).next
                     case 1:
-                        action = machine.sendFailed(closedByTLSAlert: Bool.random(using: &random)).next
+                        let reused = Bool.random(using: &random)
+                        let step = machine.sendFailed(closedByTLSAlert: Bool.random(using: &random), connectionReused: reused)
+                        if step.release == .closeWithIdle {
+                            retries += 1
+                            #expect(reused, "seed \(seed): retried after a fresh connection closed")
+                        }
+                        action = step.next
                     default:
                         let complete = attempt.requestEnded || Bool.random(using: &random)
+                        let reused = Bool.random(using: &random)
                         requestEnded = complete
                         let exchanges: [Machine.Exchange] = [
                             .completed(upstreamKeepAlive: Bool.random(using: &random), clientKeepAlive: Bool.random(using: &random)),
@@ -298,9 +359,13 @@ struct RequestStateMachineTests {
                                 exchange: exchange, requestComplete: complete, malformedBody: !complete && Int.random(in: 0..<8, using: &random) == 0,
                                 bodyWithheld: !complete && attempt.uploadPlan.holdsBody && Bool.random(using: &random),
                                 connectionUsable: Bool.random(using: &random), closedByTLSAlert: Int.random(in: 0..<6, using: &random) == 0,
-                                draining: Int.random(in: 0..<10, using: &random) == 0
+                                connectionReused: reused, draining: Int.random(in: 0..<10, using: &random) == 0
                             )
                         )
+                        if step.release == .closeWithIdle {
+                            retries += 1
+                            #expect(reused && !request.hasBody, "seed \(seed): retried after a fresh connection closed, or with a body")
+                        }
                         if step.release == .reuse { #expect(complete, "seed \(seed): reused a connection whose request did not end") }
                         action = step.next
                     }
@@ -310,6 +375,7 @@ struct RequestStateMachineTests {
                 }
             }
             #expect(questions <= 1, "seed \(seed): asked about trust \(questions) times")
+            #expect(retries <= (request.closedConnectionRetried ? 0 : 1), "seed \(seed): \(retries) retries on closed connections")
             #expect(attempts <= 8, "seed \(seed): \(attempts) attempts")
             if case .finish(true) = action { #expect(requestEnded, "seed \(seed): kept a client whose request did not end") }
             if case .send = action { Issue.record("seed \(seed): finished with a send pending") }

@@ -108,6 +108,25 @@ struct UpstreamPoolStateMachineTests {
         #expect(pool.idleLeaseRequested(5, affinity: 10) == action())
     }
 
+    @Test("a dropped pooled connection makes the others that wait suspect: they close, leased ones stay")
+    func idleConnectionsSuspect() {
+        var pool = Machine(limits: .init(maxConnections: 3, maxIdleConnections: 3, maxPendingRequests: 4))
+        #expect(pool.idleConnectionsSuspect() == .none)
+        for request in 0..<3 {
+            #expect(pool.leaseRequested(request) == action(.none, .create(request)))
+            #expect(pool.connectionCreated(request) == action(.lease(request, to: request)))
+        }
+        #expect(pool.connectionReleased(0, reusable: true) == action(.none, .scheduleIdleTimeout(0)))
+        #expect(pool.connectionReleased(1, reusable: true) == action(.none, .scheduleIdleTimeout(1)))
+        // Connection 2 is the one found dropped; it is still leased when the others are closed.
+        #expect(pool.idleConnectionsSuspect() == action(.none, .closeMany([0, 1])))
+        #expect(pool.idleConnectionCount == 0 && pool.connectionCount == 1)
+        #expect(pool.connectionReleased(2, reusable: false) == action(.none, .close(2)))
+        // The next request gets a connection made for it.
+        #expect(pool.leaseRequested(3) == action(.none, .create(3)))
+        #expect(pool.idleTimeoutFired(0) == .none, "a closed connection's timer is stale")
+    }
+
     @Test func queueAndPendingLimit() {
         var pool = Machine(limits: .init(maxConnections: 1, maxIdleConnections: 1, maxPendingRequests: 1))
         #expect(pool.leaseRequested(1) == action(.none, .create(0)))

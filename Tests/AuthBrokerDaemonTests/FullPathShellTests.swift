@@ -110,13 +110,14 @@ struct FullPathShellTests {
     @Test("closed before the head twice: one retry of a bodiless request, then the broker's own 502, marked as the broker's")
     func closedTwice() async throws {
         let harness = try await DataPlaneHarness()
+        let stale = try await harness.seedIdleConnection()
         let client = try await FullPathClient(harness, target: "/a")
         try await client.sendGet("/a")
-        for index in 0..<2 {
-            let upstream = try await harness.upstream(index)
-            _ = try await harness.requestWritten(on: upstream)
-            try await upstream.close()
-        }
+        _ = try await harness.requestWritten(on: stale)
+        try await stale.close()
+        let fresh = try await harness.upstream(1)
+        _ = try await harness.requestWritten(on: fresh)
+        try await fresh.close()
         let response = try await client.response()
         #expect(response.head.status == .badGateway)
         #expect(response.head.headers["Authbroker-Error"].isEmpty == false)
@@ -124,6 +125,42 @@ struct FullPathShellTests {
         let outcome = try await client.outcome()
         #expect(outcome?.status == 502 && outcome?.brokerError != nil)
         #expect(harness.upstreamCount == 2, "not sent a third time")
+    }
+
+    @Test("a connection made for the request that closes before answering is the origin's answer: the broker's 502, no retry")
+    func freshConnectionClosed() async throws {
+        let harness = try await DataPlaneHarness()
+        let client = try await FullPathClient(harness, target: "/a")
+        try await client.sendGet("/a")
+        let upstream = try await harness.upstream(0)
+        _ = try await harness.requestWritten(on: upstream)
+        try await upstream.close()
+        #expect(try await client.response().head.status == .badGateway)
+        #expect(try await client.outcome()?.status == 502)
+        #expect(harness.upstreamCount == 1, "not sent again")
+    }
+
+    @Test("pooled connections the origin dropped (a restart, a network change): the retry goes on a new one, and the others are closed unused")
+    func allPooledConnectionsDropped() async throws {
+        let harness = try await DataPlaneHarness()
+        let leases = [try await harness.pool.lease(harness.route), try await harness.pool.lease(harness.route), try await harness.pool.lease(harness.route)]
+        for lease in leases { harness.pool.release(lease, reusable: true) }
+        let idle = try leases.map { try #require($0.connection.channel as? NIOAsyncTestingChannel) }
+        let client = try await FullPathClient(harness, target: "/a")
+        try await client.sendGet("/a")
+        // The most recently idle connection is leased first.
+        _ = try await harness.requestWritten(on: idle[2])
+        try await idle[2].close()
+        let fresh = try await harness.upstream(3)
+        let retried = try await harness.requestWritten(on: fresh)
+        #expect(retried.head.uri == "/a" && retried.ended)
+        try await DataPlaneHarness.respond(on: fresh, status: .ok, body: "fine")
+        #expect(try await client.response().body == "fine")
+        #expect(try await client.outcome()?.status == 200)
+        for channel in idle.prefix(2) {
+            #expect(try await channel.readOutbound(as: HTTPClientRequestPart.self) == nil, "nothing sent on the other dropped ones")
+            #expect(!channel.isActive, "closed")
+        }
     }
 
     @Test("Expect: 100-continue: the origin's 100 reaches the client once, then the body goes up")

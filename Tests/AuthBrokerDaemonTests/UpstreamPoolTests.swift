@@ -145,6 +145,39 @@ struct UpstreamPoolTests {
         #expect(pool.openConnectionCount == 0)
     }
 
+    @Test("a lease says whether its connection waited in the pool or was made for it")
+    func leaseSaysWhetherReused() async throws {
+        let upstream = FakeUpstream()
+        let pool = upstream.pool()
+        let first = try await pool.lease(origin)
+        #expect(!first.reused, "made for this lease")
+        pool.release(first, reusable: true)
+        let second = try await pool.lease(origin)
+        #expect(second.id == first.id && second.reused, "it waited idle")
+        pool.release(second, reusable: true)
+        await pool.shutdown()
+    }
+
+    @Test("a dropped pooled connection closes the origin's idle ones with it; the next lease gets a new one")
+    func closeWithIdle() async throws {
+        let upstream = FakeUpstream()
+        let pool = upstream.pool(maxConnections: 4, maxIdle: 4)
+        var events = upstream.events.makeAsyncIterator()
+        let leases = [try await pool.lease(origin), try await pool.lease(origin), try await pool.lease(origin)]
+        let other = try await pool.lease(self.other)
+        pool.release(leases[0], reusable: true)
+        pool.release(leases[1], reusable: true)
+        pool.release(other, reusable: true)
+        pool.release(leases[2], .closeWithIdle)
+        // The dropped one first, then the idle ones in the order they went idle.
+        for lease in [leases[2], leases[0], leases[1]] { await events.wait(for: .closed(lease.id)) }
+        #expect(pool.openConnectionCount == 1, "the other origin's idle connection stays")
+        let next = try await pool.lease(origin)
+        #expect(!next.reused && !leases.map(\.id).contains(next.id))
+        pool.release(next, reusable: true)
+        await pool.shutdown()
+    }
+
     @Test func originsHaveSeparatePools() async throws {
         let upstream = FakeUpstream()
         let pool = upstream.pool(maxConnections: 1)
