@@ -755,7 +755,11 @@ package struct Interceptor: Sendable {
                             kerberosFailure = await self.acceptOrRefuseKerberos(head, auth: auth, fromProxy: byProxy)
                             step = decision.originChecked(refused: kerberosFailure != nil)
                         case .consultCache:
-                            let carriedCredentials = auth.head.headers.contains(name: "authorization") || auth.state.withLockedValue { $0.authorization } != nil
+                            // A client certificate is a credential too: what one app fetched
+                            // with its identity is no more the others' than a password's answer.
+                            let carriedCredentials =
+                                route.clientIdentity != nil || auth.head.headers.contains(name: "authorization")
+                                || auth.state.withLockedValue { $0.authorization } != nil
                             switch await cache?.finalHead(head, requestCarriedCredentials: carriedCredentials) ?? .forward {
                             case .forward:
                                 step = decision.cacheDecided(.forward)

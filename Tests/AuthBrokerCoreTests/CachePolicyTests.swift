@@ -46,6 +46,10 @@ struct CachePolicyTests {
             StorageCase(status: 206, response: [("Cache-Control", "max-age=60")], expected: .dontStore(.statusNotStored), note: "206"),
             StorageCase(status: 304, response: [("Cache-Control", "max-age=60")], expected: .dontStore(.statusNotStored), note: "304"),
             StorageCase(status: 103, response: [], expected: .dontStore(.statusNotStored), note: "1xx"),
+            StorageCase(status: 401, response: [("Cache-Control", "max-age=3600")], expected: .dontStore(.statusNotStored), note: "401"),
+            StorageCase(
+                status: 407, response: [("Cache-Control", "public, max-age=3600")], expected: .dontStore(.statusNotStored), note: "407"
+            ),
             StorageCase(request: [("Cache-Control", "no-store")], response: [("Cache-Control", "max-age=60")], expected: .dontStore(.requestNoStore), note: "request no-store"),
             StorageCase(response: [("Cache-Control", "max-age=60, no-store")], expected: .dontStore(.responseNoStore), note: "response no-store"),
             StorageCase(response: [("Cache-Control", "NO-STORE")], expected: .dontStore(.responseNoStore), note: "directive names are case-insensitive"),
@@ -53,6 +57,19 @@ struct CachePolicyTests {
             StorageCase(status: 299, response: [("Cache-Control", "must-understand, no-store, max-age=60")], expected: .dontStore(.notUnderstood), note: "must-understand on an unknown status"),
             StorageCase(response: [("Cache-Control", "max-age=60"), ("Vary", "Accept, *")], expected: .dontStore(.varyAll), note: "Vary: *"),
             StorageCase(response: [("Cache-Control", "max-age=60"), ("Vary", "Accept-Encoding")], expected: .store(omitting: []), note: "Vary on a field"),
+            StorageCase(
+                request: [("Cookie", "sid=secret")], response: [("Cache-Control", "public, max-age=60"), ("Vary", "Accept, cookie")],
+                expected: .dontStore(.variesOnCredential), note: "Vary on a cookie the request carried: its value would be kept on disk"
+            ),
+            StorageCase(
+                request: [("Authorization", "Basic c2VjcmV0")], credentials: true,
+                response: [("Cache-Control", "public, max-age=60"), ("Vary", "Authorization")],
+                expected: .dontStore(.variesOnCredential), note: "Vary on the request's Authorization"
+            ),
+            StorageCase(
+                response: [("Cache-Control", "max-age=60"), ("Vary", "Cookie")], expected: .store(omitting: []),
+                note: "Vary on a cookie the request did not carry"
+            ),
             StorageCase(credentials: true, response: [("Cache-Control", "max-age=60")], expected: .dontStore(.authorized), note: "credentials, max-age only"),
             StorageCase(credentials: true, response: [("Cache-Control", "private, max-age=60")], expected: .dontStore(.authorized), note: "credentials, private (one app's)"),
             StorageCase(credentials: true, response: [("Cache-Control", "public, max-age=60")], expected: .store(omitting: []), note: "credentials, public"),
@@ -129,10 +146,25 @@ struct CachePolicyTests {
         ([("Date", Self.date(500))], 0.0, 1),
         ([("Age", "garbage")], 5.0, 6),
         ([("Age", "-40")], 5.0, 6),
+        // Hostile ages saturate at 2^31 (§1.2.2) instead of overflowing the sums.
+        ([("Age", "9223372036854775807")], 30.0, 2_147_483_648),
+        ([("Age", "99999999999999999999999999999999")], 0.0, 2_147_483_648),
+        ([("Age", "2147483647")], 30.0, 2_147_483_648),
+        ([("Age", " 100 ")], 0.0, 101),
+        ([("Age", "1e9")], 0.0, 1),
     ] as [([(String, String)], TimeInterval, Int)])
     func currentAge(fields: [(String, String)], resident: TimeInterval, age: Int) {
         let now = Self.received.addingTimeInterval(resident)
         #expect(CachePolicy.currentAge(headers: Self.headers(fields), timing: Self.timing, now: now) == age)
+    }
+
+    @Test("an origin's Age of Int.max makes the stored response stale, and never traps on reuse")
+    func hostileAgeIsStale() {
+        let stored: HTTPHeaders = ["Cache-Control": "max-age=60", "Age": "9223372036854775807", "ETag": "\"v1\""]
+        let reuse = CachePolicy.reuse(
+            requestHeaders: [:], status: 200, storedHeaders: stored, timing: Self.timing, now: Self.received.addingTimeInterval(1e12)
+        )
+        #expect(reuse == .validate([.init(name: "If-None-Match", value: "\"v1\"")]))
     }
 
     // MARK: Reuse (§4)

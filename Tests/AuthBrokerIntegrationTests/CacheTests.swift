@@ -77,6 +77,16 @@ struct CacheTests {
                 return reply(["Cache-Control: public, max-age=600"], "public #\(count)")
             case ("GET", "/no-store"), ("GET", "/slow-no-store"):
                 return reply(["Cache-Control: no-store"], "no-store #\(count)")
+            case ("GET", "/huge-age"):
+                // RFC 9111's delta-seconds at Int.max: the sums of the age must not overflow.
+                return reply(["Cache-Control: max-age=600", "Age: 9223372036854775807", "ETag: \"a\""], "huge-age #\(count)")
+            case ("GET", "/challenge"):
+                return reply(
+                    ["Cache-Control: public, max-age=3600", "WWW-Authenticate: Basic realm=\"cache\""], "who are you #\(count)",
+                    status: "401 Unauthorized"
+                )
+            case ("GET", "/vary-cookie"):
+                return reply(["Cache-Control: public, max-age=600", "Vary: Cookie"], "cookie #\(count)")
             case ("GET", "/hang-later"):
                 return reply(["Cache-Control: max-age=0"], "hang-later #\(count)")
             case ("GET", "/must-revalidate"):
@@ -253,6 +263,63 @@ struct CacheTests {
             let clear = try CLIAndClientsTests.ctl(daemon, ["cache", "clear"])
             #expect(clear.status == 0 && clear.stdout.contains("Removed"), "\(clear.stdout)")
             #expect(try FileManager.default.contentsOfDirectory(atPath: cacheDirectory).isEmpty)
+        }
+    }
+
+    @Test("a hostile origin's responses: an Age of Int.max is stale (no crash), a cacheable 401 and a Vary on the app's cookie are not stored")
+    func hostileResponses() async throws {
+        try await Self.withCachingDaemon { daemon, origin, base, _ in
+            #expect(try Self.get(daemon, base + "/huge-age").text == "huge-age #1")
+            // Stored, but as old as an age can be: validated, never a trap in the daemon.
+            let again = try Self.get(daemon, base + "/huge-age")
+            #expect(again.status == 200 && again.text == "huge-age #2", "\(again.status) \(again.text)")
+            #expect(origin.requests("GET", "/huge-age").last?.lowercased().contains("if-none-match: \"a\"") == true)
+            let list = try CLIAndClientsTests.ctl(daemon, ["cache", "list"])
+            #expect(list.status == 0 && list.stdout.contains(base + "/huge-age"), "\(list.stdout) \(list.stderr)")
+
+            for round in 1...2 {
+                let challenge = try Self.get(daemon, base + "/challenge")
+                #expect(challenge.status == 401 && challenge.text == "who are you #\(round)")
+                #expect(challenge.header("Cache-Status") == nil)
+                let cookie = try Self.get(daemon, base + "/vary-cookie", [("Cookie", "session=app-a-secret")])
+                #expect(cookie.text == "cookie #\(round)")
+            }
+            #expect(origin.requests("GET", "/challenge").count == 2 && origin.requests("GET", "/vary-cookie").count == 2)
+            let status = try UnixSocketConnection(path: daemon.socketPath).request("GET", "/v1/status")
+            #expect(status.status == 200, "the daemon still answers")
+        }
+    }
+
+    @Test("what one app fetched with a client identity it named is not stored for the others (a certificate is a credential)")
+    func identityResponsesAreNotShared() async throws {
+        let serverCA = try TestPKI.makeCA(commonName: "Cache Server CA")
+        let server = try TestPKI.makeLeaf(dnsNames: ["mtls-cache.internal.test"], issuer: serverCA)
+        let clientCA = try TestPKI.makeCA(commonName: "Cache Client CA")
+        let origin = try await TestOrigin.start(name: "mtls-cache", identity: server, clientCA: clientCA, clientCertificateOptional: true)
+        defer { Task { await origin.stop() } }
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let config = configText(
+            resolving: [("mtls-cache.internal.test", origin)], extra: "\n[cache]\nenabled = true\ndirectory = \"\(directory)/cache\"\n"
+        )
+        try await withDaemon(config: config) { daemon in
+            #expect(try addAnchor(daemon, pem: serverCA.pem, hosts: ["mtls-cache.internal.test"]).status == 201)
+            let client = try TestPKI.makeClient(commonName: "app-a", issuer: clientCA)
+            let cert = daemon.directory + "/app-a.crt", key = daemon.directory + "/app-a.key"
+            try client.pem.write(toFile: cert, atomically: true, encoding: .utf8)
+            try client.privateKeyPEM.write(toFile: key, atomically: true, encoding: .utf8)
+            // No --hosts: presented only to requests that name it.
+            let imported = try CLIAndClientsTests.ctl(daemon, ["identities", "import", "--cert", cert, "--key", key, "--name", "app-a"])
+            #expect(imported.status == 0, "\(imported.stderr)")
+            let url = "https://mtls-cache.internal.test:\(origin.port)/client-cert?cacheable"
+            let named = try fetch(daemon, url, headers: [("Authbroker-Identity", "app-a")])
+            #expect(named.status == 200 && named.text == "presented", "\(named.status) \(named.text)")
+            let other = try fetch(daemon, url)
+            #expect(other.status == 200 && other.text == "none", "served what app-a's certificate fetched: \(other.text)")
+            #expect(other.header("Cache-Status") == nil)
+            // What was fetched without one is stored, and served as usual.
+            let again = try fetch(daemon, url)
+            #expect(again.text == "none" && again.header("Cache-Status") == "authbrokerd; hit", "\(again.headers)")
         }
     }
 

@@ -182,9 +182,14 @@ private final class OriginHandler: ChannelInboundHandler {
         case "hello":
             self.send(context: context, status: .ok, body: "hello from \(self.name)")
         case "client-cert":
-            // Whether this connection's client presented a certificate (TLS origins only).
+            // Whether this connection's client presented a certificate (TLS origins only);
+            // `?cacheable`: fresh for ten minutes, not `public`.
             let handler = try? context.pipeline.syncOperations.handler(type: NIOSSLServerHandler.self)
-            self.send(context: context, status: .ok, body: handler?.peerCertificate == nil ? "none" : "presented")
+            let cacheable = head.uri.hasSuffix("?cacheable")
+            self.send(
+                context: context, status: .ok, body: handler?.peerCertificate == nil ? "none" : "presented",
+                extraHeaders: cacheable ? [("cache-control", "max-age=600")] : []
+            )
         case "headers":
             var fields: [[String]] = []
             for (name, value) in head.headers { fields.append([name, value]) }
@@ -313,8 +318,11 @@ private final class OriginHandler: ChannelInboundHandler {
         }
     }
 
-    private func send(context: ChannelHandlerContext, status: HTTPResponseStatus, body: String, contentType: String = "text/plain") {
-        var headers = HTTPHeaders()
+    private func send(
+        context: ChannelHandlerContext, status: HTTPResponseStatus, body: String, contentType: String = "text/plain",
+        extraHeaders: [(String, String)] = []
+    ) {
+        var headers = HTTPHeaders(extraHeaders)
         headers.add(name: "content-type", value: contentType)
         headers.add(name: "content-length", value: String(body.utf8.count))
         headers.add(name: "x-origin", value: self.name)

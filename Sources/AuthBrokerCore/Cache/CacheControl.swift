@@ -77,11 +77,19 @@ package struct CacheControl: Sendable, Equatable {
         }
     }
 
+    /// The greatest delta-seconds a cache need represent (§1.2.2): larger values, and ages
+    /// whose sums grow past it, are taken as this.
+    package static let maxDeltaSeconds = 2_147_483_648
+
     /// delta-seconds (§1.2.2): 1*DIGIT, a value above 2^31 taken as 2^31; anything else
     /// (none, empty, a sign, a fraction) is invalid.
+    package static func deltaSeconds(parsing text: String) -> Seconds {
+        Self.deltaSeconds(Optional(Array(text.utf8)))
+    }
+
     fileprivate static func deltaSeconds(_ argument: [UInt8]?) -> Seconds {
         guard let argument, !argument.isEmpty else { return .invalid }
-        let limit = 2_147_483_648
+        let limit = Self.maxDeltaSeconds
         var value = 0
         for byte in argument {
             guard (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte) else { return .invalid }

@@ -26,12 +26,16 @@ package enum CachePolicy {
         case hostNotCached = "host_not_cached"
         /// Only GET responses are stored (a stored GET answers HEAD too).
         case methodNotCached = "method_not_cached"
-        /// 1xx, 206 (ranges are not kept) and 304 (it updates a stored response instead).
+        /// 1xx, 206 (ranges are not kept), 304 (it updates a stored response instead), and the
+        /// challenges 401 and 407.
         case statusNotStored = "status_not_stored"
         case requestNoStore = "request_no_store"
         case responseNoStore = "response_no_store"
         /// `Vary: *`: no later request could ever match it.
         case varyAll = "vary_all"
+        /// It varies on a credential (`Authorization`, `Proxy-Authorization`, `Cookie`) the
+        /// request carried: the entry would keep that value on disk to match later requests by.
+        case variesOnCredential = "varies_on_credential"
         /// The request carried credentials and the response did not say a shared cache may
         /// store it (`public`, `s-maxage` or `must-revalidate`, §3.5).
         case authorized = "authorized"
@@ -50,6 +54,9 @@ package enum CachePolicy {
         case dontStore(Refusal)
     }
 
+    /// Request fields holding a credential, whose values an entry must not keep (its variant key).
+    static let credentialFields: Set<String> = ["authorization", "proxy-authorization", "cookie"]
+
     /// Status codes whose responses may be given heuristic freshness (RFC 9110 §15.1).
     static let heuristicallyCacheable: Set<Int> = [200, 203, 204, 206, 300, 301, 308, 404, 405, 410, 414, 501]
     /// Status codes whose caching rules this cache knows (for `must-understand`).
@@ -64,7 +71,7 @@ package enum CachePolicy {
 
     /// Whether the response to `request` may be stored, and without which fields.
     /// - Parameter requestCarriedCredentials: the request went out with `Authorization` (the
-    ///   app's or the broker's).
+    ///   app's or the broker's) or presented a client certificate.
     package static func storage(
         method: String, host: String, requestHeaders: HTTPHeaders, requestCarriedCredentials: Bool,
         status: Int, responseHeaders: HTTPHeaders, settings: Settings
@@ -72,7 +79,10 @@ package enum CachePolicy {
         guard settings.enabled else { return .dontStore(.cacheDisabled) }
         if !settings.hosts.isEmpty, !settings.hosts.contains(where: { $0.matches(host) }) { return .dontStore(.hostNotCached) }
         guard method == "GET" else { return .dontStore(.methodNotCached) }
-        guard status >= 200, status != 206, status != 304 else { return .dontStore(.statusNotStored) }
+        // A challenge (401, 407) is never stored, whatever its freshness: served from the cache it
+        // would stand in for the origin's next challenge, which the broker answers from its store
+        // once the user adds a password.
+        guard status >= 200, status != 206, status != 304, status != 401, status != 407 else { return .dontStore(.statusNotStored) }
         let requestDirectives = CacheControl(fieldValues: requestHeaders["cache-control"])
         if requestDirectives.noStore { return .dontStore(.requestNoStore) }
         let directives = CacheControl(fieldValues: responseHeaders["cache-control"])
@@ -83,7 +93,10 @@ package enum CachePolicy {
         } else if directives.noStore {
             return .dontStore(.responseNoStore)
         }
-        if Self.varyFields(responseHeaders) == nil { return .dontStore(.varyAll) }
+        guard let varied = Self.varyFields(responseHeaders) else { return .dontStore(.varyAll) }
+        if varied.contains(where: { Self.credentialFields.contains($0) && requestHeaders.contains(name: $0) }) {
+            return .dontStore(.variesOnCredential)
+        }
         if requestCarriedCredentials, !(directives.isPublic || directives.sharedMaxAge != nil || directives.mustRevalidate) {
             return .dontStore(.authorized)
         }
@@ -193,7 +206,16 @@ package enum CachePolicy {
     private static func correctedInitialAge(headers: HTTPHeaders, timing: Timing) -> InitialAge {
         let date = Self.dateValue(headers, timing: timing)
         let apparentAge = max(0, timing.responseTime.timeIntervalSince(date))
-        let ageValue = headers.first(name: "age").flatMap { Int($0.trimmingCharacters(in: .whitespaces)) }.map { max(0, $0) } ?? 0
+        // delta-seconds, saturated at 2^31 (§1.2.2): an origin's `Age: 9223372036854775807`
+        // would otherwise overflow the sums below.
+        let ageValue: Int
+        if let field = headers.first(name: "age"),
+            case .value(let seconds) = CacheControl.deltaSeconds(parsing: field.trimmingCharacters(in: .whitespaces))
+        {
+            ageValue = seconds
+        } else {
+            ageValue = 0
+        }
         let responseDelay = max(0, timing.responseTime.timeIntervalSince(timing.requestTime))
         return InitialAge(corrected: max(apparentAge, Double(ageValue) + responseDelay), responseTime: timing.responseTime)
     }
@@ -202,9 +224,13 @@ package enum CachePolicy {
         var corrected: Double
         var responseTime: Date
 
+        /// Saturated at 2^31 (§1.2.2: a calculation that overflows is taken as that), and never
+        /// NaN, so the conversion to Int cannot trap.
         func age(now: Date) -> Int {
             let residentTime = max(0, now.timeIntervalSince(self.responseTime))
-            return Int((self.corrected + residentTime).rounded(.down))
+            let age = (self.corrected + residentTime).rounded(.down)
+            guard age < Double(CacheControl.maxDeltaSeconds) else { return CacheControl.maxDeltaSeconds }
+            return age >= 0 ? Int(age) : 0
         }
     }
 
