@@ -463,7 +463,7 @@ extension Interceptor {
             // The fill was abandoned mid-body (or the client left): the response is cut, as the
             // direct relay cuts one whose upstream fails mid-body.
             client.abort()
-            return RequestOutcome(status: entry.head.status, bytes: bytes, brokerError: "aborted", disposition: .close)
+            return .aborted(status: entry.head.status, bytes: bytes)
         }
         return RequestOutcome(status: entry.head.status, bytes: bytes, brokerError: nil, disposition: keepAlive ? .keepAlive : .close)
     }
@@ -497,7 +497,7 @@ extension Interceptor {
     /// entry for the direct relay's hits (`ResponseCache.Entry.clientHeaders`).
     static func storedClientHeaders(_ stored: HTTPHeaders, status: Int, bodyLength: Int64, logger: Logger) -> HTTPHeaders {
         var headers = ProxyHeaders.clientResponseHeaders(stored, requestID: nil)
-        Self.keepOnlyStandardChallenges(status: HTTPResponseStatus(statusCode: status), in: &headers, logger: logger)
+        Self.keepOnlyStandardChallenges(status: HTTPResponseStatus(statusCode: status), in: &headers, requestID: nil, logger: logger)
         headers.remove(name: "Age")
         if status != 204, status != 304 {
             headers.replaceOrAdd(name: "Content-Length", value: String(bodyLength))
@@ -579,7 +579,7 @@ extension Interceptor {
             // the entry goes.
             if error is StoredBodyTruncated { await self.cache?.discard(entry) }
             client.abort()
-            return RequestOutcome(status: entry.head.status, bytes: bytes, brokerError: "aborted", disposition: .close)
+            return .aborted(status: entry.head.status, bytes: bytes)
         }
         return RequestOutcome(status: entry.head.status, bytes: bytes, brokerError: nil, disposition: keepAlive ? .keepAlive : .close)
     }

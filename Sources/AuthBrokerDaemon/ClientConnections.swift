@@ -625,9 +625,7 @@ package struct ClientConnectionServer: Sendable {
                 if complete { break }
             }
         } catch {}
-        guard complete else {
-            return RequestOutcome(status: 0, bytes: 0, brokerError: "client_closed", disposition: .close)
-        }
+        guard complete else { return .clientClosed }
         if head.method == .GET, path == "/v1/agent", let challenges = self.control.challenges {
             guard self.registry.eventStreamStarted(registration) else {
                 return await self.interceptor.respondWithError(

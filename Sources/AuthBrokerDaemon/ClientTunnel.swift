@@ -224,9 +224,7 @@ extension ClientConnectionServer {
         registration: RegisteredClientConnection
     ) async -> RequestOutcome {
         // The CONNECT's end (it has no body); the decoder keeps what follows for the tunnel.
-        guard case .end? = try? await requests.next() else {
-            return RequestOutcome(status: 0, bytes: 0, brokerError: "client_closed", disposition: .close)
-        }
+        guard case .end? = try? await requests.next() else { return .clientClosed }
         let decision = await self.interception.decide(origin)
         if case .intercept(let reason) = decision {
             return await self.intercept(

@@ -263,8 +263,13 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
     package func channelInactive(context: ChannelHandlerContext) {
         if let current = self.current {
             // The response can no longer be delivered: its upstream connection cannot be reused.
-            current.status = 0
-            self.finish(current, reusable: false, brokerError: "client_closed", context: context)
+            // Gone mid-response, it was cut (`aborted`, with what reached the client), as the
+            // full path says when its write fails; gone before the head, the client left.
+            let outcome: RequestOutcome =
+                if case .relaying = current.phase { .aborted(status: current.status, bytes: current.bytes) } else { .clientClosed }
+            current.status = outcome.status
+            current.bytes = outcome.bytes
+            self.finish(current, reusable: false, brokerError: outcome.brokerError, context: context)
         }
         self.held.removeAll()
         self.fullPathNeeded()
@@ -536,7 +541,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
             _ = relayed.machine.attemptEnded(RequestStateMachine.AttemptEnd(exchange: .abortedAfterHead, requestComplete: true))
             relayed.clientKeepAlive = false
             context.flush()
-            self.finish(relayed, reusable: false, brokerError: "aborted", context: context)
+            self.finish(relayed, reusable: false, brokerError: RequestOutcome.abortedError, context: context)
             context.close(promise: nil)
         case .awaitingRequestEnd:
             break

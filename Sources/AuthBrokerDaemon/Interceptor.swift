@@ -23,6 +23,18 @@ package struct RequestOutcome: Sendable {
     package var bytes: Int
     package var brokerError: String?
     package var disposition: ConnectionDisposition
+
+    /// The response was cut off after its head reached the client: the origin (or the cache's
+    /// file) failed mid-body, or the client left mid-response; its connection is cut. The same
+    /// on both paths, so the access line and the flow log say the same of the same event.
+    static func aborted(status: Int, bytes: Int) -> RequestOutcome {
+        RequestOutcome(status: status, bytes: bytes, brokerError: Self.abortedError, disposition: .close)
+    }
+
+    /// The client left before any response head reached it.
+    static let clientClosed = RequestOutcome(status: 0, bytes: 0, brokerError: "client_closed", disposition: .close)
+
+    static let abortedError = "aborted"
 }
 
 /// The client's side of one request, as the full path sees it: who asked, where the response
@@ -360,10 +372,10 @@ package struct Interceptor: Sendable {
                 abortClient()
                 var (status, bytes) = (0, 0)
                 if case .abortedAfterHead(let abortedStatus, let abortedBytes)? = lastResult { (status, bytes) = (abortedStatus, abortedBytes) }
-                return RequestOutcome(status: status, bytes: bytes, brokerError: "aborted", disposition: .close)
+                return .aborted(status: status, bytes: bytes)
 
             case .finishClientGone:
-                return RequestOutcome(status: 0, bytes: 0, brokerError: "client_closed", disposition: .close)
+                return .clientClosed
             }
         }
     }
@@ -524,7 +536,7 @@ package struct Interceptor: Sendable {
         if proxyChallenges {
             for value in head.headers["Proxy-Authenticate"] { headers.add(name: "Proxy-Authenticate", value: value) }
         }
-        Self.keepOnlyStandardChallenges(status: head.status, in: &headers, logger: logger)
+        Self.keepOnlyStandardChallenges(status: head.status, in: &headers, requestID: requestID, logger: logger)
         rewrite?.editResponse(&headers)
         if close { headers.replaceOrAdd(name: "Connection", value: "close") }
         return HTTPResponseHead(version: .http1_1, status: head.status, headers: headers)
@@ -534,24 +546,28 @@ package struct Interceptor: Sendable {
     /// rest are removed from every response's `WWW-Authenticate` (a 200 may carry a server's final
     /// Negotiate token, RFC 4559 §5; an origin's 407 may carry any) and from a 407's
     /// `Proxy-Authenticate`; logged, at debug level where the field is not the status's challenge.
-    static func keepOnlyStandardChallenges(status: HTTPResponseStatus, in headers: inout HTTPHeaders, logger: Logger) {
-        Self.keepOnlyStandardChallenges(field: "WWW-Authenticate", challenging: status == .unauthorized, in: &headers, logger: logger)
+    /// - Parameter requestID: named in the log line (the direct relay's logger does not carry it).
+    static func keepOnlyStandardChallenges(status: HTTPResponseStatus, in headers: inout HTTPHeaders, requestID: String?, logger: Logger) {
+        Self.keepOnlyStandardChallenges(
+            field: "WWW-Authenticate", challenging: status == .unauthorized, in: &headers, requestID: requestID, logger: logger
+        )
         if status == .proxyAuthenticationRequired {
-            Self.keepOnlyStandardChallenges(field: "Proxy-Authenticate", challenging: true, in: &headers, logger: logger)
+            Self.keepOnlyStandardChallenges(field: "Proxy-Authenticate", challenging: true, in: &headers, requestID: requestID, logger: logger)
         }
     }
 
-    private static func keepOnlyStandardChallenges(field: String, challenging: Bool, in headers: inout HTTPHeaders, logger: Logger) {
+    private static func keepOnlyStandardChallenges(
+        field: String, challenging: Bool, in headers: inout HTTPHeaders, requestID: String?, logger: Logger
+    ) {
         let values = headers[field]
         guard !values.isEmpty else { return }
         let filtered = ChallengeSelection.forClient(fieldValues: values)
         guard !filtered.stripped.isEmpty else { return }
         headers.remove(name: field)
         for value in filtered.values { headers.add(name: field, value: value) }
-        logger.log(
-            level: challenging ? .info : .debug, "removed challenges the client cannot answer",
-            metadata: ["field": "\(field)", "schemes": "\(filtered.stripped.joined(separator: ","))"]
-        )
+        var metadata: Logger.Metadata = ["field": "\(field)", "schemes": "\(filtered.stripped.joined(separator: ","))"]
+        if let requestID { metadata["request_id"] = "\(requestID)" }
+        logger.log(level: challenging ? .info : .debug, "removed challenges the client cannot answer", metadata: metadata)
     }
 
     // MARK: - Request side
