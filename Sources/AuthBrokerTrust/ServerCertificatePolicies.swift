@@ -64,6 +64,12 @@ struct ServerNamePolicy: VerifierPolicy {
             if HostPattern.ipAddressBytes(name) != nil {
                 return unfit("its subjectAltName holds the IP address '\(name)' as a DNS name, where it may not be")
             }
+            // An absolute name (a trailing dot) is not in the preferred name syntax, and a name
+            // constraint's check reads its empty last label as "no match": `www.bank.example.`
+            // would pass a CA's exclusion of `bank.example`, then match `www.bank.example`.
+            if name.hasSuffix(".") {
+                return unfit("its subjectAltName holds '\(name)', which ends with a dot (certificates name hosts without one)")
+            }
             // HostPattern's grammar is RFC 1034 §3.5 as RFC 1123 §2.1 relaxes it, with a whole
             // left-most `*` label allowed: the preferred name syntax RFC 5280 §4.2.1.6 asks for.
             guard let pattern = try? HostPattern(parsing: name), !pattern.isIPAddress else {

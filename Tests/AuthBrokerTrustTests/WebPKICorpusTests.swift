@@ -263,6 +263,19 @@ struct WebPKICorpusTests {
             let intermediate = try constrainedIntermediate(root, NameConstraints(excludedDNSDomains: ["example.com"]))
             return Built(chain: [try leaf(issuer: intermediate), intermediate], root: root, expectation: .refused("its name 'example.com' is excluded"))
         },
+        Case("authbroker::nc::excluded-dns-match-absolute-san") {
+            // The exclusion's check reads the empty last label as no match; the name is refused first.
+            let root = try ca("Root")
+            let intermediate = try constrainedIntermediate(root, NameConstraints(excludedDNSDomains: ["example.com"]))
+            let server = try leaf([.dnsName("www.example.com.")], issuer: intermediate)
+            return Built(chain: [server, intermediate], root: root, host: "www.example.com", expectation: .refused("ends with a dot"))
+        },
+        Case("authbroker::nc::excluded-dns-wildcard-absolute-san") {
+            let root = try ca("Root")
+            let intermediate = try constrainedIntermediate(root, NameConstraints(excludedDNSDomains: ["example.com"]))
+            let server = try leaf([.dnsName("*.example.com.")], issuer: intermediate)
+            return Built(chain: [server, intermediate], root: root, host: "www.example.com", expectation: .refused("ends with a dot"))
+        },
         Case("rfc5280::nc::permitted-ip-mismatch") {
             let root = try ca("Root")
             let range = ASN1OctetString(contentBytes: [192, 0, 2, 0, 255, 255, 255, 0])
