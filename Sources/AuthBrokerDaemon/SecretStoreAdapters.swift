@@ -54,10 +54,15 @@ package struct SecretStorePasswords: Sendable {
         )
     }
 
+    /// Without a realm, only the item stored for any realm: the realms' own stay.
     @discardableResult
     package func remove(origin: CanonicalOrigin, realm: String?, user: String) throws -> Int {
-        try self.store.delete(kind: .password, attributes: Self.attributes(origin: origin, realm: realm, user: user))
+        try self.store.delete(kind: .password, attributes: Self.attributes(origin: origin, realm: realm, user: user), absent: Self.absent(realm))
     }
+
+    /// A password stored for any realm is the item without a `domain`; a search by the other
+    /// attributes alone would also find every realm's, and take the most recently changed.
+    private static func absent(_ realm: String?) -> Set<String> { realm == nil ? ["domain"] : [] }
 
     /// The stored items for an origin (metadata only): user and realm of each.
     package func entries(origin: CanonicalOrigin) throws -> [(user: String, realm: String?)] {
@@ -81,6 +86,7 @@ package struct SecretStorePasswords: Sendable {
     }
 
     package func password(origin: CanonicalOrigin, realm: String?, user: String) throws -> String? {
-        try self.store.lookup(kind: .password, attributes: Self.attributes(origin: origin, realm: realm, user: user))?.stringValue()
+        try self.store.lookup(kind: .password, attributes: Self.attributes(origin: origin, realm: realm, user: user), absent: Self.absent(realm))?
+            .stringValue()
     }
 }

@@ -94,22 +94,22 @@ package final class EncryptedFileSecretStore: SecretStore {
         }
     }
 
-    package func lookup(kind: SecretKind, attributes: [String: String]) throws(SecretStoreError) -> SecretValue? {
+    package func lookup(kind: SecretKind, attributes: [String: String], absent: Set<String>) throws(SecretStoreError) -> SecretValue? {
         try SecretStoreLimits.validate(kind: kind, attributes: attributes, requireSome: true)
         let items = try self.read()
-        let matches = items.filter { $0.kind == kind && SecretStoreLimits.matches($0.attributes, attributes) }
+        let matches = items.filter { $0.kind == kind && SecretStoreLimits.matches($0.attributes, attributes, absent: absent) }
         // Items are kept oldest change first.
         return (matches.last { $0.attributes == attributes } ?? matches.last)?.secret
     }
 
     @discardableResult
-    package func delete(kind: SecretKind, attributes: [String: String]) throws(SecretStoreError) -> Int {
+    package func delete(kind: SecretKind, attributes: [String: String], absent: Set<String>) throws(SecretStoreError) -> Int {
         try SecretStoreLimits.validate(kind: kind, attributes: attributes, requireSome: true)
-        guard try self.read().contains(where: { $0.kind == kind && SecretStoreLimits.matches($0.attributes, attributes) })
+        guard try self.read().contains(where: { $0.kind == kind && SecretStoreLimits.matches($0.attributes, attributes, absent: absent) })
         else { return 0 }
         return try self.modify { items in
             let before = items.count
-            items.removeAll { $0.kind == kind && SecretStoreLimits.matches($0.attributes, attributes) }
+            items.removeAll { $0.kind == kind && SecretStoreLimits.matches($0.attributes, attributes, absent: absent) }
             return before - items.count
         }
     }

@@ -66,13 +66,13 @@ package final class SecretServiceStore: SecretStore {
         }
     }
 
-    package func lookup(kind: SecretKind, attributes: [String: String]) throws(SecretStoreError) -> SecretValue? {
+    package func lookup(kind: SecretKind, attributes: [String: String], absent: Set<String>) throws(SecretStoreError) -> SecretValue? {
         try SecretStoreLimits.validate(kind: kind, attributes: attributes, requireSome: true)
         return try self.serialised { () throws(SecretStoreError) -> SecretValue? in
             let found = try self.search(kind: kind, attributes: attributes)
             defer { found.release() }
             // Prefer the exact match, then the most recently changed.
-            let ordered = found.items.sorted { $0.modified > $1.modified }
+            let ordered = found.items.filter { Self.lacks($0.attributes, absent) }.sorted { $0.modified > $1.modified }
             guard let chosen = ordered.first(where: { $0.attributes == attributes }) ?? ordered.first else { return nil }
             guard !chosen.locked else { throw Self.lockedError("read the \(kind.rawValue) item") }
             try self.withCancellable("read the \(kind.rawValue) item") { (cancellable, error) throws(SecretStoreError) in
@@ -89,21 +89,27 @@ package final class SecretServiceStore: SecretStore {
     }
 
     @discardableResult
-    package func delete(kind: SecretKind, attributes: [String: String]) throws(SecretStoreError) -> Int {
+    package func delete(kind: SecretKind, attributes: [String: String], absent: Set<String>) throws(SecretStoreError) -> Int {
         try SecretStoreLimits.validate(kind: kind, attributes: attributes, requireSome: true)
         return try self.serialised { () throws(SecretStoreError) -> Int in
             let found = try self.search(kind: kind, attributes: attributes)
             defer { found.release() }
-            if found.items.contains(where: \.locked) {
+            let doomed = found.items.filter { Self.lacks($0.attributes, absent) }
+            if doomed.contains(where: \.locked) {
                 throw Self.lockedError("delete the \(kind.rawValue) item")
             }
-            for entry in found.items {
+            for entry in doomed {
                 try self.withCancellable("delete the \(kind.rawValue) item") { (cancellable, error) throws(SecretStoreError) in
                     _ = secret_item_delete_sync(entry.item, cancellable, &error)
                 }
             }
-            return found.items.count
+            return doomed.count
         }
+    }
+
+    /// Whether an item's attributes carry none of the names in `absent`.
+    private static func lacks(_ attributes: [String: String], _ absent: Set<String>) -> Bool {
+        absent.allSatisfy { attributes[$0] == nil }
     }
 
     package func list(kind: SecretKind, matching: [String: String]) throws(SecretStoreError) -> [SecretItemMetadata] {

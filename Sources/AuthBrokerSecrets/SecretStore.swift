@@ -42,8 +42,9 @@ package struct SecretItemMetadata: Sendable, Hashable {
 /// Items are addressed by their kind and attributes:
 /// - `store` adds an item, replacing the one whose attributes are exactly the same;
 /// - `lookup` and `delete` take attributes that an item must all carry (an item may carry more,
-///   as entries made by other tools do); `lookup` prefers an item whose attributes are exactly
-///   those given, else the most recently changed match;
+///   as entries made by other tools do), and names an item must not carry (`absent`: a password
+///   stored for any realm is the item with no `domain`, not any realm's); `lookup` prefers an
+///   item whose attributes are exactly those given, else the most recently changed match;
 /// - `list` returns metadata only.
 ///
 /// - Warning: every call blocks (file I/O with `fsync` and a lock; D-Bus round trips to the
@@ -55,16 +56,28 @@ package protocol SecretStore: Sendable {
 
     func store(kind: SecretKind, attributes: [String: String], label: String, secret: SecretValue) throws(SecretStoreError)
 
-    func lookup(kind: SecretKind, attributes: [String: String]) throws(SecretStoreError) -> SecretValue?
+    func lookup(kind: SecretKind, attributes: [String: String], absent: Set<String>) throws(SecretStoreError) -> SecretValue?
 
-    /// Deletes every item of `kind` carrying all of `attributes`; returns how many were deleted.
+    /// Deletes every item of `kind` carrying all of `attributes` and none of `absent`; returns
+    /// how many were deleted.
     @discardableResult
-    func delete(kind: SecretKind, attributes: [String: String]) throws(SecretStoreError) -> Int
+    func delete(kind: SecretKind, attributes: [String: String], absent: Set<String>) throws(SecretStoreError) -> Int
 
     /// Metadata of the items of `kind` carrying all of `matching`. Empty `matching`: every item
     /// of `kind` the broker stored (the Secret Service backend then leaves out entries other
     /// tools saved without the NetworkPassword schema; a filter finds those too).
     func list(kind: SecretKind, matching: [String: String]) throws(SecretStoreError) -> [SecretItemMetadata]
+}
+
+extension SecretStore {
+    package func lookup(kind: SecretKind, attributes: [String: String]) throws(SecretStoreError) -> SecretValue? {
+        try self.lookup(kind: kind, attributes: attributes, absent: [])
+    }
+
+    @discardableResult
+    package func delete(kind: SecretKind, attributes: [String: String]) throws(SecretStoreError) -> Int {
+        try self.delete(kind: kind, attributes: attributes, absent: [])
+    }
 }
 
 /// Limits that both backends enforce, checked before anything is touched.
@@ -125,8 +138,8 @@ package enum SecretStoreLimits {
         }
     }
 
-    /// Whether `candidate` carries every pair of `query`.
-    package static func matches(_ candidate: [String: String], _ query: [String: String]) -> Bool {
-        query.allSatisfy { candidate[$0.key] == $0.value }
+    /// Whether `candidate` carries every pair of `query` and none of the names in `absent`.
+    package static func matches(_ candidate: [String: String], _ query: [String: String], absent: Set<String> = []) -> Bool {
+        query.allSatisfy { candidate[$0.key] == $0.value } && absent.allSatisfy { candidate[$0] == nil }
     }
 }

@@ -47,6 +47,22 @@ struct SecretStoreContractTests {
         #expect(try store.list(kind: .password, matching: ["server": fixture.host]).isEmpty)
     }
 
+    @Test("an attribute named absent excludes the items that carry it, in lookup and delete", arguments: Backend.contract)
+    func absentAttributesExclude(backend: Backend) throws {
+        let fixture = try StoreFixture(backend)
+        let store = fixture.store
+        let anyRealm = ["server": fixture.host, "user": "alice", "authtype": "http"]
+        let payroll = anyRealm.merging(["domain": "Payroll"]) { $1 }
+        try store.store(kind: .password, attributes: anyRealm, label: "any realm", secret: SecretValue("pw-any"))
+        // Without `absent`, a search by the shared attributes may take either (the most recently changed).
+        try store.store(kind: .password, attributes: payroll, label: "payroll", secret: SecretValue("pw-payroll"))
+        let query = ["server": fixture.host, "user": "alice"]
+        #expect(try store.lookup(kind: .password, attributes: query, absent: ["domain"])?.stringValue() == "pw-any")
+        #expect(try store.delete(kind: .password, attributes: query, absent: ["domain"]) == 1)
+        #expect(try store.lookup(kind: .password, attributes: query, absent: ["domain"]) == nil)
+        #expect(try store.lookup(kind: .password, attributes: query)?.stringValue() == "pw-payroll", "the realm's item stays")
+    }
+
     @Test(arguments: Backend.contract)
     func everyNetworkPasswordAttributeRoundTrips(backend: Backend) throws {
         let fixture = try StoreFixture(backend)
