@@ -191,9 +191,13 @@ package struct Interceptor: Sendable {
         }
         // An adopted exchange went without a credential (the relay takes no origin with a known
         // space); one that became known meanwhile must not be taken as sent.
-        if adopted == nil { await authorizeUpFront() }
+        // TRACE echoes the request it received (RFC 9110 §9.3.8: a client must not put what the
+        // response would disclose in it): a stored credential added to it would come back to
+        // an app that may not read secrets. It goes with the app's own fields only.
+        let mayUseStoredCredentials = head.method != .TRACE
+        if adopted == nil, mayUseStoredCredentials { await authorizeUpFront() }
         let proxyAuth = NIOLockedValueBox(RequestAuthState(proxyAuthorization: forwardProxy == nil ? nil : clientProxyAuthorization))
-        if let forwardProxy {
+        if let forwardProxy, mayUseStoredCredentials {
             proxyAuth.withLockedValue { state in
                 self.authenticator.authorizePreemptively(
                     origin: forwardProxy, method: head.method, uri: upstreamTarget, isProxy: true, requester: { peer?.requester },
@@ -285,7 +289,7 @@ package struct Interceptor: Sendable {
                     attempt, lease: lease, exchange: exchange, sendsWhole: sendsWhole, expectsContinue: expectsContinue,
                     context: AuthContext(
                         head: head, origin: origin, uri: pathAndQuery, replay: replay, state: auth,
-                        mayAnswer: attempt.mayAnswerChallenges, agentWait: agentWait, peer: peer, clientGone: clientGone,
+                        mayAnswer: attempt.mayAnswerChallenges && mayUseStoredCredentials, agentWait: agentWait, peer: peer, clientGone: clientGone,
                         proxy: forwardProxy.map { (origin: $0, uri: upstreamTarget, state: proxyAuth) }
                     ),
                     route: route, client: client, requests: &requests
