@@ -129,7 +129,7 @@ package final class AgentChallenges: Sendable {
                 )
             case .alwaysAnchor:
                 guard let topmost = server.chainDER.last else { return }
-                try self.store.addAnchors(pem: PEMDocument(type: "CERTIFICATE", derBytes: topmost).pemString, hosts: [host])
+                try self.store.addAnchors(pem: PEMDocument(type: "CERTIFICATE", derBytes: topmost).pemString, hosts: [host], widening: true)
             }
         } catch {
             throw BrokerError(code: BrokerErrorCode(error.kind), status: .internalServerError, title: "Cannot save the trust decision", detail: error.message)

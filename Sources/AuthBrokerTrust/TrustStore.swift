@@ -216,12 +216,19 @@ package final class TrustStore: Sendable {
     /// Adds every `CERTIFICATE` block in `pem` as an anchor limited to `hosts` (empty: any host).
     ///
     /// A certificate already present keeps its id and date and gets `hosts` as its new host
-    /// list; it is returned too. Other PEM blocks (a private key in a combined file) are
-    /// ignored, but input with no certificate at all is an error.
+    /// list (`widening`: `hosts` are added to its list, and one for any host stays so); it is
+    /// returned too. Other PEM blocks (a private key in a combined file) are ignored, but input
+    /// with no certificate at all is an error.
+    ///
+    /// - Parameter widening: for a certificate the user did not pick themselves (an agent's
+    ///   "always (anchor)" takes the top of what a server sent, which a hostile server can make
+    ///   an anchor the user already holds for other hosts: replacing its hosts would take those
+    ///   from it).
     @discardableResult
     package func addAnchors(
         pem: String,
         hosts: [HostPattern],
+        widening: Bool = false,
         now: Date = Date()
     ) throws(TrustStoreError) -> [TrustAnchor] {
         let certificates = try Self.parseCertificates(pem: pem)
@@ -232,7 +239,11 @@ package final class TrustStore: Sendable {
             for (certificate, der) in certificates {
                 let id = CertificateDigests.id(der: der)
                 if let index = state.anchors.firstIndex(where: { $0.id == id }) {
-                    state.anchors[index].hosts = hosts
+                    if !widening {
+                        state.anchors[index].hosts = hosts
+                    } else if !state.anchors[index].hosts.isEmpty {
+                        state.anchors[index].hosts = Self.unique(state.anchors[index].hosts + hosts)
+                    }
                     if !result.contains(where: { $0.id == id }) { result.append(state.anchors[index]) }
                 } else {
                     let anchor = TrustAnchor(certificate: certificate, der: der, hosts: hosts, addedAt: addedAt)

@@ -176,6 +176,17 @@ struct ServerTrustChallengeTests {
         // Scoped to the host: the CA vouches for nothing else.
         let elsewhere = try TestPKI.makeLeaf(dnsNames: ["c.test"], issuer: ca)
         #expect(!(await fixture.evaluator.evaluate(chainDER: [elsewhere.der, ca.der], host: "c.test", port: 443).isTrusted))
+
+        // A server that ends its chain with an anchor the user holds for other hosts (here the
+        // same CA, for b.test): "always (anchor)" adds its host, and b.test keeps the anchor.
+        let hostile = try TestPKI.makeLeaf(dnsNames: ["d.test"], issuer: nil)
+        let third = try await fixture.untrusted(hostile, chain: [ca], host: "d.test", port: 443)
+        let hostileAsk = Task { await fixture.challenges.serverTrusted(third, wait: .seconds(60), requester: nil, clientGone: Self.stays) }
+        let offer3 = try #require(await Self.nextOffer(&events))
+        try await fixture.challenges.agentReplied(agent: agent.id, challenge: offer3.id, .serverTrust(.alwaysAnchor))
+        _ = await hostileAsk.value
+        #expect(fixture.store.anchors().first?.hosts.map(\.description) == ["b.test", "d.test"])
+        #expect(await fixture.evaluator.evaluate(chainDER: [issued.der, ca.der], host: "b.test", port: 443).isTrusted)
         await fixture.challenges.detachAgent(agent.id)
     }
 
