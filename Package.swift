@@ -156,6 +156,8 @@ let package = Package(
             dependencies: [
                 "AuthBrokerClient",
                 "AuthBrokerCore",
+                // The password prompt's terminal guard (echo back on a signal).
+                "CAuthBrokerSystem",
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],

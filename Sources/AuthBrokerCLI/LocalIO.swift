@@ -1,3 +1,4 @@
+import CAuthBrokerSystem
 import Foundation
 import NIOPosix
 
@@ -241,13 +242,10 @@ package enum Terminal {
         let descriptor = open("/dev/tty", O_RDWR | O_CLOEXEC | O_NOCTTY)
         guard descriptor >= 0 else { return nil }
         defer { close(descriptor) }
-        var saved = termios()
-        guard tcgetattr(descriptor, &saved) == 0 else { return nil }
-        var quiet = saved
-        quiet.c_lflag &= ~tcflag_t(ECHO)
-        guard tcsetattr(descriptor, TCSAFLUSH, &quiet) == 0 else { return nil }
+        // Echo comes back however the prompt ends, Ctrl-C included (the C side's signal handler).
+        guard cab_tty_echo_off(descriptor) == 0 else { return nil }
         defer {
-            _ = tcsetattr(descriptor, TCSAFLUSH, &saved)
+            cab_tty_echo_restore()
             _ = try? LocalFile.writeAll(Array("\n".utf8), to: descriptor)
         }
         guard (try? LocalFile.writeAll(Array(prompt.utf8), to: descriptor)) != nil else { return nil }

@@ -20,6 +20,8 @@
 #include <linux/netlink.h>
 #include <linux/sock_diag.h>
 #include <netinet/in.h>
+#include <signal.h>
+#include <termios.h>
 #include <unistd.h>
 
 _Static_assert(sizeof(cab_ucred) == sizeof(struct ucred), "cab_ucred must mirror struct ucred");
@@ -281,4 +283,56 @@ int cab_socket_inode_pid(uint64_t inode, uint32_t uid, int32_t hint, int32_t *pi
     free(pids);
     closedir(processes);
     return result;
+}
+
+// The terminal a prompt turned echo off on, and how it was: read by the signal handler, so
+// plain statics set before the handlers are installed (one prompt at a time).
+static volatile sig_atomic_t cab_tty_fd = -1;
+static struct termios cab_tty_saved;
+static const int cab_tty_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+#define CAB_TTY_SIGNAL_COUNT (sizeof(cab_tty_signals) / sizeof(cab_tty_signals[0]))
+static struct sigaction cab_tty_previous[CAB_TTY_SIGNAL_COUNT];
+
+static void cab_tty_signalled(int signal_number) {
+    // Only async-signal-safe calls: tcsetattr, write, sigaction, raise.
+    int fd = cab_tty_fd;
+    if (fd >= 0) {
+        tcsetattr(fd, TCSANOW, &cab_tty_saved);
+        (void)!write(fd, "\n", 1);
+    }
+    for (size_t index = 0; index < CAB_TTY_SIGNAL_COUNT; index++) {
+        if (cab_tty_signals[index] == signal_number) sigaction(signal_number, &cab_tty_previous[index], NULL);
+    }
+    raise(signal_number);
+}
+
+int cab_tty_echo_off(int fd) {
+    struct termios quiet;
+    if (tcgetattr(fd, &cab_tty_saved) != 0) return errno;
+    quiet = cab_tty_saved;
+    quiet.c_lflag &= ~(tcflag_t)ECHO;
+    cab_tty_fd = fd;
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = cab_tty_signalled;
+    sigemptyset(&action.sa_mask);
+    for (size_t index = 0; index < CAB_TTY_SIGNAL_COUNT; index++) {
+        sigaction(cab_tty_signals[index], &action, &cab_tty_previous[index]);
+    }
+    if (tcsetattr(fd, TCSAFLUSH, &quiet) != 0) {
+        int error = errno;
+        cab_tty_echo_restore();
+        return error;
+    }
+    return 0;
+}
+
+void cab_tty_echo_restore(void) {
+    int fd = cab_tty_fd;
+    if (fd < 0) return;
+    tcsetattr(fd, TCSAFLUSH, &cab_tty_saved);
+    cab_tty_fd = -1;
+    for (size_t index = 0; index < CAB_TTY_SIGNAL_COUNT; index++) {
+        sigaction(cab_tty_signals[index], &cab_tty_previous[index], NULL);
+    }
 }

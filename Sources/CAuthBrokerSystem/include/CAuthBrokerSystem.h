@@ -51,4 +51,13 @@ int cab_socket_inode_pid(uint64_t inode, uint32_t uid, int32_t hint, int32_t *pi
 /// glibc's malloc_trim(0): returns free heap pages to the kernel (1 if any were). 0 elsewhere.
 int cab_malloc_trim(void);
 
+/// Turns echo off on the terminal `fd` until `cab_tty_echo_restore`. A SIGINT, SIGTERM, SIGHUP
+/// or SIGQUIT meanwhile (Ctrl-C at a password prompt) first restores the terminal's settings,
+/// then ends the process as that signal would have: the user's shell never keeps echo off. One
+/// prompt at a time. Returns 0, or an errno value (nothing changed).
+int cab_tty_echo_off(int fd);
+
+/// Restores the settings `cab_tty_echo_off` saved, and the signals' previous actions.
+void cab_tty_echo_restore(void);
+
 #endif

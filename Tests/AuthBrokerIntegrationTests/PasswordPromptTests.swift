@@ -1,0 +1,60 @@
+import Foundation
+import Testing
+import TestSupport
+
+/// `authbrokerctl`'s password prompt on a real terminal (a pseudo-terminal Python's `pty` opens,
+/// as a shell's would be): echo is off while it waits, and back on however it ends.
+@Suite("Password prompt")
+struct PasswordPromptTests {
+    /// Starts `authbrokerctl passwords add` on a new pty, waits for its prompt, types `keys`,
+    /// and reports what the terminal and the process came to.
+    static let driver = """
+        import os, pty, select, sys, termios, time
+        pid, fd = pty.fork()
+        if pid == 0:
+            os.execv(sys.argv[1], [sys.argv[1], "passwords", "add", "https://prompt.test", "--user", "alice",
+                                   "--socket", sys.argv[2]])
+        seen = b""
+        deadline = time.time() + 20
+        while b"Password: " not in seen and time.time() < deadline:
+            ready, _, _ = select.select([fd], [], [], 0.5)
+            if ready:
+                try:
+                    seen += os.read(fd, 1024)
+                except OSError:
+                    break
+        during = termios.tcgetattr(fd)[3] & termios.ECHO
+        os.write(fd, sys.argv[3].encode().decode("unicode_escape").encode("latin-1"))
+        _, status = os.waitpid(pid, 0)
+        after = termios.tcgetattr(fd)[3] & termios.ECHO
+        print("prompted" if b"Password: " in seen else "no prompt: %r" % seen)
+        print("echo while prompting: " + ("on" if during else "off"))
+        print("echo after: " + ("on" if after else "off"))
+        print("signal: %d" % (os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0))
+        """
+
+    static func prompt(typing keys: String) throws -> String {
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let run = try CLIAndClientsTests.run(
+            "/usr/bin/python3", ["-c", Self.driver, DaemonProcess.binDirectory + "/authbrokerctl", directory + "/no-daemon.sock", keys]
+        )
+        #expect(run.status == 0, "\(run.stderr)")
+        return run.stdout
+    }
+
+    @Test("Ctrl-C at the prompt ends authbrokerctl by SIGINT and leaves the terminal echoing")
+    func interruptRestoresEcho() throws {
+        let report = try Self.prompt(typing: "\\x03")
+        #expect(report.contains("prompted"), "\(report)")
+        #expect(report.contains("echo while prompting: off"), "\(report)")
+        #expect(report.contains("echo after: on"), "\(report)")
+        #expect(report.contains("signal: 2"), "\(report)")
+    }
+
+    @Test("a password typed and Enter: echo back on (the command then fails: no daemon)")
+    func enterRestoresEcho() throws {
+        let report = try Self.prompt(typing: "secret\\n")
+        #expect(report.contains("prompted") && report.contains("echo after: on") && report.contains("signal: 0"), "\(report)")
+    }
+}
