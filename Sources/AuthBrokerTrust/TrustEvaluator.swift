@@ -153,8 +153,10 @@ package final class TrustEvaluator: Sendable {
             !failures.isEmpty
             && snapshot.exceptions.contains { $0.covers(host: host, port: port, leafSHA256: leafSHA256) }
         if excepted {
-            // The user trusts exactly this certificate from this server; a pin still restricts it.
-            failures = Self.pinFailures(chain: certificates, host: host, pins: snapshot.pins)
+            // The user trusts exactly this certificate from this server; a pin still restricts
+            // it, matched only by certificates that signed their way down to the leaf: nothing
+            // else is checked here, and any certificate carrying the pinned key could be appended.
+            failures = Self.pinFailures(chain: Self.signedPrefix(certificates), host: host, pins: snapshot.pins)
         }
         var decision = TrustDecision(isTrusted: failures.isEmpty, failures: failures, chain: infos, fromCache: false)
         decision.byException = excepted && failures.isEmpty
@@ -356,6 +358,19 @@ package final class TrustEvaluator: Sendable {
         if presented.contains(where: pinned.contains) { return [] }
         var seen: Set<String> = []
         return [.pinMismatch(host: host, pinned: pinned.filter { seen.insert($0).inserted }, presented: presented)]
+    }
+
+    /// The leaf, then each certificate as long as it signed the one before it (names, dates and
+    /// extensions unchecked: an exception stands for those).
+    static func signedPrefix(_ certificates: [Certificate]) -> [Certificate] {
+        guard var previous = certificates.first else { return [] }
+        var linked = [previous]
+        for certificate in certificates.dropFirst() {
+            guard certificate.publicKey.isValidSignature(previous.signature, for: previous) else { break }
+            linked.append(certificate)
+            previous = certificate
+        }
+        return linked
     }
 
     /// The issuer name the presented chain stops at: follow issuers through what was sent.

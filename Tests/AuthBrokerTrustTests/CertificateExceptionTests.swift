@@ -84,6 +84,24 @@ struct CertificateExceptionTests {
         #expect(await fixture.evaluator.evaluate(chainDER: [leaf.der], host: "pinned.example.test", port: 443).isTrusted)
     }
 
+    @Test("under an exception a pin is met only by a certificate that signed its way down to the leaf, not by one appended")
+    func pinNeedsSignatures() async throws {
+        let fixture = try EvaluatorFixture()
+        defer { fixture.directory.cleanUp() }
+        // The pinned CA is real and public; the excepted leaf (expired, say) was not issued by it.
+        let pinnedCA = try TestPKI.makeCA(commonName: "Pinned CA")
+        let impostor = try TestPKI.makeLeaf(dnsNames: ["pinned.example.test"], issuer: nil)
+        try fixture.store.addException(host: pattern("pinned.example.test"), port: nil, sha256: impostor.sha256Fingerprint, persistent: true)
+        try fixture.store.addPin(host: pattern("pinned.example.test"), spkiSHA256: pinnedCA.spkiSHA256)
+        let appended = await fixture.evaluator.evaluate(chainDER: [impostor.der, pinnedCA.der], host: "pinned.example.test", port: 443)
+        #expect(!appended.isTrusted && appended.failures.map(\.code) == ["pin_mismatch"])
+
+        // A leaf the pinned CA did sign, excepted (for a name it lacks, say): the pin is met.
+        let issued = try TestPKI.makeLeaf(dnsNames: ["other.example.test"], issuer: pinnedCA)
+        try fixture.store.addException(host: pattern("pinned.example.test"), port: nil, sha256: issued.sha256Fingerprint, persistent: true)
+        #expect(await fixture.evaluator.evaluate(chainDER: [issued.der, pinnedCA.der], host: "pinned.example.test", port: 443).isTrusted)
+    }
+
     @Test("adding or removing an exception invalidates cached decisions (the generation bumps)")
     func cacheInvalidation() async throws {
         let fixture = try EvaluatorFixture(cacheSize: 16)
