@@ -247,7 +247,7 @@ package enum BrokerDaemon {
         )
         let service = BrokerService(
             listening: listening, displayPath: boundPath, server: server, registry: registry, pool: pool,
-            group: group, settings: settings, counters: counters, trustStore: store, proxyPort: proxyPort,
+            group: group, settings: settings, counters: counters, trustStore: store, trustEvaluator: evaluator, proxyPort: proxyPort,
             passedProxySockets: passedSockets.proxy, reloader: reloader, logger: logger
         )
         var configuration = ServiceGroupConfiguration(
@@ -319,6 +319,8 @@ struct BrokerService: Service, CustomStringConvertible {
     let settings: BrokerSettings
     let counters: BrokerCounters
     let trustStore: TrustStore
+    /// Reads the system bundle again when it changes (`TrustStoreWatch`).
+    let trustEvaluator: TrustEvaluator
     /// Where the proxy port listens, once bound, for `status`.
     let proxyPort: ProxyPortAddresses
     /// The proxy port's sockets from systemd (`authbroker-proxy.socket`); they replace `[proxy] listen`.
@@ -440,8 +442,8 @@ struct BrokerService: Service, CustomStringConvertible {
                         _ = try? reloader.reload()
                     }
                 }
-                group.addTask(executorPreference: globalConcurrentExecutor) { [trustStore] in
-                    await TrustStoreWatch.run(trustStore, logger: logger)
+                group.addTask(executorPreference: globalConcurrentExecutor) { [trustStore, trustEvaluator] in
+                    await TrustStoreWatch.run(trustStore, evaluator: trustEvaluator, logger: logger)
                 }
                 let listeners = [serverChannel] + proxyChannels
                 let listening = NIOLockedValueBox(listeners.count)

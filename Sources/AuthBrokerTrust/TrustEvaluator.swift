@@ -26,6 +26,9 @@ package final class TrustEvaluator: Sendable {
     private let store: TrustStore
     private let logger: Logger
     private let systemRoots: NIOLockedValueBox<SystemRoots>
+    /// The system bundle as last loaded (through symlinks: distributions link it), to notice
+    /// an update (`reloadSystemAnchorsIfChanged`).
+    private let systemBundleStamp: NIOLockedValueBox<FileStamp?>
     /// A wildcard name over one of these (`*.co.uk`) makes a server certificate unfit.
     private let publicSuffixes: PublicSuffixList
 
@@ -53,6 +56,7 @@ package final class TrustEvaluator: Sendable {
         self.publicSuffixes = publicSuffixes
         self.store = store
         self.logger = logger
+        self.systemBundleStamp = NIOLockedValueBox(Self.stamp(ofBundle: systemAnchorsPath))
         self.systemRoots = NIOLockedValueBox(SystemRoots(Self.loadSystemAnchors(path: systemAnchorsPath, logger: logger)))
         self.cache = NIOLockedValueBox(DecisionCache(capacity: max(0, cacheSize), ttl: cacheTTL))
     }
@@ -66,11 +70,29 @@ package final class TrustEvaluator: Sendable {
         self.systemRoots.withLockedValue { $0.count }
     }
 
-    /// Reads the system bundle again (after a distribution update) and forgets cached decisions.
+    /// Reads the system bundle again (after a distribution update), forgets cached decisions,
+    /// and bumps the store's generation: a pooled connection verified under a root the update
+    /// removed is not reused.
     package func reloadSystemAnchors() {
+        self.systemBundleStamp.withLockedValue { $0 = Self.stamp(ofBundle: self.systemAnchorsPath) }
         let roots = SystemRoots(Self.loadSystemAnchors(path: self.systemAnchorsPath, logger: self.logger))
         self.systemRoots.withLockedValue { $0 = roots }
         self.cache.withLockedValue { $0.removeAll() }
+        self.store.invalidate()
+    }
+
+    /// `reloadSystemAnchors` when the bundle's file changed since it was last loaded (the daemon
+    /// asks once a second); whether it did.
+    @discardableResult
+    package func reloadSystemAnchorsIfChanged() -> Bool {
+        let now = Self.stamp(ofBundle: self.systemAnchorsPath)
+        guard self.systemBundleStamp.withLockedValue({ $0 != now }) else { return false }
+        self.reloadSystemAnchors()
+        return true
+    }
+
+    private static func stamp(ofBundle path: String) -> FileStamp? {
+        FileStamp.of(path: URL(fileURLWithPath: path).resolvingSymlinksInPath().path)
     }
 
     /// Evaluates `chainDER` (leaf first, as the server sent it) for `host`.

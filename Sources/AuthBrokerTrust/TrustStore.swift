@@ -200,6 +200,14 @@ package final class TrustStore: Sendable {
         }
     }
 
+    /// Something the store's decisions rest on changed outside it (the system's roots): the
+    /// generation bumps, so cached decisions and pooled connections verified before are dropped.
+    package func invalidate() {
+        self.changing.withLock {
+            self.state.withLockedValue { self.bumpGeneration(&$0) }
+        }
+    }
+
     /// Removes the saved exceptions that have expired by `now`, from the file too, and returns
     /// them. The daemon calls it once a second, so that the generation moves when one expires
     /// and no cached decision or pooled connection outlives it.

@@ -315,6 +315,28 @@ struct TrustEvaluatorTests {
         #expect(fixture.evaluator.systemAnchorCount == 1)
     }
 
+    @Test("a distribution update that removes a root: noticed by its file, no longer trusted, and the generation moves (pooled connections retire)")
+    func systemBundleUpdateNoticed() async throws {
+        let root = try TestPKI.makeCA(commonName: "Doomed Root")
+        let kept = try TestPKI.makeCA(commonName: "Kept Root")
+        let fixture = try EvaluatorFixture(systemBundle: root.pem + kept.pem)
+        defer { fixture.directory.cleanUp() }
+        let leaf = try TestPKI.makeLeaf(dnsNames: ["update.example.test"], issuer: root)
+        #expect(await fixture.evaluate([leaf, root], host: "update.example.test").isTrusted)
+        #expect(!fixture.evaluator.reloadSystemAnchorsIfChanged(), "nothing changed yet")
+
+        let generation = fixture.store.generation
+        // As update-ca-certificates does: a new file put in place.
+        let bundle = fixture.directory.file("system.pem")
+        try kept.pem.write(toFile: bundle + ".new", atomically: false, encoding: .utf8)
+        #expect(rename(bundle + ".new", bundle) == 0)
+        #expect(fixture.evaluator.reloadSystemAnchorsIfChanged())
+        #expect(fixture.evaluator.systemAnchorCount == 1)
+        #expect(fixture.store.generation > generation)
+        #expect(await fixture.evaluate([leaf, root], host: "update.example.test").failures.map(\.code) == ["unknown_issuer"])
+        #expect(!fixture.evaluator.reloadSystemAnchorsIfChanged())
+    }
+
     @Test(
         "hostile chains are malformed_certificate, never a crash",
         arguments: [
