@@ -48,6 +48,15 @@ package final class ResponseCache: Sendable {
 
         package var fileBytes: Int64 { Int64(self.bodyOffset) + self.head.bodyLength }
 
+        /// About what the index holds for it in memory: its fields three times over (the head's,
+        /// `headers`, `clientHeaders`), the encoded client head, its URL and names. What bounds
+        /// the index (`indexBudget`), since an origin picks how many and how large these are.
+        package var indexBytes: Int {
+            let fields = self.head.fields.reduce(0) { $0 + $1.name.utf8.count + $1.value.utf8.count + 32 }
+            return 256 + 3 * fields + (self.clientHead?.readableBytes ?? 0) + 2 * self.head.url.utf8.count
+                + self.head.variantKey.utf8.count + 2 * self.fileName.utf8.count
+        }
+
         /// `fileName`: where it is; by default the name its key gives (`CacheEntryFormat.fileName`).
         /// `directHits`: it goes in the index, where the direct relay may answer from it (not a
         /// response still being stored, whose length is not known yet): only then does it get
@@ -104,6 +113,53 @@ package final class ResponseCache: Sendable {
         var nextWaiter: UInt64 = 0
         /// The bodies held in memory, in bytes (at most `memoryBudget`).
         var memoryBytes = 0
+        /// What the index itself holds in memory (`Entry.indexBytes`), at most `indexBudget`.
+        var indexBytes = 0
+        /// Files by their last use, least recent first, made when eviction first needs it and
+        /// kept lazily after: a use only moves the tick in `files` (hits stay cheap), and a
+        /// file found here with an older tick than its own goes back in with the new one.
+        var evictionOrder: EvictionOrder?
+    }
+
+    /// A binary min-heap of (last use, file name): the next eviction in O(log n), where a scan
+    /// of every file per evicted entry made filling a cache of small entries quadratic.
+    struct EvictionOrder {
+        private var heap: [(tick: UInt64, name: String)] = []
+
+        init(_ files: [String: (url: String, lastUse: UInt64)]) {
+            for (name, file) in files { self.push(file.lastUse, name) }
+        }
+
+        var count: Int { self.heap.count }
+
+        mutating func push(_ tick: UInt64, _ name: String) {
+            self.heap.append((tick, name))
+            var child = self.heap.count - 1
+            while child > 0 {
+                let parent = (child - 1) / 2
+                guard self.heap[child].tick < self.heap[parent].tick else { break }
+                self.heap.swapAt(child, parent)
+                child = parent
+            }
+        }
+
+        mutating func popOldest() -> (tick: UInt64, name: String)? {
+            guard !self.heap.isEmpty else { return nil }
+            self.heap.swapAt(0, self.heap.count - 1)
+            let oldest = self.heap.removeLast()
+            var parent = 0
+            while true {
+                let left = 2 * parent + 1
+                let right = left + 1
+                var smallest = parent
+                if left < self.heap.count, self.heap[left].tick < self.heap[smallest].tick { smallest = left }
+                if right < self.heap.count, self.heap[right].tick < self.heap[smallest].tick { smallest = right }
+                guard smallest != parent else { break }
+                self.heap.swapAt(parent, smallest)
+                parent = smallest
+            }
+            return oldest
+        }
     }
 
     package let directory: String
@@ -117,18 +173,25 @@ package final class ResponseCache: Sendable {
     package static let memoryEntryLimit = 256 * 1024
     /// The most all bodies held in memory take.
     package static let memoryBudget = 64 << 20
+    /// The most the index itself takes in memory (`Entry.indexBytes`): past it, the least
+    /// recently used entries go, as past the size on disk. A hostile origin's many small
+    /// responses with large heads would otherwise hold gigabytes for a 1 GiB cache.
+    package static let defaultIndexBudget = 64 << 20
+    private let indexBudget: Int
 
-    private init(directory: String, settings: BrokerSettings.Cache, state: State, logger: Logger) {
+    private init(directory: String, settings: BrokerSettings.Cache, state: State, indexBudget: Int, logger: Logger) {
         self.directory = directory
         self.settings = settings
+        self.indexBudget = indexBudget
         self.state = NIOLockedValueBox(state)
         self.logger = logger
     }
 
     /// Opens (creating it, mode 0700) the cache directory and indexes what it holds: temporary
     /// files of unfinished writes and files that are not whole entries are removed.
+    /// - Parameter indexBudget: `defaultIndexBudget`, or less for tests.
     package static func open(
-        directory: String, settings: BrokerSettings.Cache, fallbackRoot: String?, logger: Logger
+        directory: String, settings: BrokerSettings.Cache, fallbackRoot: String?, indexBudget: Int = defaultIndexBudget, logger: Logger
     ) async throws -> ResponseCache {
         try await NIOThreadPool.singleton.runIfActive {
             try PrivateFiles.ensureDirectory(directory, what: "the HTTP cache directory", fallbackRoot: fallbackRoot)
@@ -153,7 +216,7 @@ package final class ResponseCache: Sendable {
                 }
             }
             // The oldest first, so the ticks follow the files' ages.
-            let cache = ResponseCache(directory: directory, settings: settings, state: state, logger: logger)
+            let cache = ResponseCache(directory: directory, settings: settings, state: state, indexBudget: indexBudget, logger: logger)
             cache.state.withLockedValue { state in
                 for (entry, _) in found.sorted(by: { $0.modified < $1.modified }) { Self.remember(entry, in: &state) }
                 cache.evict(&state, beyond: settings.maxBytes)
@@ -374,9 +437,11 @@ package final class ResponseCache: Sendable {
         state.byURL[entry.head.url, default: []].append(entry)
         state.tick += 1
         state.files[entry.fileName] = (entry.head.url, state.tick)
+        state.evictionOrder?.push(state.tick, entry.fileName)
         state.counters.entries += 1
         state.counters.bytes += entry.fileBytes
         state.memoryBytes += entry.memoryBody?.readableBytes ?? 0
+        state.indexBytes += entry.indexBytes
     }
 
     /// Under the lock: takes an entry out of the index (its file is the caller's business).
@@ -387,6 +452,7 @@ package final class ResponseCache: Sendable {
         state.counters.entries -= 1
         state.counters.bytes -= entry.fileBytes
         state.memoryBytes -= entry.memoryBody?.readableBytes ?? 0
+        state.indexBytes -= entry.indexBytes
     }
 
     /// The indexed entry whose file has this name.
@@ -394,16 +460,39 @@ package final class ResponseCache: Sendable {
         state.files[fileName].flatMap { file in state.byURL[file.url]?.first { $0.fileName == fileName } }
     }
 
-    /// Under the lock: drops the least recently used entries until `limit` holds.
+    /// Under the lock: drops the least recently used entries until `limit` (bytes on disk) and
+    /// the index budget hold.
     private func evict(_ state: inout State, beyond limit: Int64, keeping kept: String? = nil) {
-        while state.counters.bytes > limit {
-            guard
-                let victim = state.files.filter({ $0.key != kept }).min(by: { $0.value.lastUse < $1.value.lastUse })?.key,
-                let entry = Self.entry(named: victim, in: state)
-            else { return }
+        while state.counters.bytes > limit || state.indexBytes > self.indexBudget {
+            guard let entry = Self.leastRecentlyUsed(in: &state, except: kept) else { return }
             self.drop(entry, from: &state)
             state.counters.evictions += 1
         }
+    }
+
+    /// Under the lock: the least recently used entry but `kept`, from `evictionOrder` (made now
+    /// if it is missing, or holds more stale names than live ones).
+    private static func leastRecentlyUsed(in state: inout State, except kept: String?) -> Entry? {
+        if state.evictionOrder == nil || (state.evictionOrder?.count ?? 0) > 2 * state.files.count + 64 {
+            state.evictionOrder = EvictionOrder(state.files)
+        }
+        var keptElement: (tick: UInt64, name: String)?
+        defer { if let keptElement { state.evictionOrder?.push(keptElement.tick, keptElement.name) } }
+        while let oldest = state.evictionOrder?.popOldest() {
+            // Forgotten since: its name is stale.
+            guard let file = state.files[oldest.name] else { continue }
+            if file.lastUse != oldest.tick {
+                // Used since: back in at its new place.
+                state.evictionOrder?.push(file.lastUse, oldest.name)
+                continue
+            }
+            if oldest.name == kept {
+                keptElement = oldest
+                continue
+            }
+            if let entry = Self.entry(named: oldest.name, in: state) { return entry }
+        }
+        return nil
     }
 
     // MARK: Reading

@@ -118,6 +118,38 @@ struct ResponseCacheTests {
         #expect(try FileManager.default.contentsOfDirectory(atPath: directory).filter { $0.hasPrefix(".tmp-") }.isEmpty)
     }
 
+    @Test("small entries with large heads: the index stays within its memory budget, least recently used first, also after a restart")
+    func indexMemoryBudget() async throws {
+        let directory = try Self.scratch()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let budget = 256 * 1024
+        let cache = try await ResponseCache.open(
+            directory: directory, settings: Self.settings(), fallbackRoot: nil, indexBudget: budget, logger: Self.logger
+        )
+        // What a hostile origin sends: tiny bodies, 8 KiB of header each.
+        let padding = [("X-Padding", String(repeating: "p", count: 8 * 1024))]
+        for index in 0..<200 {
+            try await Self.store(cache, Self.head("https://a.test/\(index)", headers: padding), body: [1])
+            // The first one stays in use, so it is never the least recently used.
+            _ = cache.lookup(url: "https://a.test/0", requestHeaders: [:])
+        }
+        let entries = cache.entries()
+        #expect(entries.reduce(0) { $0 + $1.entry.indexBytes } <= budget)
+        #expect(entries.count < 20 && cache.counters.evictions == 200 - entries.count, "\(entries.count) entries")
+        #expect(cache.lookup(url: "https://a.test/0", requestHeaders: [:]) != nil, "the entry in use stays")
+        #expect(cache.lookup(url: "https://a.test/199", requestHeaders: [:]) != nil, "the newest stays")
+        #expect(cache.lookup(url: "https://a.test/100", requestHeaders: [:]) == nil)
+        // The evicted ones' files are gone too.
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory).count == entries.count)
+
+        let reopened = try await ResponseCache.open(
+            directory: directory, settings: Self.settings(), fallbackRoot: nil, indexBudget: budget / 2, logger: Self.logger
+        )
+        // (Which go then follows the files' ages, to the second: these are all of one.)
+        #expect(reopened.entries().reduce(0) { $0 + $1.entry.indexBytes } <= budget / 2)
+        #expect(!reopened.entries().isEmpty)
+    }
+
     @Test("at start, temporary files, foreign files and torn entries are removed; whole entries stay")
     func recoversFromGarbage() async throws {
         let directory = try Self.scratch()
