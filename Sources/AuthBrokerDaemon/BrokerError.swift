@@ -67,8 +67,9 @@ package struct BrokerError: Error, CustomStringConvertible, Sendable {
     }
 
     /// The response head and body for this error: status, `Proxy-Status` (upstream errors only),
-    /// `application/problem+json`.
-    package func response(requestID: String?) -> (HTTPResponseHead, ByteBuffer) {
+    /// `application/problem+json`; `Connection: close` unless `keepAlive` (every path that ends
+    /// the client connection after it says so here).
+    package func response(requestID: String?, keepAlive: Bool = true) -> (HTTPResponseHead, ByteBuffer) {
         let body = (try? BrokerJSON.encoder().encode(self.problem(requestID: requestID))) ?? Data()
         var headers = HTTPHeaders()
         headers.add(name: "Content-Type", value: ProblemDetails.mediaType)
@@ -90,6 +91,7 @@ package struct BrokerError: Error, CustomStringConvertible, Sendable {
         if let retryAfterSeconds {
             headers.add(name: "Retry-After", value: String(retryAfterSeconds))
         }
+        if !keepAlive { headers.add(name: "Connection", value: "close") }
         return (
             HTTPResponseHead(version: .http1_1, status: self.status, headers: headers),
             ByteBuffer(bytes: body)

@@ -280,8 +280,7 @@ package struct ClientConnectionServer: Sendable {
             } else {
                 .malformedRequest(error)
             }
-        var (head, body) = brokerError.response(requestID: RequestIDs.make())
-        head.headers.replaceOrAdd(name: "Connection", value: "close")
+        let (head, body) = brokerError.response(requestID: RequestIDs.make(), keepAlive: false)
         try? await writer.write(contentsOf: [.head(head), .body(.byteBuffer(body)), .end(nil)])
         try? await channel.close(mode: .output).get()
         self.counters.brokerErrors.add(1)

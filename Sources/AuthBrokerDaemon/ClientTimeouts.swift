@@ -257,8 +257,7 @@ final class ClientTimeoutHandler: ChannelInboundHandler, RemovableChannelHandler
     }
 
     private func writeAndClose(_ error: BrokerError, context: ChannelHandlerContext) {
-        var (head, body) = error.response(requestID: RequestIDs.make())
-        head.headers.replaceOrAdd(name: "Connection", value: "close")
+        let (head, body) = error.response(requestID: RequestIDs.make(), keepAlive: false)
         context.write(self.wrapOutboundOut(.head(head)), promise: nil)
         context.write(self.wrapOutboundOut(.body(.byteBuffer(body))), promise: nil)
         let channel = context.channel

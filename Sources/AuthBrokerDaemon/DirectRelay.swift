@@ -521,11 +521,8 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
                 return
             }
             let brokerError = interceptor.mapExchangeError(error, route: relayed.route, connection: lease.connection)
-            var (head, body) = brokerError.response(requestID: relayed.requestID)
-            if case .sendExchangeError(let keepAlive) = step.next, !keepAlive {
-                relayed.clientKeepAlive = false
-                head.headers.replaceOrAdd(name: "Connection", value: "close")
-            }
+            if case .sendExchangeError(let keepAlive) = step.next, !keepAlive { relayed.clientKeepAlive = false }
+            let (head, body) = brokerError.response(requestID: relayed.requestID, keepAlive: relayed.clientKeepAlive)
             relayed.flow?.observed.responded(head)
             relayed.flow?.observed.responseBody(body)
             context.write(self.wrapOutboundOut(.head(head)), promise: nil)

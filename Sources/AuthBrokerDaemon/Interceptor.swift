@@ -355,8 +355,7 @@ package struct Interceptor: Sendable {
                 if let cache = client.cache, let outcome = await self.serveFallback(cache, error: brokerError, head: head, client: client) {
                     return outcome
                 }
-                var (errorHead, body) = brokerError.response(requestID: requestID)
-                if !keepAlive { errorHead.headers.replaceOrAdd(name: "Connection", value: "close") }
+                let (errorHead, body) = brokerError.response(requestID: requestID, keepAlive: keepAlive)
                 FlowCapture.current?.responded(errorHead, body: body)
                 try? await writer.write(contentsOf: [.head(errorHead), .body(.byteBuffer(body)), .end(nil)])
                 self.counters.brokerErrors.add(1)
@@ -1013,8 +1012,7 @@ package struct Interceptor: Sendable {
         closeClient: @Sendable () -> Void, draining: @Sendable () -> Bool
     ) async -> ResponsePumpResult {
         let keepAlive = requestDone && clientWantsKeepAlive && !draining()
-        var (head, body) = brokerError.response(requestID: requestID)
-        if !keepAlive { head.headers.replaceOrAdd(name: "Connection", value: "close") }
+        let (head, body) = brokerError.response(requestID: requestID, keepAlive: keepAlive)
         FlowCapture.current?.responded(head, body: body)
         try? await writer.write(contentsOf: [.head(head), .body(.byteBuffer(body)), .end(nil)])
         if !requestDone { closeClient() }
@@ -1140,8 +1138,7 @@ package struct Interceptor: Sendable {
         var error = error
         if case .malformed(let parseError) = drained { error = .malformedRequest(parseError) }
         let keepAlive = clientWantsKeepAlive && drained == .ended
-        var (head, body) = error.response(requestID: requestID)
-        if !keepAlive { head.headers.replaceOrAdd(name: "Connection", value: "close") }
+        let (head, body) = error.response(requestID: requestID, keepAlive: keepAlive)
         FlowCapture.current?.responded(head, body: body)
         try? await writer.write(contentsOf: [.head(head), .body(.byteBuffer(body)), .end(nil)])
         return RequestOutcome(
