@@ -219,8 +219,14 @@ package final class TrustEvaluator: Sendable {
         let intermediates = CertificateStore(certificates.dropFirst())
         let systemRoots = self.systemRoots.withLockedValue { $0 }
         let inScope = snapshot.anchors.filter { $0.anchor.applies(to: host) }
-        let outOfScope = snapshot.anchors.filter { !$0.anchor.applies(to: host) }
-        let scopedRoots = systemRoots.store.appending(contentsOf: inScope.map(\.certificate))
+        // An anchor that names hosts is a server's own certificate: trusted as itself (below),
+        // never as the issuer of another, though `openssl req -x509` marks it CA:TRUE by default
+        // (its key, often shared by every unit of an appliance, would vouch for any host).
+        let issuingInScope = inScope.filter { !Self.namesHosts($0.certificate) }
+        let outOfScope = snapshot.anchors.filter {
+            !$0.anchor.applies(to: host) && (!Self.namesHosts($0.certificate) || $0.certificate == leaf)
+        }
+        let scopedRoots = systemRoots.store.appending(contentsOf: issuingInScope.map(\.certificate))
         let criticalExtensions = Array(
             systemRoots.criticalExtensions.union(
                 Self.criticalExtensions(of: certificates + snapshot.anchors.map(\.certificate))
@@ -255,7 +261,7 @@ package final class TrustEvaluator: Sendable {
                 )
             ]
         }
-        let userRoots = inScope.map(\.certificate)
+        let userRoots = issuingInScope.map(\.certificate)
         var verifier = Verifier(rootCertificates: scopedRoots) {
             RFC5280Policy(fixedExpiryValidationTime: now)
             CertificateProfilePolicy(userRoots: userRoots)
@@ -300,6 +306,15 @@ package final class TrustEvaluator: Sendable {
                 timeChain = allPath
             } else if CertificateDigests.isSelfSigned(leaf) {
                 failures.append(.selfSigned)
+            } else if let serverAnchor = inScope.first(where: {
+                Self.namesHosts($0.certificate) && $0.certificate.subject == Self.topIssuer(certificates)
+            }) {
+                failures.append(
+                    .unfitForServer(
+                        certificate: ServerNamePolicy.describe(serverAnchor.certificate),
+                        reason: "it is one of your anchors, but a server's own certificate (it names hosts), trusted as itself and never as the issuer of another; anchor the CA that issued this server's certificate instead"
+                    )
+                )
             } else {
                 failures.append(.unknownIssuer(issuer: Self.topIssuer(certificates).description))
             }
@@ -380,6 +395,13 @@ package final class TrustEvaluator: Sendable {
         if presented.contains(where: pinned.contains) { return [] }
         var seen: Set<String> = []
         return [.pinMismatch(host: host, pinned: pinned.filter { seen.insert($0).inserted }, presented: presented)]
+    }
+
+    /// Whether `certificate` names hosts (a subjectAltName DNS name or IP address): a server's
+    /// certificate, where a CA's names none.
+    static func namesHosts(_ certificate: Certificate) -> Bool {
+        guard let names = try? ServerNamePolicy.names(of: certificate) else { return false }
+        return !names.dns.isEmpty || !names.ip.isEmpty
     }
 
     /// The leaf, then each certificate as long as it signed the one before it (names, dates and

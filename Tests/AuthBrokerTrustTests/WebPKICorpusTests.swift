@@ -432,6 +432,22 @@ struct WebPKICorpusTests {
     // MARK: rfc5280 and webpki: CA and leaf consistency
 
     static let caAndLeaf: [Case] = [
+        Case("authbroker::anchor::server-certificate-issues-for-another-host") {
+            // `openssl req -x509` by default: CA:TRUE, no keyUsage, both key identifiers; a
+            // server's own certificate (it names a host), anchored for any host.
+            let nas = try ca("nas.test") { extensions, _ in
+                extensions.removeAll { $0.oid == .X509ExtensionID.keyUsage }
+                extensions.append(try ext(SubjectAlternativeNames([.dnsName("nas.test")])))
+            }
+            return Built(chain: [try leaf([.dnsName("bank.test")], issuer: nas)], root: nas, host: "bank.test", expectation: .refused("never as the issuer of another"))
+        },
+        Case("authbroker::anchor::server-certificate-trusted-as-itself") {
+            let nas = try ca("nas.test") { extensions, _ in
+                extensions.removeAll { $0.oid == .X509ExtensionID.keyUsage }
+                extensions.append(try ext(SubjectAlternativeNames([.dnsName("nas.test")])))
+            }
+            return Built(chain: [nas], root: nas, host: "nas.test", expectation: .trusted)
+        },
         Case("webpki::ee-basicconstraints-ca") {
             let root = try ca("Root")
             let server = try leaf(issuer: root) { extensions in
