@@ -340,6 +340,12 @@ struct CertificateProfilePolicy: VerifierPolicy {
                 fail(authority, "its name constraint '\(bad)' starts with a period, which a DNS name constraint may not")
                 continue
             }
+            // swift-certificates drops a trailing dot from a constraint, this file's own checks
+            // would not: refused, as names with one are.
+            if let bad = dnsConstraints.first(where: { $0.hasSuffix(".") }) {
+                fail(authority, "its name constraint '\(bad)' ends with a period, which a DNS name constraint may not")
+                continue
+            }
             for excluded in constraints.excludedDNSDomains {
                 let forbidden = excluded.lowercased()
                 for wildcard in wildcards where forbidden == wildcard || forbidden.hasSuffix("." + wildcard) {

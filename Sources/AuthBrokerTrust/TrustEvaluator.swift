@@ -74,8 +74,12 @@ package final class TrustEvaluator: Sendable {
     /// and bumps the store's generation: a pooled connection verified under a root the update
     /// removed is not reused.
     package func reloadSystemAnchors() {
-        self.systemBundleStamp.withLockedValue { $0 = Self.stamp(ofBundle: self.systemAnchorsPath) }
+        let stamp = Self.stamp(ofBundle: self.systemAnchorsPath)
         let roots = SystemRoots(Self.loadSystemAnchors(path: self.systemAnchorsPath, logger: self.logger))
+        // A bundle caught missing or empty in the middle of an update is read again next time:
+        // dropping every system root for a moment would fail every request meanwhile.
+        guard roots.count > 0 || self.systemRoots.withLockedValue({ $0.count == 0 }) else { return }
+        self.systemBundleStamp.withLockedValue { $0 = stamp }
         self.systemRoots.withLockedValue { $0 = roots }
         self.cache.withLockedValue { $0.removeAll() }
         self.store.invalidate()
@@ -219,12 +223,12 @@ package final class TrustEvaluator: Sendable {
         let intermediates = CertificateStore(certificates.dropFirst())
         let systemRoots = self.systemRoots.withLockedValue { $0 }
         let inScope = snapshot.anchors.filter { $0.anchor.applies(to: host) }
-        // An anchor that names hosts is a server's own certificate: trusted as itself (below),
-        // never as the issuer of another, though `openssl req -x509` marks it CA:TRUE by default
-        // (its key, often shared by every unit of an appliance, would vouch for any host).
-        let issuingInScope = inScope.filter { !Self.namesHosts($0.certificate) }
+        // A server's own certificate anchored is trusted as itself (below), never as the issuer
+        // of another, though `openssl req -x509` marks it CA:TRUE by default (its key, often
+        // shared by every unit of an appliance, would vouch for any host).
+        let issuingInScope = inScope.filter { !Self.isServersOwn($0.certificate) }
         let outOfScope = snapshot.anchors.filter {
-            !$0.anchor.applies(to: host) && (!Self.namesHosts($0.certificate) || $0.certificate == leaf)
+            !$0.anchor.applies(to: host) && (!Self.isServersOwn($0.certificate) || $0.certificate == leaf)
         }
         let scopedRoots = systemRoots.store.appending(contentsOf: issuingInScope.map(\.certificate))
         let criticalExtensions = Array(
@@ -306,13 +310,14 @@ package final class TrustEvaluator: Sendable {
                 timeChain = allPath
             } else if CertificateDigests.isSelfSigned(leaf) {
                 failures.append(.selfSigned)
-            } else if let serverAnchor = inScope.first(where: {
-                Self.namesHosts($0.certificate) && $0.certificate.subject == Self.topIssuer(certificates)
+            } else if let serverAnchor = inScope.first(where: { anchor in
+                Self.isServersOwn(anchor.certificate)
+                    && certificates.contains { anchor.certificate.publicKey.isValidSignature($0.signature, for: $0) }
             }) {
                 failures.append(
                     .unfitForServer(
                         certificate: ServerNamePolicy.describe(serverAnchor.certificate),
-                        reason: "it is one of your anchors, but a server's own certificate (it names hosts), trusted as itself and never as the issuer of another; anchor the CA that issued this server's certificate instead"
+                        reason: "it is one of your anchors, but a server's own certificate (it names hosts and may not sign certificates), trusted as itself and never as the issuer of another"
                     )
                 )
             } else {
@@ -397,22 +402,26 @@ package final class TrustEvaluator: Sendable {
         return [.pinMismatch(host: host, pinned: pinned.filter { seen.insert($0).inserted }, presented: presented)]
     }
 
-    /// Whether `certificate` names hosts (a subjectAltName DNS name or IP address): a server's
-    /// certificate, where a CA's names none.
-    static func namesHosts(_ certificate: Certificate) -> Bool {
-        guard let names = try? ServerNamePolicy.names(of: certificate) else { return false }
-        return !names.dns.isEmpty || !names.ip.isEmpty
+    /// Whether `certificate` is a server's own: it names hosts (a subjectAltName DNS name or IP
+    /// address) and no keyUsage lets it sign certificates. A CA that names a host too (a
+    /// Kubernetes cluster CA names `kubernetes`) says keyCertSign.
+    static func isServersOwn(_ certificate: Certificate) -> Bool {
+        guard let names = try? ServerNamePolicy.names(of: certificate), !names.dns.isEmpty || !names.ip.isEmpty else { return false }
+        guard let usage = try? certificate.extensions.keyUsage else { return true }
+        return !usage.keyCertSign
     }
 
     /// The leaf, then each certificate as long as it signed the one before it (names, dates and
     /// extensions unchecked: an exception stands for those).
+    /// The signer is looked for among all that were presented (TLS 1.3 lets a server send extra
+    /// certificates, in any order).
     static func signedPrefix(_ certificates: [Certificate]) -> [Certificate] {
         guard var previous = certificates.first else { return [] }
         var linked = [previous]
-        for certificate in certificates.dropFirst() {
-            guard certificate.publicKey.isValidSignature(previous.signature, for: previous) else { break }
-            linked.append(certificate)
-            previous = certificate
+        var rest = Array(certificates.dropFirst())
+        while let index = rest.firstIndex(where: { $0.publicKey.isValidSignature(previous.signature, for: previous) }) {
+            previous = rest.remove(at: index)
+            linked.append(previous)
         }
         return linked
     }

@@ -203,6 +203,7 @@ package final class TrustStore: Sendable {
     /// Something the store's decisions rest on changed outside it (the system's roots): the
     /// generation bumps, so cached decisions and pooled connections verified before are dropped.
     package func invalidate() {
+        // Under `changing` too: a change in progress publishes after this, from its own copy.
         self.changing.withLock {
             self.state.withLockedValue { self.bumpGeneration(&$0) }
         }

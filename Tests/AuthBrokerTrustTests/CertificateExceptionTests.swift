@@ -96,10 +96,15 @@ struct CertificateExceptionTests {
         let appended = await fixture.evaluator.evaluate(chainDER: [impostor.der, pinnedCA.der], host: "pinned.example.test", port: 443)
         #expect(!appended.isTrusted && appended.failures.map(\.code) == ["pin_mismatch"])
 
-        // A leaf the pinned CA did sign, excepted (for a name it lacks, say): the pin is met.
+        // A leaf the pinned CA did sign, excepted (for a name it lacks, say): the pin is met,
+        // also with an unrelated certificate sent between them (TLS 1.3 allows extra ones).
         let issued = try TestPKI.makeLeaf(dnsNames: ["other.example.test"], issuer: pinnedCA)
         try fixture.store.addException(host: pattern("pinned.example.test"), port: nil, sha256: issued.sha256Fingerprint, persistent: true)
         #expect(await fixture.evaluator.evaluate(chainDER: [issued.der, pinnedCA.der], host: "pinned.example.test", port: 443).isTrusted)
+        let unrelated = try TestPKI.makeCA(commonName: "Unrelated")
+        #expect(
+            await fixture.evaluator.evaluate(chainDER: [issued.der, unrelated.der, pinnedCA.der], host: "pinned.example.test", port: 443).isTrusted
+        )
     }
 
     @Test("adding or removing an exception invalidates cached decisions (the generation bumps)")

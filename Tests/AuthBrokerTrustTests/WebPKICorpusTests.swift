@@ -276,6 +276,13 @@ struct WebPKICorpusTests {
             let server = try leaf([.dnsName("*.example.com.")], issuer: intermediate)
             return Built(chain: [server, intermediate], root: root, host: "www.example.com", expectation: .refused("ends with a dot"))
         },
+        Case("authbroker::nc::excluded-dns-constraint-absolute") {
+            // swift-certificates drops the constraint's dot; the wildcard check here would not.
+            let root = try ca("Root")
+            let intermediate = try constrainedIntermediate(root, NameConstraints(excludedDNSDomains: ["bad.example.com."]))
+            let server = try leaf([.dnsName("*.example.com")], issuer: intermediate)
+            return Built(chain: [server, intermediate], root: root, host: "bad.example.com", expectation: .refused("ends with a period"))
+        },
         Case("rfc5280::nc::permitted-ip-mismatch") {
             let root = try ca("Root")
             let range = ASN1OctetString(contentBytes: [192, 0, 2, 0, 255, 255, 255, 0])
@@ -440,6 +447,13 @@ struct WebPKICorpusTests {
                 extensions.append(try ext(SubjectAlternativeNames([.dnsName("nas.test")])))
             }
             return Built(chain: [try leaf([.dnsName("bank.test")], issuer: nas)], root: nas, host: "bank.test", expectation: .refused("never as the issuer of another"))
+        },
+        Case("authbroker::anchor::ca-naming-a-host-still-issues") {
+            // A Kubernetes cluster CA names `kubernetes` and says keyCertSign: a CA all the same.
+            let cluster = try ca("kubernetes") { extensions, _ in
+                extensions.append(try ext(SubjectAlternativeNames([.dnsName("kubernetes")])))
+            }
+            return Built(chain: [try leaf([.dnsName("api.cluster.test")], issuer: cluster)], root: cluster, host: "api.cluster.test", expectation: .trusted)
         },
         Case("authbroker::anchor::server-certificate-trusted-as-itself") {
             let nas = try ca("nas.test") { extensions, _ in
