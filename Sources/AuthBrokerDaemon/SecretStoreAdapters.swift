@@ -44,8 +44,11 @@ package struct SecretStorePasswords: Sendable {
         return attributes
     }
 
+    /// A password for any realm is stored with an empty `domain`: gnome-keyring replaces any item
+    /// that carries all of a new item's attributes, so one stored without a `domain` would
+    /// replace the realms' own passwords for the same user.
     package func add(origin: CanonicalOrigin, realm: String?, credential: PasswordCredential) throws {
-        var attributes = Self.attributes(origin: origin, realm: realm, user: credential.user)
+        var attributes = Self.attributes(origin: origin, realm: realm ?? "", user: credential.user)
         attributes["authtype"] = "http"
         let realmText = realm.map { " (\($0))" } ?? ""
         try self.store.store(
@@ -54,15 +57,17 @@ package struct SecretStorePasswords: Sendable {
         )
     }
 
-    /// Without a realm, only the item stored for any realm: the realms' own stay.
+    /// Without a realm, only the item stored for any realm (with an empty `domain`, or, as
+    /// earlier builds and other tools stored it, none): the realms' own stay.
     @discardableResult
     package func remove(origin: CanonicalOrigin, realm: String?, user: String) throws -> Int {
-        try self.store.delete(kind: .password, attributes: Self.attributes(origin: origin, realm: realm, user: user), absent: Self.absent(realm))
+        var removed = try self.store.delete(kind: .password, attributes: Self.attributes(origin: origin, realm: realm ?? "", user: user))
+        if realm == nil {
+            removed += try self.store.delete(kind: .password, attributes: Self.attributes(origin: origin, realm: nil, user: user), absent: ["domain"])
+        }
+        return removed
     }
 
-    /// A password stored for any realm is the item without a `domain`; a search by the other
-    /// attributes alone would also find every realm's, and take the most recently changed.
-    private static func absent(_ realm: String?) -> Set<String> { realm == nil ? ["domain"] : [] }
 
     /// The stored items for an origin (metadata only): user and realm of each.
     package func entries(origin: CanonicalOrigin) throws -> [(user: String, realm: String?)] {
@@ -70,9 +75,12 @@ package struct SecretStorePasswords: Sendable {
             guard let user = item.attributes["user"] else { return nil }
             if let scheme = item.attributes["protocol"], scheme != origin.scheme.rawValue { return nil }
             if let port = item.attributes["port"], port != String(origin.port) { return nil }
-            return (user, item.attributes["domain"])
+            return (user, Self.realm(item.attributes["domain"]))
         }
     }
+
+    /// An empty `domain` is the password for any realm.
+    private static func realm(_ domain: String?) -> String? { domain?.isEmpty == false ? domain : nil }
 
     /// Every item that names a server this broker could reach (metadata only).
     package func allEntries() throws -> [(origin: CanonicalOrigin, user: String, realm: String?)] {
@@ -81,12 +89,16 @@ package struct SecretStorePasswords: Sendable {
             let scheme = UpstreamScheme(rawValue: item.attributes["protocol"] ?? "https") ?? .https
             let port = item.attributes["port"].flatMap(Int.init) ?? (scheme == .https ? 443 : 80)
             guard let origin = try? CanonicalOrigin(scheme: scheme, host: host, port: port) else { return nil }
-            return (origin, user, item.attributes["domain"])
+            return (origin, user, Self.realm(item.attributes["domain"]))
         }
     }
 
     package func password(origin: CanonicalOrigin, realm: String?, user: String) throws -> String? {
-        try self.store.lookup(kind: .password, attributes: Self.attributes(origin: origin, realm: realm, user: user), absent: Self.absent(realm))?
+        if let found = try self.store.lookup(kind: .password, attributes: Self.attributes(origin: origin, realm: realm ?? "", user: user)) {
+            return found.stringValue()
+        }
+        guard realm == nil else { return nil }
+        return try self.store.lookup(kind: .password, attributes: Self.attributes(origin: origin, realm: nil, user: user), absent: ["domain"])?
             .stringValue()
     }
 }

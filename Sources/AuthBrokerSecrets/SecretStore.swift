@@ -40,7 +40,9 @@ package struct SecretItemMetadata: Sendable, Hashable {
 /// Where the broker keeps passwords and identity keys.
 ///
 /// Items are addressed by their kind and attributes:
-/// - `store` adds an item, replacing the one whose attributes are exactly the same;
+/// - `store` adds an item, replacing the one whose attributes are exactly the same (gnome-keyring
+///   replaces any item that carries all of them: items of a kind that must stay apart need a
+///   value for every attribute name any of them uses, as passwords' `domain` does);
 /// - `lookup` and `delete` take attributes that an item must all carry (an item may carry more,
 ///   as entries made by other tools do), and names an item must not carry (`absent`: a password
 ///   stored for any realm is the item with no `domain`, not any realm's); `lookup` prefers an

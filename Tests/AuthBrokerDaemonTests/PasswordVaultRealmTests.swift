@@ -7,37 +7,69 @@ import Testing
 import TestSupport
 
 /// Permanent passwords read back from the secret store (a daemon just started, nothing cached):
-/// one stored for any realm and one for a realm of the same origin stay apart.
+/// one stored for any realm and one for a realm of the same origin stay apart, in both stores
+/// (gnome-keyring on the test's private bus, and the encrypted file), stored in either order.
 @Suite("Password vault: realms in the secret store")
 struct PasswordVaultRealmTests {
-    static func vault(over directory: String) -> PasswordVault {
-        let store = EncryptedFileSecretStore(path: directory + "/secrets.bin", keyFilePath: directory + "/secrets.key", environment: [:])
-        return PasswordVault(permanent: SecretStorePasswords(store: store))
+    static var backends: [String] {
+        ProcessInfo.processInfo.environment["AUTHBROKER_SKIP_SECRET_SERVICE"] == "1" ? ["file"] : ["file", "secret-service"]
     }
 
-    @Test("another realm gets the any-realm password, never the one stored for Payroll; removing the any-realm one leaves Payroll's")
-    func realmsStayApart() async throws {
+    static func store(_ backend: String, directory: String) -> any SecretStore {
+        backend == "file"
+            ? EncryptedFileSecretStore(path: directory + "/secrets.bin", keyFilePath: directory + "/secrets.key", environment: [:])
+            : SecretServiceStore()
+    }
+
+    @Test(
+        "another realm gets the any-realm password, never the one stored for Payroll; removing the any-realm one leaves Payroll's",
+        arguments: Self.backends, [false, true]
+    )
+    func realmsStayApart(backend: String, payrollFirst: Bool) async throws {
         let directory = try DaemonProcess.makeTemporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let origin = try CanonicalOrigin(parsing: "https://intra.test")
-        let writer = Self.vault(over: directory)
-        try await writer.add(origin: origin, realm: nil, credential: PasswordCredential(user: "alice", password: "pw-any"), persistence: .permanent)
-        try await writer.add(
-            origin: origin, realm: "Payroll", credential: PasswordCredential(user: "alice", password: "pw-payroll"), persistence: .permanent
-        )
+        let store = Self.store(backend, directory: directory)
+        let vault = { PasswordVault(permanent: SecretStorePasswords(store: store)) }
+        let origin = try CanonicalOrigin(parsing: "https://realms-\(UUID().uuidString.prefix(8).lowercased()).test")
+        defer { _ = try? store.delete(kind: .password, attributes: ["server": origin.host]) }
+        let writer = vault()
+        let anyRealm = PasswordCredential(user: "alice", password: "pw-any")
+        let payroll = PasswordCredential(user: "alice", password: "pw-payroll")
+        if payrollFirst {
+            try await writer.add(origin: origin, realm: "Payroll", credential: payroll, persistence: .permanent)
+            try await writer.add(origin: origin, realm: nil, credential: anyRealm, persistence: .permanent)
+        } else {
+            try await writer.add(origin: origin, realm: nil, credential: anyRealm, persistence: .permanent)
+            try await writer.add(origin: origin, realm: "Payroll", credential: payroll, persistence: .permanent)
+        }
 
         // As after a restart: nothing in memory.
-        let reader = Self.vault(over: directory)
-        let other = await reader.credential(for: ProtectionSpace(origin: origin, realm: "anything", authScheme: "Basic"))
+        let other = await vault().credential(for: ProtectionSpace(origin: origin, realm: "anything", authScheme: "Basic"))
         #expect(other?.credential.password == "pw-any", "a page's made-up realm got the Payroll password")
-        let payroll = await Self.vault(over: directory).credential(for: ProtectionSpace(origin: origin, realm: "Payroll", authScheme: "Basic"))
-        #expect(payroll?.credential.password == "pw-payroll")
+        let stored = await vault().credential(for: ProtectionSpace(origin: origin, realm: "Payroll", authScheme: "Basic"))
+        #expect(stored?.credential.password == "pw-payroll", "storing the any-realm password replaced Payroll's")
+        #expect(try await vault().list().count == 2)
 
-        let remover = Self.vault(over: directory)
-        _ = try await remover.remove(origin: origin, realm: nil, user: "alice")
-        let afterwards = Self.vault(over: directory)
-        #expect(await afterwards.credential(for: ProtectionSpace(origin: origin, realm: "anything", authScheme: "Basic")) == nil)
-        let kept = await afterwards.credential(for: ProtectionSpace(origin: origin, realm: "Payroll", authScheme: "Basic"))
+        _ = try await vault().remove(origin: origin, realm: nil, user: "alice")
+        #expect(await vault().credential(for: ProtectionSpace(origin: origin, realm: "anything", authScheme: "Basic")) == nil)
+        let kept = await vault().credential(for: ProtectionSpace(origin: origin, realm: "Payroll", authScheme: "Basic"))
         #expect(kept?.credential.password == "pw-payroll", "removing the any-realm password removed the realm's too")
+    }
+
+    @Test("a password stored for any realm by an earlier build (no domain at all) is still found, and removed")
+    func legacyAnyRealmItem() async throws {
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let store = Self.store("file", directory: directory)
+        let origin = try CanonicalOrigin(parsing: "https://legacy.test")
+        try store.store(
+            kind: .password, attributes: ["server": origin.host, "protocol": "https", "port": "443", "user": "alice", "authtype": "http"],
+            label: "alice@https://legacy.test", secret: SecretValue("pw-old")
+        )
+        let vault = PasswordVault(permanent: SecretStorePasswords(store: store))
+        let found = await vault.credential(for: ProtectionSpace(origin: origin, realm: "r", authScheme: "Basic"))
+        #expect(found?.credential.password == "pw-old")
+        _ = try await vault.remove(origin: origin, realm: nil, user: "alice")
+        #expect(try store.list(kind: .password, matching: ["server": origin.host]).isEmpty)
     }
 }

@@ -63,6 +63,20 @@ struct SecretStoreContractTests {
         #expect(try store.lookup(kind: .password, attributes: query)?.stringValue() == "pw-payroll", "the realm's item stays")
     }
 
+    @Test("items that differ in a value stay apart whatever order they are stored in (the passwords' empty domain)", arguments: Backend.contract)
+    func storeKeepsItemsThatDiffer(backend: Backend) throws {
+        let fixture = try StoreFixture(backend)
+        let store = fixture.store
+        let payroll = ["server": fixture.host, "user": "alice", "authtype": "http", "domain": "Payroll"]
+        let anyRealm = ["server": fixture.host, "user": "alice", "authtype": "http", "domain": ""]
+        try store.store(kind: .password, attributes: payroll, label: "payroll", secret: SecretValue("pw-payroll"))
+        try store.store(kind: .password, attributes: anyRealm, label: "any realm", secret: SecretValue("pw-any"))
+        try store.store(kind: .password, attributes: payroll, label: "payroll", secret: SecretValue("pw-payroll-2"))
+        #expect(try store.lookup(kind: .password, attributes: payroll)?.stringValue() == "pw-payroll-2")
+        #expect(try store.lookup(kind: .password, attributes: anyRealm)?.stringValue() == "pw-any")
+        #expect(try store.list(kind: .password, matching: ["server": fixture.host]).count == 2)
+    }
+
     @Test(arguments: Backend.contract)
     func everyNetworkPasswordAttributeRoundTrips(backend: Backend) throws {
         let fixture = try StoreFixture(backend)
