@@ -8,7 +8,8 @@
 ///   whole, the origin kept the connection alive, and it is still usable. A response that ended
 ///   before its request body did leaves the origin out of step (it would read the rest of the
 ///   body as the next request: one app's body answering another app's request).
-/// - **One retry on a closed pooled connection**, for a request without a body, when the
+/// - **One retry on a closed pooled connection**, for an idempotent request (RFC 9110 §9.2.2:
+///   a proxy must not retry another by itself) without a body, when the
 ///   connection had waited in the pool (an origin drops those unseen: a keep-alive timeout, a
 ///   restart, a network change), and not when a TLS alert closed it (that alert is the origin's
 ///   answer). A connection made for the request that closes before answering is the origin's
@@ -29,6 +30,14 @@ package struct RequestStateMachine: Sendable {
     package struct Request: Sendable, Hashable {
         /// The request has a body (its framing is not `.none`).
         package var hasBody: Bool
+        /// Its method is idempotent (RFC 9110 §9.2.2, `isIdempotent`): only such a request is ever
+        /// sent again after a connection closed under it.
+        package var idempotent: Bool
+
+        /// RFC 9110 §9.2.2: the safe methods, PUT and DELETE.
+        package static func isIdempotent(method: String) -> Bool {
+            ["GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"].contains(method)
+        }
         /// The client asked to keep its connection (HTTP/1.1 without `Connection: close`).
         package var clientWantsKeepAlive: Bool
         /// The request may ask an agent whether to trust a server (`Authbroker-Interactive`).
@@ -44,10 +53,11 @@ package struct RequestStateMachine: Sendable {
         package var uploadPlan: UploadPlan
 
         package init(
-            hasBody: Bool, clientWantsKeepAlive: Bool, mayAskAboutTrust: Bool, adopted: Bool, closedConnectionRetried: Bool = false,
-            maxAttempts: Int, uploadPlan: UploadPlan
+            hasBody: Bool, idempotent: Bool = true, clientWantsKeepAlive: Bool, mayAskAboutTrust: Bool, adopted: Bool,
+            closedConnectionRetried: Bool = false, maxAttempts: Int, uploadPlan: UploadPlan
         ) {
             self.hasBody = hasBody
+            self.idempotent = idempotent
             self.clientWantsKeepAlive = clientWantsKeepAlive
             self.mayAskAboutTrust = mayAskAboutTrust
             self.adopted = adopted
@@ -245,7 +255,10 @@ package struct RequestStateMachine: Sendable {
         if self.mayRetryClosedConnection && connectionReused && !closedByTLSAlert {
             return Step(release: .closeWithIdle, next: self.retry())
         }
-        return Step(release: .close, next: self.respond(closedByTLSAlert ? .tlsAlertOnSend : .closedOnSend))
+        return Step(
+            release: Self.closedRelease(reused: connectionReused, byTLSAlert: closedByTLSAlert),
+            next: self.respond(closedByTLSAlert ? .tlsAlertOnSend : .closedOnSend)
+        )
     }
 
     /// The attempt's exchange ended.
@@ -276,7 +289,8 @@ package struct RequestStateMachine: Sendable {
                 return Step(release: .closeWithIdle, next: self.retry())
             }
             let keepAlive = end.requestComplete && self.request.clientWantsKeepAlive && !end.draining
-            return Step(release: .close, next: self.finish(.sendExchangeError(keepAlive: keepAlive)))
+            let release = connectionClosed ? Self.closedRelease(reused: end.connectionReused, byTLSAlert: end.closedByTLSAlert) : .close
+            return Step(release: release, next: self.finish(.sendExchangeError(keepAlive: keepAlive)))
         case .errorSent(let keepAlive):
             return Step(release: .close, next: self.finish(.finish(keepAlive: keepAlive && end.requestComplete && !end.draining)))
         case .abortedAfterHead:
@@ -293,8 +307,14 @@ package struct RequestStateMachine: Sendable {
 
     // MARK: -
 
-    /// Only a request without a body may be sent again after a closed connection, and once.
-    private var mayRetryClosedConnection: Bool { !self.request.hasBody && !self.closedConnectionRetried }
+    /// Only an idempotent request without a body may be sent again after a closed connection, and once.
+    private var mayRetryClosedConnection: Bool { self.request.idempotent && !self.request.hasBody && !self.closedConnectionRetried }
+
+    /// A connection that waited in the pool and closed before any answer makes the others that
+    /// wait suspect, retried or not (a POST that may not go again still clears them for the next).
+    private static func closedRelease(reused: Bool, byTLSAlert: Bool) -> Release {
+        reused && !byTLSAlert ? .closeWithIdle : .close
+    }
 
     private mutating func retry() -> Action {
         self.closedConnectionRetried = true

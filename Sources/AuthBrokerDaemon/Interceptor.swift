@@ -118,6 +118,12 @@ package struct Interceptor: Sendable {
         self.cache = cache
     }
 
+    /// Methods whose response echoes the request received: TRACE (RFC 9110 §9.3.8). (IIS's
+    /// TRACK never gets here: the request parser refuses it.)
+    static func echoesRequest(_ method: HTTPMethod) -> Bool {
+        method == .TRACE
+    }
+
     /// Attempts per request at most: a stale pooled connection, a challenge, a stale nonce, and
     /// through a proxy its challenge and stale nonce too.
     static let maxAttempts = 6
@@ -194,7 +200,7 @@ package struct Interceptor: Sendable {
         // TRACE echoes the request it received (RFC 9110 §9.3.8: a client must not put what the
         // response would disclose in it): a stored credential added to it would come back to
         // an app that may not read secrets. It goes with the app's own fields only.
-        let mayUseStoredCredentials = head.method != .TRACE
+        let mayUseStoredCredentials = !Self.echoesRequest(head.method)
         if adopted == nil, mayUseStoredCredentials { await authorizeUpFront() }
         let proxyAuth = NIOLockedValueBox(RequestAuthState(proxyAuthorization: forwardProxy == nil ? nil : clientProxyAuthorization))
         if let forwardProxy, mayUseStoredCredentials {
@@ -216,7 +222,8 @@ package struct Interceptor: Sendable {
         // loop leases, sends, pumps and reports back.
         var machine = RequestStateMachine(
             RequestStateMachine.Request(
-                hasBody: !hasNoBody, clientWantsKeepAlive: clientWantsKeepAlive,
+                hasBody: !hasNoBody, idempotent: RequestStateMachine.Request.isIdempotent(method: head.method.rawValue),
+                clientWantsKeepAlive: clientWantsKeepAlive,
                 mayAskAboutTrust: agentWait != nil && self.challenges != nil, adopted: adopted != nil,
                 closedConnectionRetried: closedConnectionRetried,
                 maxAttempts: Self.maxAttempts, uploadPlan: uploadPlan
@@ -314,7 +321,7 @@ package struct Interceptor: Sendable {
                     logger.debug("the origin refused Expect: 100-continue; sending the request again without it")
                 case .cacheValidationNotSelected:
                     logger.debug("the origin's 304 is not about the stored response; sending the request again without conditions")
-                    if case .send = step.next { await authorizeUpFront() }
+                    if case .send = step.next, mayUseStoredCredentials { await authorizeUpFront() }
                 case .failedBeforeHead:
                     if case .send = step.next { logger.debug("pooled connection was closed by the origin; retrying once on a new one") }
                 default:

@@ -107,7 +107,7 @@ struct RequestStateMachineTests {
         #expect(retry.release == .closeWithIdle && second.number == 2 && !second.mayRetryClosedConnection)
         #expect(!second.retriesClosedConnection(reused: true, closedByTLSAlert: false))
         let end = machine.attemptEnded(.init(exchange: .failedBeforeHead(connectionClosed: true), requestComplete: true))
-        #expect(end == Machine.Step(release: .close, next: .sendExchangeError(keepAlive: true)))
+        #expect(end == Machine.Step(release: .closeWithIdle, next: .sendExchangeError(keepAlive: true)))
 
         // The same when the head could not even be written.
         var (sending, _) = try Self.startedWithoutBody()
@@ -115,7 +115,7 @@ struct RequestStateMachineTests {
         #expect(resend.release == .closeWithIdle && Self.sent(resend.next)?.number == 2)
         #expect(
             sending.sendFailed(closedByTLSAlert: false, connectionReused: true)
-                == Machine.Step(release: .close, next: .respondWithError(.closedOnSend, clientKeepAlive: true, requestEnded: true))
+                == Machine.Step(release: .closeWithIdle, next: .respondWithError(.closedOnSend, clientKeepAlive: true, requestEnded: true))
         )
     }
 
@@ -134,6 +134,31 @@ struct RequestStateMachineTests {
         )
     }
 
+    @Test("a bodiless POST is never sent again (RFC 9110 §9.2.2), but its dropped pooled connection still clears the others")
+    func nonIdempotentIsNotRetried() throws {
+        let post = Machine.Request(
+            hasBody: false, idempotent: Machine.Request.isIdempotent(method: "POST"), clientWantsKeepAlive: true, mayAskAboutTrust: false,
+            adopted: false, maxAttempts: 6, uploadPlan: UploadPlan(body: .none, clientExpectsContinue: false, replayBound: 100, credentialUpFront: false)
+        )
+        #expect(!post.idempotent && Machine.Request.isIdempotent(method: "PUT") && Machine.Request.isIdempotent(method: "GET"))
+        var (machine, first) = try Self.startedWithoutBody(post)
+        #expect(!first.mayRetryClosedConnection)
+        let step = machine.attemptEnded(.init(exchange: .failedBeforeHead(connectionClosed: true), requestComplete: true))
+        #expect(step == Machine.Step(release: .closeWithIdle, next: .sendExchangeError(keepAlive: true)))
+        var (sending, _) = try Self.startedWithoutBody(post)
+        #expect(sending.sendFailed(closedByTLSAlert: false, connectionReused: true).release == .closeWithIdle)
+
+        // A body: not sent again either, and the same for the idle ones.
+        var withBody = Machine(Self.request(hasBody: true))
+        _ = withBody.start()
+        #expect(withBody.sendFailed(closedByTLSAlert: false, connectionReused: true).release == .closeWithIdle)
+        // A connection made for it, or closed by an alert: only itself.
+        var (fresh, _) = try Self.startedWithoutBody(post)
+        #expect(fresh.sendFailed(closedByTLSAlert: false, connectionReused: false).release == .close)
+        var (alerted, _) = try Self.startedWithoutBody(post)
+        #expect(alerted.sendFailed(closedByTLSAlert: true, connectionReused: true).release == .close)
+    }
+
     @Test("the one retry also serves a later attempt: a pooled connection closed under the resend after a challenge")
     func retryAfterChallenge() throws {
         var (machine, _) = try Self.startedWithoutBody()
@@ -149,7 +174,7 @@ struct RequestStateMachineTests {
         var (machine, first) = try Self.startedWithoutBody(Self.request(closedConnectionRetried: true))
         #expect(first.number == 1 && !first.mayRetryClosedConnection)
         let step = machine.attemptEnded(.init(exchange: .failedBeforeHead(connectionClosed: true), requestComplete: true))
-        #expect(step == Machine.Step(release: .close, next: .sendExchangeError(keepAlive: true)))
+        #expect(step == Machine.Step(release: .closeWithIdle, next: .sendExchangeError(keepAlive: true)))
     }
 
     @Test("a TLS alert that closed the connection is the origin's answer: no retry")
@@ -336,10 +361,11 @@ struct RequestStateMachineTests {
                     case 1:
                         let reused = Bool.random(using: &random)
                         let step = machine.sendFailed(closedByTLSAlert: Bool.random(using: &random), connectionReused: reused)
-                        if step.release == .closeWithIdle {
+                        if case .send = step.next, step.release == .closeWithIdle {
                             retries += 1
                             #expect(reused, "seed \(seed): retried after a fresh connection closed")
                         }
+                        if step.release == .closeWithIdle { #expect(reused, "seed \(seed): idle ones closed after a fresh connection") }
                         action = step.next
                     default:
                         let complete = attempt.requestEnded || Bool.random(using: &random)
@@ -362,7 +388,7 @@ struct RequestStateMachineTests {
                                 connectionReused: reused, draining: Int.random(in: 0..<10, using: &random) == 0
                             )
                         )
-                        if step.release == .closeWithIdle {
+                        if case .send = step.next, step.release == .closeWithIdle {
                             retries += 1
                             #expect(reused && !request.hasBody, "seed \(seed): retried after a fresh connection closed, or with a body")
                         }

@@ -12,7 +12,7 @@ struct TraceTests {
         try await RawOrigin.start { received in
             guard let end = RawOrigin.headEnd(in: received) else { return nil }
             let head = String(decoding: received[..<end], as: UTF8.self)
-            if head.hasPrefix("TRACE ") {
+            if head.hasPrefix("TRACE ") || head.hasPrefix("TRACK ") {
                 let echo = head + "\r\n\r\n"
                 return RawOrigin.Reply(
                     "HTTP/1.1 200 OK\r\nContent-Type: message/http\r\nContent-Length: \(echo.utf8.count)\r\nConnection: close\r\n\r\n\(echo)",
@@ -45,11 +45,13 @@ struct TraceTests {
             let secret = Data("alice:Trace-Secret-1".utf8).base64EncodedString()
             #expect(origin.received.contains { String(decoding: $0, as: UTF8.self).contains(secret) }, "the password was used")
 
-            let trace = try UnixSocketConnection(path: daemon.socketPath).request("TRACE", base + "/dir/c")
-            #expect(trace.status == 200, "\(trace.status) \(trace.text)")
-            #expect(trace.text.hasPrefix("TRACE /dir/c"), "\(trace.text)")
-            #expect(!trace.text.lowercased().contains("authorization"), "echoed: \(trace.text)")
-            #expect(!trace.text.contains(secret))
+            for method in ["TRACE"] {
+                let trace = try UnixSocketConnection(path: daemon.socketPath).request(method, base + "/dir/c")
+                #expect(trace.status == 200, "\(trace.status) \(trace.text)")
+                #expect(trace.text.hasPrefix("\(method) /dir/c"), "\(trace.text)")
+                #expect(!trace.text.lowercased().contains("authorization"), "echoed: \(trace.text)")
+                #expect(!trace.text.contains(secret))
+            }
         }
     }
 }
