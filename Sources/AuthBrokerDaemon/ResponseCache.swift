@@ -208,6 +208,10 @@ package final class ResponseCache: Sendable {
                 }
                 guard name.hasSuffix(".entry") else { continue }
                 switch Self.readEntry(path: path, fileName: name) {
+                case .success(let read) where Self.isNoLongerStorable(read.entry.head):
+                    // Stored by an older build: a challenge, or a credential in its variant key.
+                    unlink(path)
+                    dropped += 1
                 case .success(let read):
                     found.append(read)
                 case .failure:
@@ -226,6 +230,13 @@ package final class ResponseCache: Sendable {
             }
             return cache
         }
+    }
+
+    /// What this build would not store (`CachePolicy.storage`) but an older one did: a 401 or
+    /// 407, or an entry varying on a credential whose value its variant key holds.
+    private static func isNoLongerStorable(_ head: CacheEntryFormat.Head) -> Bool {
+        if head.status == 401 || head.status == 407 { return true }
+        return CachePolicy.keepsCredential(variantKey: head.variantKey)
     }
 
     /// Reads and checks one entry's head; the body's length must match the file's size. The
@@ -421,6 +432,7 @@ package final class ResponseCache: Sendable {
             self.state.withLockedValue { state in
                 let all = state.byURL.values.flatMap { $0 }
                 for entry in all { self.drop(entry, from: &state) }
+                state.evictionOrder = nil
                 return all.count
             }
         }) ?? 0
@@ -438,6 +450,9 @@ package final class ResponseCache: Sendable {
         state.tick += 1
         state.files[entry.fileName] = (entry.head.url, state.tick)
         state.evictionOrder?.push(state.tick, entry.fileName)
+        // Installs under the limits push without popping: past twice the live names, it is made
+        // again when next needed.
+        if let order = state.evictionOrder, order.count > 2 * state.files.count + 64 { state.evictionOrder = nil }
         state.counters.entries += 1
         state.counters.bytes += entry.fileBytes
         state.memoryBytes += entry.memoryBody?.readableBytes ?? 0

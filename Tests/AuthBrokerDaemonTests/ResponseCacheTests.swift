@@ -150,6 +150,23 @@ struct ResponseCacheTests {
         #expect(!reopened.entries().isEmpty)
     }
 
+    @Test("at start, entries an older build stored and this one would not (a 401, a cookie's value in the variant key) are removed")
+    func olderBuildsEntriesRemoved() async throws {
+        let directory = try Self.scratch()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let cache = try await ResponseCache.open(directory: directory, settings: Self.settings(), fallbackRoot: nil, logger: Self.logger)
+        var challenge = Self.head("https://a.test/401")
+        challenge.status = 401
+        try await Self.store(cache, challenge, body: [])
+        try await Self.store(cache, Self.head("https://a.test/cookie", vary: ["cookie"], variantKey: "cookie:sid=secret"), body: [1])
+        try await Self.store(cache, Self.head("https://a.test/no-cookie", vary: ["cookie"], variantKey: "cookie:"), body: [1])
+        try await Self.store(cache, Self.head("https://a.test/kept"), body: [1])
+        #expect(cache.counters.entries == 4)
+        let reopened = try await ResponseCache.open(directory: directory, settings: Self.settings(), fallbackRoot: nil, logger: Self.logger)
+        #expect(Set(reopened.entries().map(\.entry.head.url)) == ["https://a.test/kept", "https://a.test/no-cookie"])
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory).count == 2)
+    }
+
     @Test("at start, temporary files, foreign files and torn entries are removed; whole entries stay")
     func recoversFromGarbage() async throws {
         let directory = try Self.scratch()

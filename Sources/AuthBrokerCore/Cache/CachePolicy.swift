@@ -57,6 +57,14 @@ package enum CachePolicy {
     /// Request fields holding a credential, whose values an entry must not keep (its variant key).
     static let credentialFields: Set<String> = ["authorization", "proxy-authorization", "cookie"]
 
+    /// Whether a variant key holds a credential's value (one an older build stored).
+    package static func keepsCredential(variantKey: String) -> Bool {
+        variantKey.split(separator: "\n").contains { line in
+            guard let colon = line.firstIndex(of: ":") else { return false }
+            return Self.credentialFields.contains(String(line[..<colon])) && line.index(after: colon) < line.endIndex
+        }
+    }
+
     /// Status codes whose responses may be given heuristic freshness (RFC 9110 §15.1).
     static let heuristicallyCacheable: Set<Int> = [200, 203, 204, 206, 300, 301, 308, 404, 405, 410, 414, 501]
     /// Status codes whose caching rules this cache knows (for `must-understand`).
