@@ -285,41 +285,62 @@ int cab_socket_inode_pid(uint64_t inode, uint32_t uid, int32_t hint, int32_t *pi
     return result;
 }
 
-// The terminal a prompt turned echo off on, and how it was: read by the signal handler, so
-// plain statics set before the handlers are installed (one prompt at a time).
+// The terminal a prompt turned echo off on, its settings before and during the prompt: read
+// by the signal handler, so plain statics set before the handlers are installed (one prompt at
+// a time: a second one while one is open gets EBUSY).
 static volatile sig_atomic_t cab_tty_fd = -1;
 static struct termios cab_tty_saved;
-static const int cab_tty_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+static struct termios cab_tty_quiet;
+static const int cab_tty_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGTSTP, SIGTTIN, SIGTTOU};
 #define CAB_TTY_SIGNAL_COUNT (sizeof(cab_tty_signals) / sizeof(cab_tty_signals[0]))
 static struct sigaction cab_tty_previous[CAB_TTY_SIGNAL_COUNT];
 
 static void cab_tty_signalled(int signal_number) {
-    // Only async-signal-safe calls: tcsetattr, write, sigaction, raise.
+    // Only async-signal-safe calls: tcsetattr, write, sigaction, raise; errno kept for the
+    // read this interrupted.
+    int saved_errno = errno;
     int fd = cab_tty_fd;
     if (fd >= 0) {
         tcsetattr(fd, TCSANOW, &cab_tty_saved);
         (void)!write(fd, "\n", 1);
     }
-    for (size_t index = 0; index < CAB_TTY_SIGNAL_COUNT; index++) {
-        if (cab_tty_signals[index] == signal_number) sigaction(signal_number, &cab_tty_previous[index], NULL);
-    }
+    size_t index = 0;
+    while (index < CAB_TTY_SIGNAL_COUNT && cab_tty_signals[index] != signal_number) index++;
+    struct sigaction ours;
+    sigaction(signal_number, &cab_tty_previous[index], &ours);
+    // The signal does what it did before, now: end the process, or stop it (Ctrl-Z: the shell
+    // shows the terminal as it was, echo on). Unblocked first, or it would wait for this
+    // handler to return, and find it installed again.
+    sigset_t just_this;
+    sigemptyset(&just_this);
+    sigaddset(&just_this, signal_number);
+    sigprocmask(SIG_UNBLOCK, &just_this, NULL);
     raise(signal_number);
+    // Still here: stopped and continued (fg), or a handler of the process's own ran. The prompt
+    // goes on with echo off again.
+    sigaction(signal_number, &ours, NULL);
+    if (fd >= 0 && cab_tty_fd == fd) tcsetattr(fd, TCSANOW, &cab_tty_quiet);
+    errno = saved_errno;
 }
 
 int cab_tty_echo_off(int fd) {
-    struct termios quiet;
+    if (cab_tty_fd >= 0) return EBUSY;
     if (tcgetattr(fd, &cab_tty_saved) != 0) return errno;
-    quiet = cab_tty_saved;
-    quiet.c_lflag &= ~(tcflag_t)ECHO;
+    cab_tty_quiet = cab_tty_saved;
+    cab_tty_quiet.c_lflag &= ~(tcflag_t)ECHO;
     cab_tty_fd = fd;
     struct sigaction action;
     memset(&action, 0, sizeof action);
     action.sa_handler = cab_tty_signalled;
     sigemptyset(&action.sa_mask);
     for (size_t index = 0; index < CAB_TTY_SIGNAL_COUNT; index++) {
-        sigaction(cab_tty_signals[index], &action, &cab_tty_previous[index]);
+        sigaction(cab_tty_signals[index], NULL, &cab_tty_previous[index]);
+        // An ignored signal stays ignored (under nohup, say): it neither ends nor stops the
+        // prompt, so echo must stay off through it.
+        if (cab_tty_previous[index].sa_handler == SIG_IGN) continue;
+        sigaction(cab_tty_signals[index], &action, NULL);
     }
-    if (tcsetattr(fd, TCSAFLUSH, &quiet) != 0) {
+    if (tcsetattr(fd, TCSAFLUSH, &cab_tty_quiet) != 0) {
         int error = errno;
         cab_tty_echo_restore();
         return error;
@@ -330,9 +351,9 @@ int cab_tty_echo_off(int fd) {
 void cab_tty_echo_restore(void) {
     int fd = cab_tty_fd;
     if (fd < 0) return;
-    tcsetattr(fd, TCSAFLUSH, &cab_tty_saved);
-    cab_tty_fd = -1;
     for (size_t index = 0; index < CAB_TTY_SIGNAL_COUNT; index++) {
         sigaction(cab_tty_signals[index], &cab_tty_previous[index], NULL);
     }
+    tcsetattr(fd, TCSAFLUSH, &cab_tty_saved);
+    cab_tty_fd = -1;
 }

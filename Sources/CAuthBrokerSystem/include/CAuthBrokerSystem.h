@@ -53,8 +53,10 @@ int cab_malloc_trim(void);
 
 /// Turns echo off on the terminal `fd` until `cab_tty_echo_restore`. A SIGINT, SIGTERM, SIGHUP
 /// or SIGQUIT meanwhile (Ctrl-C at a password prompt) first restores the terminal's settings,
-/// then ends the process as that signal would have: the user's shell never keeps echo off. One
-/// prompt at a time. Returns 0, or an errno value (nothing changed).
+/// then ends the process as that signal would have: the user's shell never keeps echo off.
+/// SIGTSTP, SIGTTIN and SIGTTOU (Ctrl-Z) restore them, stop, and turn echo off again when the
+/// process goes on. Ignored signals stay ignored. One prompt at a time (EBUSY otherwise).
+/// Returns 0, or an errno value (nothing changed).
 int cab_tty_echo_off(int fd);
 
 /// Restores the settings `cab_tty_echo_off` saved, and the signals' previous actions.
