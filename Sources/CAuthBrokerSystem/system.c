@@ -300,7 +300,10 @@ static void cab_tty_signalled(int signal_number) {
     // read this interrupted.
     int saved_errno = errno;
     int fd = cab_tty_fd;
-    if (fd >= 0) {
+    // Only in the foreground: in the background the terminal is the shell's (a stopped and
+    // `bg`ed prompt must not write on it; its next read stops it again, in the foreground).
+    int foreground = fd >= 0 && tcgetpgrp(fd) == getpgrp();
+    if (foreground) {
         tcsetattr(fd, TCSANOW, &cab_tty_saved);
         (void)!write(fd, "\n", 1);
     }
@@ -319,7 +322,7 @@ static void cab_tty_signalled(int signal_number) {
     // Still here: stopped and continued (fg), or a handler of the process's own ran. The prompt
     // goes on with echo off again.
     sigaction(signal_number, &ours, NULL);
-    if (fd >= 0 && cab_tty_fd == fd) tcsetattr(fd, TCSANOW, &cab_tty_quiet);
+    if (fd >= 0 && cab_tty_fd == fd && tcgetpgrp(fd) == getpgrp()) tcsetattr(fd, TCSANOW, &cab_tty_quiet);
     errno = saved_errno;
 }
 
@@ -332,6 +335,8 @@ int cab_tty_echo_off(int fd) {
     struct sigaction action;
     memset(&action, 0, sizeof action);
     action.sa_handler = cab_tty_signalled;
+    // A read or tcsetattr a stop interrupted goes on after `fg`.
+    action.sa_flags = SA_RESTART;
     sigemptyset(&action.sa_mask);
     for (size_t index = 0; index < CAB_TTY_SIGNAL_COUNT; index++) {
         sigaction(cab_tty_signals[index], NULL, &cab_tty_previous[index]);
@@ -340,7 +345,11 @@ int cab_tty_echo_off(int fd) {
         if (cab_tty_previous[index].sa_handler == SIG_IGN) continue;
         sigaction(cab_tty_signals[index], &action, NULL);
     }
-    if (tcsetattr(fd, TCSAFLUSH, &cab_tty_quiet) != 0) {
+    int set;
+    do {
+        set = tcsetattr(fd, TCSAFLUSH, &cab_tty_quiet);
+    } while (set != 0 && errno == EINTR);
+    if (set != 0) {
         int error = errno;
         cab_tty_echo_restore();
         return error;
@@ -351,9 +360,16 @@ int cab_tty_echo_off(int fd) {
 void cab_tty_echo_restore(void) {
     int fd = cab_tty_fd;
     if (fd < 0) return;
+    // The signals wait while the terminal and their actions are put back: one in between would
+    // meet the previous action with echo still off.
+    sigset_t guarded, before;
+    sigemptyset(&guarded);
+    for (size_t index = 0; index < CAB_TTY_SIGNAL_COUNT; index++) sigaddset(&guarded, cab_tty_signals[index]);
+    sigprocmask(SIG_BLOCK, &guarded, &before);
+    while (tcsetattr(fd, TCSAFLUSH, &cab_tty_saved) != 0 && errno == EINTR) {}
+    cab_tty_fd = -1;
     for (size_t index = 0; index < CAB_TTY_SIGNAL_COUNT; index++) {
         sigaction(cab_tty_signals[index], &cab_tty_previous[index], NULL);
     }
-    tcsetattr(fd, TCSAFLUSH, &cab_tty_saved);
-    cab_tty_fd = -1;
+    sigprocmask(SIG_SETMASK, &before, NULL);
 }
