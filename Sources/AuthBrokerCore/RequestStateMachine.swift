@@ -53,7 +53,7 @@ package struct RequestStateMachine: Sendable {
         package var uploadPlan: UploadPlan
 
         package init(
-            hasBody: Bool, idempotent: Bool = true, clientWantsKeepAlive: Bool, mayAskAboutTrust: Bool, adopted: Bool,
+            hasBody: Bool, idempotent: Bool, clientWantsKeepAlive: Bool, mayAskAboutTrust: Bool, adopted: Bool,
             closedConnectionRetried: Bool = false, maxAttempts: Int, uploadPlan: UploadPlan
         ) {
             self.hasBody = hasBody
@@ -349,7 +349,7 @@ extension RequestStateMachine.Request {
     /// adopts the exchange). The relay reports its attempt's end to a machine made from this, so
     /// reuse, retry and keep-alive are decided by the same rules on both paths.
     package static let directlyRelayed = Self(
-        hasBody: false, clientWantsKeepAlive: true, mayAskAboutTrust: false, adopted: false, maxAttempts: 1,
+        hasBody: false, idempotent: true, clientWantsKeepAlive: true, mayAskAboutTrust: false, adopted: false, maxAttempts: 1,
         uploadPlan: UploadPlan(body: .none, clientExpectsContinue: false, replayBound: 0, credentialUpFront: false)
     )
 }

@@ -70,6 +70,9 @@ package final class PasswordVault: Sendable {
         self.digestOnly = MarkFile(path: digestOnlyPath, what: "the Digest-only password marks", logger: logger)
     }
 
+    /// An empty realm is no realm: the password for any realm, as the secret store keeps it.
+    static func realm(_ realm: String?) -> String? { realm?.isEmpty == false ? realm : nil }
+
     /// Writes both marks files, when a change is not written yet, before it returns (the daemon
     /// calls it when it stops: the marks are written off the request's thread, a moment later).
     package func flushMarks() {
@@ -81,6 +84,7 @@ package final class PasswordVault: Sendable {
     package func add(
         origin: CanonicalOrigin, realm: String?, credential: PasswordCredential, persistence: CredentialPersistence
     ) async throws(BrokerError) {
+        let realm = Self.realm(realm)
         let key = Key(origin: origin, realm: realm, user: credential.user)
         switch persistence {
         case .none:
@@ -103,6 +107,7 @@ package final class PasswordVault: Sendable {
 
     /// Removes the password for `origin`, `realm` and `user` (session and permanent); returns what was removed.
     package func remove(origin: CanonicalOrigin, realm: String?, user: String) async throws(BrokerError) -> StoredPasswordInfo {
+        let realm = Self.realm(realm)
         let key = Key(origin: origin, realm: realm, user: user)
         var removed: StoredPasswordInfo? = self.session.withLockedValue { entries in
             guard let index = entries.firstIndex(where: { Key(origin: $0.info.origin, realm: $0.info.realm, user: $0.info.user) == key })
@@ -155,6 +160,7 @@ package final class PasswordVault: Sendable {
 
     /// The secret itself, for a caller that passed the PAM gate.
     package func reveal(origin: CanonicalOrigin, realm: String?, user: String) async throws(BrokerError) -> PasswordCredential {
+        let realm = Self.realm(realm)
         let key = Key(origin: origin, realm: realm, user: user)
         if let found = self.session.withLockedValue({ entries in
             entries.first { Key(origin: $0.info.origin, realm: $0.info.realm, user: $0.info.user) == key }?.credential

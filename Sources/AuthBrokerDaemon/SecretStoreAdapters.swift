@@ -55,6 +55,12 @@ package struct SecretStorePasswords: Sendable {
             kind: .password, attributes: attributes, label: "\(credential.user)@\(origin)\(realmText)",
             secret: SecretValue(credential.password)
         )
+        if realm == nil {
+            // The same password as an earlier build stored it (no domain at all) is replaced too.
+            try self.store.delete(
+                kind: .password, attributes: Self.attributes(origin: origin, realm: nil, user: credential.user), absent: ["domain"]
+            )
+        }
     }
 
     /// Without a realm, only the item stored for any realm (with an empty `domain`, or, as

@@ -76,10 +76,11 @@ package final class TrustEvaluator: Sendable {
     package func reloadSystemAnchors() {
         let stamp = Self.stamp(ofBundle: self.systemAnchorsPath)
         let roots = SystemRoots(Self.loadSystemAnchors(path: self.systemAnchorsPath, logger: self.logger))
-        // A bundle caught missing or empty in the middle of an update is read again next time:
-        // dropping every system root for a moment would fail every request meanwhile.
-        guard roots.count > 0 || self.systemRoots.withLockedValue({ $0.count == 0 }) else { return }
         self.systemBundleStamp.withLockedValue { $0 = stamp }
+        // A bundle found missing or empty (an update caught in the middle, say) keeps the roots
+        // there were: dropping every system root would fail every request. The next change of
+        // the file is read again (its stamp is remembered, so not once a second meanwhile).
+        guard roots.count > 0 || self.systemRoots.withLockedValue({ $0.count == 0 }) else { return }
         self.systemRoots.withLockedValue { $0 = roots }
         self.cache.withLockedValue { $0.removeAll() }
         self.store.invalidate()

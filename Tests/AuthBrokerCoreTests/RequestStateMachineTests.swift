@@ -12,7 +12,7 @@ struct RequestStateMachineTests {
         closedConnectionRetried: Bool = false
     ) -> Machine.Request {
         Machine.Request(
-            hasBody: hasBody, clientWantsKeepAlive: keepAlive, mayAskAboutTrust: ask, adopted: adopted,
+            hasBody: hasBody, idempotent: true, clientWantsKeepAlive: keepAlive, mayAskAboutTrust: ask, adopted: adopted,
             closedConnectionRetried: closedConnectionRetried, maxAttempts: 6,
             uploadPlan: UploadPlan(
                 body: hasBody ? (holdsBody ? .chunked : .length(10)) : .none, clientExpectsContinue: false, replayBound: 100,

@@ -71,5 +71,28 @@ struct PasswordVaultRealmTests {
         #expect(found?.credential.password == "pw-old")
         _ = try await vault.remove(origin: origin, realm: nil, user: "alice")
         #expect(try store.list(kind: .password, matching: ["server": origin.host]).isEmpty)
+
+        // Stored again for any realm: the old item is replaced, not kept beside the new one.
+        try store.store(
+            kind: .password, attributes: ["server": origin.host, "protocol": "https", "port": "443", "user": "alice", "authtype": "http"],
+            label: "alice@https://legacy.test", secret: SecretValue("pw-old")
+        )
+        try await vault.add(origin: origin, realm: nil, credential: PasswordCredential(user: "alice", password: "pw-new"), persistence: .permanent)
+        #expect(try store.list(kind: .password, matching: ["server": origin.host]).count == 1)
+        #expect(try await vault.list().count == 1)
+    }
+
+    @Test("an empty realm is no realm: stored, found and removed as the password for any realm")
+    func emptyRealmIsAnyRealm() async throws {
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let store = Self.store("file", directory: directory)
+        let origin = try CanonicalOrigin(parsing: "https://empty-realm.test")
+        let vault = PasswordVault(permanent: SecretStorePasswords(store: store))
+        try await vault.add(origin: origin, realm: "", credential: PasswordCredential(user: "alice", password: "pw"), persistence: .permanent)
+        #expect(try await vault.list().map(\.realm) == [nil])
+        _ = try await vault.remove(origin: origin, realm: nil, user: "alice")
+        #expect(vault.cachedCredential(for: ProtectionSpace(origin: origin, realm: "", authScheme: "Basic")) == nil, "still sent after its removal")
+        #expect(await vault.credential(for: ProtectionSpace(origin: origin, realm: "x", authScheme: "Basic")) == nil)
     }
 }

@@ -335,6 +335,14 @@ struct TrustEvaluatorTests {
         #expect(fixture.store.generation > generation)
         #expect(await fixture.evaluate([leaf, root], host: "update.example.test").failures.map(\.code) == ["unknown_issuer"])
         #expect(!fixture.evaluator.reloadSystemAnchorsIfChanged())
+
+        // Caught empty (an update half done): the roots there were stay, and the empty file is
+        // not read again every second.
+        try "".write(toFile: bundle + ".new", atomically: false, encoding: .utf8)
+        #expect(rename(bundle + ".new", bundle) == 0)
+        _ = fixture.evaluator.reloadSystemAnchorsIfChanged()
+        #expect(fixture.evaluator.systemAnchorCount == 1)
+        #expect(!fixture.evaluator.reloadSystemAnchorsIfChanged())
     }
 
     @Test(
