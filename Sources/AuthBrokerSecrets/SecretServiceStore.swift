@@ -27,6 +27,10 @@ package final class SecretServiceStore: SecretStore {
     private let environment: [String: String]
     /// libsecret's default service is shared process-wide; calls are serialised through it.
     private let serial = NIOLock()
+    /// The last failed call found the shared connection stale (the keyring daemon restarted
+    /// since, so its bus name is gone), rather than a service that is slow or absent. Read and
+    /// written under `serial`.
+    private let droppedStaleConnection = NIOLockedValueBox(false)
 
     package var backendName: String { "secret-service" }
 
@@ -201,7 +205,14 @@ package final class SecretServiceStore: SecretStore {
         }
         self.serial.lock()
         defer { self.serial.unlock() }
-        return try body()
+        self.droppedStaleConnection.withLockedValue { $0 = false }
+        do {
+            return try body()
+        } catch where self.droppedStaleConnection.withLockedValue({ $0 }) {
+            // A keyring daemon restarted since the last call: the connection was dropped, and
+            // this call goes again on a new one (store and delete are idempotent, lookups read).
+            return try body()
+        }
     }
 
     /// Why no session bus can be reached, or nil when one may be. Checked before GLib is asked,
@@ -249,10 +260,12 @@ package final class SecretServiceStore: SecretStore {
         try body(raw, &error)
         guard let failure = error else { return }
         defer { g_error_free(failure) }
-        let mapped = Self.map(failure, doing: what, timedOut: canceller.fired.load(ordering: .sequentiallyConsistent), timeout: self.timeout)
+        let timedOut = canceller.fired.load(ordering: .sequentiallyConsistent)
+        let mapped = Self.map(failure, doing: what, timedOut: timedOut, timeout: self.timeout)
         if mapped != SecretStoreError.locked {
             // Drop the shared connection and session: a restarted daemon does not know them.
             secret_service_disconnect()
+            if mapped.kind == .serviceUnavailable, !timedOut { self.droppedStaleConnection.withLockedValue { $0 = true } }
         }
         throw mapped
     }

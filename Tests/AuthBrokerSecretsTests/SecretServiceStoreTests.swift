@@ -105,6 +105,15 @@ struct SecretServiceStoreTests {
         #expect(try fixture.store.lookup(kind: .password, attributes: attributes)?.stringValue() == "after")
     }
 
+    @Test("a keyring daemon restarted under a connected store: the very next call works, on a new connection")
+    func aRestartedKeyringIsReconnectedWithinTheCall() throws {
+        let fixture = try StoreFixture(.secretService)
+        let attributes = ["server": fixture.host, "user": "alice"]
+        try fixture.store.store(kind: .password, attributes: attributes, label: "x", secret: SecretValue("before"))
+        try Self.restartKeyring()
+        #expect(try fixture.store.lookup(kind: .password, attributes: attributes)?.stringValue() == "before")
+    }
+
     @Test func aKeyringThatStopsAnsweringTimesOutAndIsUsedAgainAfterwards() throws {
         let fixture = try StoreFixture(.secretService)
         let store = SecretServiceStore(timeout: .seconds(1))
