@@ -70,7 +70,8 @@ package final class PasswordVault: Sendable {
         self.digestOnly = MarkFile(path: digestOnlyPath, what: "the Digest-only password marks", logger: logger)
     }
 
-    /// An empty realm is no realm: the password for any realm, as the secret store keeps it.
+    /// An empty realm is no realm: the password for any realm, as the secret store keeps it (an
+    /// empty `domain`).
     static func realm(_ realm: String?) -> String? { realm?.isEmpty == false ? realm : nil }
 
     /// Writes both marks files, when a change is not written yet, before it returns (the daemon

@@ -55,25 +55,28 @@ package struct SecretStorePasswords: Sendable {
             kind: .password, attributes: attributes, label: "\(credential.user)@\(origin)\(realmText)",
             secret: SecretValue(credential.password)
         )
-        if realm == nil {
-            // The same password as an earlier build stored it (no domain at all) is replaced too.
-            try self.store.delete(
-                kind: .password, attributes: Self.attributes(origin: origin, realm: nil, user: credential.user), absent: ["domain"]
-            )
-        }
+        // The same password as an earlier build stored it (no domain at all) is replaced too.
+        if realm == nil { try self.removeDomainless(origin: origin, user: credential.user) }
     }
 
     /// Without a realm, only the item stored for any realm (with an empty `domain`, or, as
     /// earlier builds and other tools stored it, none): the realms' own stay.
     @discardableResult
     package func remove(origin: CanonicalOrigin, realm: String?, user: String) throws -> Int {
-        var removed = try self.store.delete(kind: .password, attributes: Self.attributes(origin: origin, realm: realm ?? "", user: user))
-        if realm == nil {
-            removed += try self.store.delete(kind: .password, attributes: Self.attributes(origin: origin, realm: nil, user: user), absent: ["domain"])
-        }
-        return removed
+        let removed = try self.store.delete(kind: .password, attributes: Self.attributes(origin: origin, realm: realm ?? "", user: user))
+        return removed + (realm == nil ? try self.removeDomainless(origin: origin, user: user) : 0)
     }
 
+    /// The any-realm item as earlier builds and other tools stored it: no `domain` at all.
+    private static func domainless(origin: CanonicalOrigin, user: String) -> (attributes: [String: String], absent: Set<String>) {
+        (Self.attributes(origin: origin, realm: nil, user: user), ["domain"])
+    }
+
+    @discardableResult
+    private func removeDomainless(origin: CanonicalOrigin, user: String) throws -> Int {
+        let query = Self.domainless(origin: origin, user: user)
+        return try self.store.delete(kind: .password, attributes: query.attributes, absent: query.absent)
+    }
 
     /// The stored items for an origin (metadata only): user and realm of each.
     package func entries(origin: CanonicalOrigin) throws -> [(user: String, realm: String?)] {
@@ -81,12 +84,9 @@ package struct SecretStorePasswords: Sendable {
             guard let user = item.attributes["user"] else { return nil }
             if let scheme = item.attributes["protocol"], scheme != origin.scheme.rawValue { return nil }
             if let port = item.attributes["port"], port != String(origin.port) { return nil }
-            return (user, Self.realm(item.attributes["domain"]))
+            return (user, PasswordVault.realm(item.attributes["domain"]))
         }
     }
-
-    /// An empty `domain` is the password for any realm.
-    private static func realm(_ domain: String?) -> String? { domain?.isEmpty == false ? domain : nil }
 
     /// Every item that names a server this broker could reach (metadata only).
     package func allEntries() throws -> [(origin: CanonicalOrigin, user: String, realm: String?)] {
@@ -95,7 +95,7 @@ package struct SecretStorePasswords: Sendable {
             let scheme = UpstreamScheme(rawValue: item.attributes["protocol"] ?? "https") ?? .https
             let port = item.attributes["port"].flatMap(Int.init) ?? (scheme == .https ? 443 : 80)
             guard let origin = try? CanonicalOrigin(scheme: scheme, host: host, port: port) else { return nil }
-            return (origin, user, Self.realm(item.attributes["domain"]))
+            return (origin, user, PasswordVault.realm(item.attributes["domain"]))
         }
     }
 
@@ -104,7 +104,7 @@ package struct SecretStorePasswords: Sendable {
             return found.stringValue()
         }
         guard realm == nil else { return nil }
-        return try self.store.lookup(kind: .password, attributes: Self.attributes(origin: origin, realm: nil, user: user), absent: ["domain"])?
-            .stringValue()
+        let query = Self.domainless(origin: origin, user: user)
+        return try self.store.lookup(kind: .password, attributes: query.attributes, absent: query.absent)?.stringValue()
     }
 }
