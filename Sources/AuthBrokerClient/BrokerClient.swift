@@ -161,6 +161,9 @@ public struct BrokerClient: Sendable {
         _ request: BrokerRequest, target: BrokerRequest.Target, authorization: String?, persist: String?, userAgent: String? = nil
     ) throws(BrokerClientError) -> HTTPRequestHead {
         try Self.checkMethod(request.method)
+        for (name, value) in request.headers.storage { try Self.checkField(name: name, value: value) }
+        if let identity = request.identity { try Self.checkField(name: "Authbroker-Identity", value: identity) }
+        if let userAgent { try Self.checkField(name: "User-Agent", value: userAgent) }
         var headers = HTTPHeaders()
         headers.add(name: "Host", value: target.hostHeader)
         for (name, value) in request.headers.storage {
@@ -188,10 +191,26 @@ public struct BrokerClient: Sendable {
         return HTTPRequestHead(version: .http1_1, method: HTTPMethod(rawValue: request.method), uri: target.absolute, headers: headers)
     }
 
-    /// A method token fit for a request line (no space, control character or colon).
+    /// A method is a token (RFC 9110 §9.1); anything else would break the request line or be
+    /// refused by the daemon as a malformed request.
     static func checkMethod(_ method: String) throws(BrokerClientError) {
-        guard !method.isEmpty, method.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: ":") }) else {
-            throw .invalidRequest(reason: "'\(method.prefix(40))' is not an HTTP method")
+        guard !method.isEmpty, method.utf8.allSatisfy(HTTPSyntax.isTChar) else {
+            throw .invalidRequest(reason: "'\(method.prefix(40))' is not an HTTP method (a token: letters, digits and !#$%&'*+-.^_`|~)")
+        }
+    }
+
+    /// A field fit for a request head (RFC 9110 §5.1, §5.5): its name a token, its value free of
+    /// control characters other than tab (CR and LF would end the head early). The value is never
+    /// quoted in the error: it may be a credential.
+    static func checkField(name: String, value: String) throws(BrokerClientError) {
+        guard !name.isEmpty, name.utf8.allSatisfy(HTTPSyntax.isTChar) else {
+            let shown = String(decoding: name.utf8.prefix(40).map { HTTPSyntax.isTChar($0) ? $0 : UInt8(ascii: "?") }, as: UTF8.self)
+            throw .invalidRequest(
+                reason: "the header name '\(shown)' is not a token (letters, digits and !#$%&'*+-.^_`|~ only, no spaces or non-ASCII)"
+            )
+        }
+        guard value.utf8.allSatisfy(HTTPSyntax.isFieldValueByte) else {
+            throw .invalidRequest(reason: "the value of header '\(name)' holds a control character (CR, LF, NUL or another): remove it")
         }
     }
 }

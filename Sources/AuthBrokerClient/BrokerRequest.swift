@@ -25,10 +25,16 @@ public struct BrokerHeaders: Sendable, Sequence, ExpressibleByDictionaryLiteral,
 
     public func contains(_ name: String) -> Bool { storage.contains(name: name) }
 
-    public mutating func add(_ name: String, _ value: String) { storage.add(name: name, value: value) }
+    /// Adds a field. A name or value that cannot go in a request is not refused here but when the
+    /// request is sent (`BrokerClientError.invalidRequest`): SwiftNIO's own `add` would stop the
+    /// process on a non-ASCII name.
+    public mutating func add(_ name: String, _ value: String) { storage.add(contentsOf: HTTPHeaders([(name, value)])) }
 
     /// Replaces every field named `name` with one.
-    public mutating func set(_ name: String, _ value: String) { storage.replaceOrAdd(name: name, value: value) }
+    public mutating func set(_ name: String, _ value: String) {
+        storage.remove(name: name)
+        self.add(name, value)
+    }
 
     public mutating func remove(_ name: String) { storage.remove(name: name) }
 

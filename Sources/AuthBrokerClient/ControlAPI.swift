@@ -207,10 +207,12 @@ extension BrokerClient {
     ///   cannot be reached.
     public func sendControl(method: String, path: String, json: Data? = nil) async throws -> BrokerResponse {
         try Self.checkMethod(method)
-        // Whatever would break the request line (space, control characters) is refused.
-        guard path.hasPrefix("/"), path.utf8.allSatisfy({ $0 > 0x20 && $0 != 0x7F }) else {
+        // Only what RFC 3986 allows in a path and query goes in the request line: anything else
+        // (a space, a control character, a quote, a brace, non-ASCII) must be percent-encoded.
+        guard path.hasPrefix("/"), path.utf8.allSatisfy(HTTPSyntax.isPathOrQueryByte) else {
             throw BrokerClientError.invalidRequest(reason: "'\(path.prefix(200))' is not a percent-encoded control API path")
         }
+        if let userAgent { try Self.checkField(name: "User-Agent", value: userAgent) }
         var headers = HTTPHeaders()
         headers.add(name: "Host", value: "authbrokerd")
         if let userAgent { headers.add(name: "User-Agent", value: userAgent) }

@@ -53,20 +53,20 @@ package enum ResponseHeadEncoding {
             out.byte(UInt8(ascii: "0") + UInt8(code / 10 % 10))
             out.byte(UInt8(ascii: "0") + UInt8(code % 10))
             out.byte(UInt8(ascii: " "))
-            guard out.copy(reason, ifEvery: Self.isValueByte) else {
+            guard out.copy(reason, ifEvery: HTTPSyntax.isFieldValueByte) else {
                 refusal = .reasonPhrase
                 return 0
             }
             out.lineEnd()
             var position = 0
             for (name, value) in headers {
-                guard !name.isEmpty, out.copy(name, ifEvery: Self.isTokenByte) else {
+                guard !name.isEmpty, out.copy(name, ifEvery: HTTPSyntax.isTChar) else {
                     refusal = .fieldName(position: position)
                     return 0
                 }
                 out.byte(UInt8(ascii: ":"))
                 out.byte(UInt8(ascii: " "))
-                guard out.copy(value, ifEvery: Self.isValueByte) else {
+                guard out.copy(value, ifEvery: HTTPSyntax.isFieldValueByte) else {
                     refusal = .fieldValue(position: position)
                     return 0
                 }
@@ -107,10 +107,10 @@ package enum ResponseHeadEncoding {
         guard !name.isEmpty else { return false }
         return buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: name.utf8.count + value.utf8.count + 4) { memory in
             var out = Output(memory: memory)
-            guard out.copy(name, ifEvery: Self.isTokenByte) else { return 0 }
+            guard out.copy(name, ifEvery: HTTPSyntax.isTChar) else { return 0 }
             out.byte(UInt8(ascii: ":"))
             out.byte(UInt8(ascii: " "))
-            guard out.copy(value, ifEvery: Self.isValueByte) else { return 0 }
+            guard out.copy(value, ifEvery: HTTPSyntax.isFieldValueByte) else { return 0 }
             out.lineEnd()
             return out.offset
         } > 0
@@ -150,26 +150,5 @@ package enum ResponseHeadEncoding {
             self.offset += copied
             return true
         }
-    }
-
-    /// `tchar` (RFC 9110 §5.6.2).
-    @inline(__always)
-    package static func isTokenByte(_ byte: UInt8) -> Bool {
-        switch byte {
-        case UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
-            UInt8(ascii: "!"), UInt8(ascii: "#"), UInt8(ascii: "$"), UInt8(ascii: "%"), UInt8(ascii: "&"), UInt8(ascii: "'"),
-            UInt8(ascii: "*"), UInt8(ascii: "+"), UInt8(ascii: "-"), UInt8(ascii: "."), UInt8(ascii: "^"), UInt8(ascii: "_"),
-            UInt8(ascii: "`"), UInt8(ascii: "|"), UInt8(ascii: "~"):
-            true
-        default:
-            false
-        }
-    }
-
-    /// A field value's byte (RFC 9110 §5.5): visible ASCII, SP, HTAB or obs-text; never another
-    /// control character.
-    @inline(__always)
-    package static func isValueByte(_ byte: UInt8) -> Bool {
-        (byte >= 0x20 && byte != 0x7F) || byte == 0x09
     }
 }

@@ -66,6 +66,62 @@ struct PureTests {
         }
     }
 
+    @Test("a field or method that cannot go in a request head is the app's error, never a crash; its value is never shown")
+    func unfitFieldsAreRefused() async throws {
+        let url = try #require(URL(string: "https://h.test/x"))
+        func refusal(_ request: BrokerRequest, userAgent: String? = nil) -> String? {
+            do {
+                _ = try BrokerClient.requestHead(request, target: try request.target(), authorization: nil, persist: nil, userAgent: userAgent)
+                return nil
+            } catch {
+                guard case .invalidRequest(let reason) = error else { return "not invalidRequest: \(error)" }
+                return reason
+            }
+        }
+        // A non-ASCII name: SwiftNIO's own `add` stops the process on one; every way of adding it
+        // (add, set, a list, a dictionary literal) reaches the check instead.
+        var added = BrokerHeaders()
+        added.add("Grüße", "1")
+        var set = BrokerHeaders()
+        set.set("Grüße", "1")
+        set.set("Grüße", "2")
+        #expect(set.values("Grüße") == ["2"])
+        let listed = BrokerHeaders([(name: "Grüße", value: "1")])
+        let literal = BrokerHeaders(dictionaryLiteral: ("Grüße", "1"))
+        for headers in [added, set, listed, literal] {
+            let reason = refusal(BrokerRequest(url: url, headers: headers))
+            #expect(reason?.contains("is not a token") == true, "\(reason ?? "accepted")")
+        }
+        for name in ["", "X Space", "X:Colon", "X\r\nInjected", "(paren)"] {
+            #expect(refusal(BrokerRequest(url: url, headers: BrokerHeaders([(name: name, value: "1")]))) != nil, "\(name)")
+        }
+        // A value that would end the head early; the error names the field, not its value.
+        for value in ["secret\r\nX-Injected: 1", "secret\nx", "secret\0x", "secret\u{7F}"] {
+            let reason = refusal(BrokerRequest(url: url, headers: BrokerHeaders([(name: "Authorization", value: value)])))
+            #expect(reason?.contains("Authorization") == true && reason?.contains("secret") == false, "\(reason ?? "accepted")")
+        }
+        #expect(refusal(BrokerRequest(url: url, headers: BrokerHeaders([(name: "X-Ok", value: "tab\there, and ü")]))) == nil)
+        #expect(refusal(BrokerRequest(url: url, identity: "work\r\nX: 1")) != nil)
+        #expect(refusal(BrokerRequest(url: url), userAgent: "app/1\r\nX: 1") != nil)
+        // A method is a token.
+        for method in ["GE(T", "GET/", "G@T", "GÉT", ""] {
+            #expect(refusal(BrokerRequest(url: url, method: method)) != nil, "\(method)")
+        }
+        #expect(refusal(BrokerRequest(url: url, method: "PROPFIND")) == nil)
+
+        // A control path: only what RFC 3986 leaves unencoded goes in the request line, refused
+        // before any connection is made.
+        let client = BrokerClient(socketPath: "/nonexistent/authbroker.sock")
+        for path in ["/v1/pins?host={a}", "/v1/\"x\"", "/v1/a|b", "/v1/grüße", "/v1/a b", "v1/status"] {
+            await #expect(throws: BrokerClientError.invalidRequest(reason: "'\(path)' is not a percent-encoded control API path"), "\(path)") {
+                _ = try await client.sendControl(method: "GET", path: path)
+            }
+        }
+        await #expect(throws: BrokerClientError.daemonNotRunning(socketPath: "/nonexistent/authbroker.sock")) {
+            _ = try await client.sendControl(method: "GET", path: "/v1/pins?host=a.test&spki_sha256=AB%2Fc~")
+        }
+    }
+
     static func head(_ status: HTTPResponseStatus, _ fields: [(String, String)]) -> HTTPResponseHead {
         HTTPResponseHead(version: .http1_1, status: status, headers: HTTPHeaders(fields))
     }
