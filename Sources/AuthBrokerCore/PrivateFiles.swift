@@ -146,11 +146,25 @@ package enum PrivateFiles {
         return fd
     }
 
-    /// Checks the configuration file once open (symlinks are followed: dotfile managers link it):
-    /// a regular file owned by the user or root that nobody else may change, because it names
-    /// the anchors file, the upstream proxy and the socket.
-    package static func checkConfigurationFile(_ fd: CInt, path: String) throws(PrivateFileError) {
-        _ = try checkOpenFile(fd, path: path, what: "the configuration file", forbiddenModeBits: 0o022, allowRoot: true)
+    /// Opens the configuration file for reading, or nil when there is none (symlinks are followed:
+    /// dotfile managers link it): a regular file owned by the user or root that nobody else may
+    /// change, because it names the anchors file, the upstream proxy and the socket. A FIFO
+    /// planted there fails the check instead of blocking the open.
+    package static func openConfigurationFile(_ path: String) throws(PrivateFileError) -> CInt? {
+        let what = "the configuration file"
+        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK)
+        if fd < 0 {
+            let code = errno
+            if code == ENOENT { return nil }
+            throw PrivateFileError(.io, "Cannot open \(what) \(path): \(errorText(code)). Check that it is a regular file readable by you.")
+        }
+        do {
+            _ = try checkOpenFile(fd, path: path, what: what, forbiddenModeBits: 0o022, allowRoot: true)
+        } catch {
+            close(fd)
+            throw error
+        }
+        return fd
     }
 
     /// Checks an open descriptor: a regular file owned by the user without `forbiddenModeBits`.

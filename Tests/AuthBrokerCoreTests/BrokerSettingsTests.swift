@@ -1,5 +1,6 @@
 import Foundation
 import NIOCore
+import Synchronization
 import Testing
 
 @testable import AuthBrokerCore
@@ -615,6 +616,38 @@ struct BrokerSettingsTests {
             let error = #expect(throws: ConfigError.self) { try BrokerSettings.load(path: directory.path) }
             #expect(error?.code == .unreadable)
             #expect(error?.message.contains("directory") == true)
+        }
+    }
+
+    @Test("a FIFO planted at the configuration path is refused, not waited on")
+    func loadRejectsAFIFOWithoutBlocking() throws {
+        try withTemporaryDirectory { directory throws in
+            let path = directory.appendingPathComponent("config.toml").path
+            #expect(mkfifo(path, 0o600) == 0)
+            // On a thread of its own: an open that blocks (no writer ever comes) would otherwise
+            // hang the test run instead of failing it.
+            final class Outcome: Sendable { let result = Mutex<Result<BrokerSettings?, ConfigError>?>(nil) }
+            let outcome = Outcome()
+            let done = DispatchSemaphore(value: 0)
+            Thread.detachNewThread {
+                let result = Result { () throws(ConfigError) in try BrokerSettings.load(path: path) }
+                outcome.result.withLock { $0 = result }
+                done.signal()
+            }
+            if done.wait(timeout: .now() + 20) == .timedOut {
+                // Unblock the open, so the thread ends; the test has failed already.
+                let writer = open(path, O_WRONLY | O_NONBLOCK)
+                Issue.record("loading a FIFO blocked")
+                done.wait()
+                close(writer)
+            }
+            let result = outcome.result.withLock { $0 }
+            guard case .failure(let error)? = result else {
+                Issue.record("a FIFO was loaded: \(String(describing: result))")
+                return
+            }
+            #expect(error.code == .unreadable)
+            #expect(error.message.contains("not a regular file"))
         }
     }
 

@@ -818,20 +818,19 @@ package struct BrokerSettings: Sendable, Equatable {
             throw ConfigError(.unreadable, file: path, message: "this is a directory; the configuration must be a TOML file")
         }
         let data: Data
+        let fd: CInt
         do {
-            let handle = try FileHandle(forReadingFrom: URL(fileURLWithPath: path))
+            // nil: removed between the check and the open, same as absent.
+            guard let opened = try PrivateFiles.openConfigurationFile(path) else { return nil }
+            fd = opened
+        } catch {
+            throw ConfigError(.unreadable, file: path, message: error.description)
+        }
+        do {
+            let handle = FileHandle(fileDescriptor: fd, closeOnDealloc: true)
             defer { try? handle.close() }
-            do {
-                try PrivateFiles.checkConfigurationFile(handle.fileDescriptor, path: path)
-            } catch {
-                throw ConfigError(.unreadable, file: path, message: error.description)
-            }
             // One byte more than the limit tells "too large" apart without reading a huge file.
             data = try handle.read(upToCount: TOMLSubset.maxInputBytes + 1) ?? Data()
-        } catch let error as CocoaError where error.code == .fileReadNoSuchFile || error.code == .fileNoSuchFile {
-            return nil  // Removed between the check and the open: same as absent.
-        } catch let error as ConfigError {
-            throw error
         } catch {
             throw ConfigError(
                 .unreadable, file: path,
