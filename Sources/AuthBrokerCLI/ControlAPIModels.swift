@@ -285,6 +285,11 @@ package struct ReauthAnswer: Codable, Sendable {
     package var answer: String
 }
 
+/// Ends a re-authentication dialogue (`POST /v1/reauth/{transaction}`).
+package struct ReauthCancel: Codable, Sendable {
+    package var cancel: Bool
+}
+
 /// A pending challenge (`GET /v1/challenges`, and the agent stream).
 package struct ChallengeRecord: Codable, Sendable, Equatable {
     package struct Requester: Codable, Sendable, Equatable {

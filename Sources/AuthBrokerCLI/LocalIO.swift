@@ -208,6 +208,14 @@ package enum Console {
 
 /// Questions asked on the controlling terminal, never on stdin (which may carry data).
 package enum Terminal {
+    /// Whether there is a controlling terminal to ask on.
+    package static var isAvailable: Bool {
+        let descriptor = open("/dev/tty", O_RDWR | O_CLOEXEC | O_NOCTTY)
+        guard descriptor >= 0 else { return false }
+        close(descriptor)
+        return true
+    }
+
     /// Asks a yes/no question on `/dev/tty`; nil when there is no terminal to ask on.
     package static func confirm(_ question: String) -> Bool? {
         let descriptor = open("/dev/tty", O_RDWR | O_CLOEXEC | O_NOCTTY)

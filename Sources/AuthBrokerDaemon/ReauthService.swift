@@ -72,9 +72,33 @@ package final class ReauthService: Sendable {
         let authenticator = self.authenticator
         Task {
             let outcome = await authenticator.authenticate(user: user, responder: transaction)
+            // Settled here, not when a client reads the outcome: a client that left mid-dialogue
+            // (Ctrl-C at the prompt, a program that began and hung up) never reads it, and the
+            // attempt would stay in progress, refusing every other one until a restart.
+            self.settle(transaction, outcome)
             await transaction.finish(outcome)
         }
         return await self.next(transaction)
+    }
+
+    /// Ends the attempt in the grants as PAM ended it, and forgets the transaction.
+    private func settle(_ transaction: ReauthTransaction, _ outcome: PAMOutcome) {
+        self.transactions.withLockedValue { $0[transaction.id] = nil }
+        let now = self.clock.now
+        switch outcome {
+        case .success:
+            self.grants.withLockedValue { $0.recordSuccess(transaction.peer, now: now) }
+            self.logger.info("re-authenticated; secrets may be revealed to this process for a while", metadata: ["peer": "\(transaction.peer)"])
+        case .failure(let error):
+            self.grants.withLockedValue { grants in
+                if error.code == "authentication_failed" || error.code == "account_unavailable" {
+                    grants.recordFailure(transaction.peer, now: now)
+                } else {
+                    grants.recordAbandoned(transaction.peer)
+                }
+            }
+            self.logger.notice("re-authentication refused", metadata: ["peer": "\(transaction.peer)", "code": "\(error.code)"])
+        }
     }
 
     /// Answers the prompt of transaction `id`; only the peer that began it may.
@@ -90,25 +114,12 @@ package final class ReauthService: Sendable {
         case .prompt(let prompt):
             return .prompt(transaction: transaction.id, prompt: prompt, messages: event.messages)
         case .finished(let outcome):
-            self.transactions.withLockedValue { $0[transaction.id] = nil }
-            let now = self.clock.now
+            // Settled in the grants already (`settle`), whether or not anyone reads this.
             switch outcome {
             case .success:
-                let ttl = self.grants.withLockedValue { grants in
-                    grants.recordSuccess(transaction.peer, now: now)
-                    return grants.policy.grantTTL
-                }
-                self.logger.info("re-authenticated; secrets may be revealed to this process for a while", metadata: ["peer": "\(transaction.peer)"])
+                let ttl = self.grants.withLockedValue { $0.policy.grantTTL }
                 return .granted(expiresInSeconds: Int(ttl.components.seconds), messages: event.messages)
             case .failure(let error):
-                self.grants.withLockedValue { grants in
-                    if error.code == "authentication_failed" || error.code == "account_unavailable" {
-                        grants.recordFailure(transaction.peer, now: now)
-                    } else {
-                        grants.recordAbandoned(transaction.peer)
-                    }
-                }
-                self.logger.notice("re-authentication refused", metadata: ["peer": "\(transaction.peer)", "code": "\(error.code)"])
                 return .refused(code: BrokerErrorCode(error.kind), message: error.message, messages: event.messages)
             }
         }

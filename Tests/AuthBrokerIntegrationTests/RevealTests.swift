@@ -40,6 +40,19 @@ struct RevealTests {
             )
             #expect(added.status == 0, "\(added.stderr)")
 
+            // No terminal to ask on (a new session has none) and no --login-password-stdin: refused
+            // before a dialogue begins, which would hold the user's one attempt until its prompt
+            // timed out (the next command below would meet "under way").
+            let noTerminal = try CLIAndClientsTests.run(
+                "/usr/bin/setsid",
+                ["-w", "/usr/bin/setpriv"] + user.setprivArguments + [
+                    DaemonProcess.binDirectory + "/authbrokerctl", "passwords", "show", "https://git.corp.test", "--user", "alice",
+                    "--socket", daemon.socketPath,
+                ]
+            )
+            #expect(noTerminal.status != 0)
+            #expect(noTerminal.stderr.contains("no terminal to ask on"), "\(noTerminal.stderr)")
+
             let wrong = try Self.ctl(
                 daemon, user: user, ["passwords", "show", "https://git.corp.test", "--user", "alice", "--login-password-stdin"],
                 stdin: "not-the-login-password\n"
@@ -47,6 +60,7 @@ struct RevealTests {
             #expect(wrong.status != 0)
             #expect(wrong.stdout.isEmpty)
             #expect(wrong.stderr.contains("refused"), "\(wrong.stderr)")
+            #expect(!wrong.stderr.contains("under way"), "\(wrong.stderr)")
             #expect(!wrong.stderr.contains(Self.secret))
 
             let right = try Self.ctl(

@@ -233,6 +233,11 @@ extension Passwords {
 /// The PAM dialogue with the daemon: its prompts on the terminal (or one answer from stdin).
 enum Reauthentication {
     static func run(api: ControlAPI, passwordFromStdin: Bool) async throws {
+        let noTerminal = CLIError.plain(
+            .badRequest, "cannot re-authenticate: there is no terminal to ask on; pipe your login password in with --login-password-stdin"
+        )
+        // Checked before a dialogue begins: one begun holds the user's only attempt until it ends.
+        guard passwordFromStdin || Terminal.isAvailable else { throw noTerminal }
         var (step, _) = try await api.call("POST", "/v1/reauth", context: "cannot re-authenticate", as: ReauthStep.self)
         var answeredFromStdin = false
         while true {
@@ -247,6 +252,7 @@ enum Reauthentication {
                 var answer: [UInt8]
                 if passwordFromStdin {
                     guard !answeredFromStdin else {
+                        await Self.cancel(transaction, api: api)
                         throw CLIError.plain(.badRequest, "cannot re-authenticate: PAM asks more than one question; run this on a terminal")
                     }
                     answeredFromStdin = true
@@ -256,10 +262,8 @@ enum Reauthentication {
                     // PAM says which answers may be shown as typed (a user name) and which not.
                     let read = prompt.style == "visible" ? Terminal.ask(text).map { Array($0.utf8) } : Terminal.readSecret(text)
                     guard let typed = read else {
-                        throw CLIError.plain(
-                            .badRequest,
-                            "cannot re-authenticate: there is no terminal to ask on; pipe your login password in with --login-password-stdin"
-                        )
+                        await Self.cancel(transaction, api: api)
+                        throw noTerminal
                     }
                     answer = typed
                 }
@@ -272,5 +276,12 @@ enum Reauthentication {
                 throw CLIError.plain(.failure, "cannot re-authenticate: the daemon answered '\(step.state)', which this authbrokerctl does not know")
             }
         }
+    }
+
+    /// Ends a dialogue this process will not finish, so the next attempt need not wait for its
+    /// prompt to time out; best effort (the daemon ends it at the timeout anyway).
+    private static func cancel(_ transaction: String, api: ControlAPI) async {
+        guard let body = try? ReauthCancel(cancel: true).brokerJSON() else { return }
+        _ = try? await api.call("POST", "/v1/reauth/\(transaction)", json: body, context: "cancel", as: ReauthStep.self)
     }
 }
