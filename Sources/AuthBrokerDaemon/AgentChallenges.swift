@@ -98,7 +98,7 @@ package final class AgentChallenges: Sendable {
                 )
             }
             await self.broker.agentAnswered(
-                agent, challenge: challenge, .answer(.credential(StoredAnswer(credential: credential, state: .usable)))
+                agent, challenge: challenge, .answer(.credential(StoredAnswer(credential: credential, realm: protectionSpace.realm, state: .usable)))
             )
         case .serverTrust(let trust):
             guard case .serverTrust(let server) = space else {

@@ -17,9 +17,11 @@ package struct RequestAuthState: Sendable {
     /// How many acceptances the space had when the broker's latest credential was sent.
     var acceptancesWhenSent: UInt64 = 0
     var lastAttempt: AuthAttemptPolicy.LastAttempt = .noCredentials
-    /// The space and user of the credential the broker sent on the latest attempt.
+    /// The space and user of the credential the broker sent on the latest attempt, and the
+    /// realm that password is stored for (nil: any realm).
     var space: ProtectionSpace?
     var user: String?
+    var storedRealm: String?
     /// The `Authorization` (or, for the proxy, `Proxy-Authorization`) value the broker adds to
     /// the next attempt.
     var authorization: String?
@@ -159,7 +161,7 @@ package final class HTTPAuthenticator: Sendable {
             let answer = self.vault.cachedCredential(for: known.space), AuthAttemptPolicy.mayPreempt(stored: answer.state)
         else { return }
         let space = known.space
-        if space.authScheme == "basic", self.vault.isDigestOnly(space: space, user: answer.credential.user) { return }
+        if space.authScheme == "basic", self.vault.isDigestOnly(space: space, user: answer.credential.user, storedRealm: answer.realm) { return }
         do {
             if space.authScheme == "basic" {
                 state.authorization = try BasicAuthorization.headerValue(for: answer.credential)
@@ -177,6 +179,7 @@ package final class HTTPAuthenticator: Sendable {
             }
             state.space = space
             state.user = answer.credential.user
+            state.storedRealm = answer.realm
             state.acceptancesWhenSent = self.acceptanceCount(space)
             self.audit?.record(.credentialUsed(space: space, user: answer.credential.user, requester: requester()))
             FlowCapture.current?.credentialUsed(space, user: answer.credential.user)
@@ -416,7 +419,7 @@ package final class HTTPAuthenticator: Sendable {
             }
             return false
         case .markStoredFailedAndPassToClient:
-            let user = state.user ?? answer?.credential.user ?? ""
+            let (user, storedRealm) = state.user.map { ($0, state.storedRealm) } ?? (answer?.credential.user ?? "", answer?.realm)
             if isProxy, method != .CONNECT, self.acceptanceCount(space) > 0 {
                 // Through the proxy in absolute form, a 407 may be the origin's in the proxy's
                 // realm; a password the proxy has accepted is not condemned on its word. Only a
@@ -427,7 +430,7 @@ package final class HTTPAuthenticator: Sendable {
                 )
                 return false
             }
-            self.vault.markFailed(space: space, user: user)
+            self.vault.markFailed(space: space, user: user, storedRealm: storedRealm)
             self.forget(space)
             self.logger.notice(
                 "the server refused the stored password; it is not sent again until it is changed",
@@ -436,7 +439,7 @@ package final class HTTPAuthenticator: Sendable {
             return false
         case .answerFromStore:
             guard let answer, let body = resendableBody else { return false }
-            if case .basic = choice, self.vault.isDigestOnly(space: space, user: answer.credential.user) {
+            if case .basic = choice, self.vault.isDigestOnly(space: space, user: answer.credential.user, storedRealm: answer.realm) {
                 // A downgrade: the server (or someone on the path) now offers only Basic for a
                 // password it took as a Digest answer before. Basic would send it in the clear.
                 self.logger.warning(
@@ -478,6 +481,7 @@ package final class HTTPAuthenticator: Sendable {
             state.lastAttempt = .storedCredential
             state.space = space
             state.user = answer.credential.user
+            state.storedRealm = answer.realm
             state.acceptancesWhenSent = self.acceptanceCount(space)
             self.audit?.record(.credentialUsed(space: space, user: answer.credential.user, requester: requester))
             FlowCapture.current?.credentialUsed(space, user: answer.credential.user)
@@ -520,7 +524,7 @@ package final class HTTPAuthenticator: Sendable {
         }
         if space.authScheme == "digest" {
             if let user = state.user, state.lastAttempt == .storedCredential || state.lastAttempt == .preemptiveDigest {
-                self.vault.noteAnsweredWithDigest(space: space, user: user)
+                self.vault.noteAnsweredWithDigest(space: space, user: user, storedRealm: state.storedRealm)
             }
             self.digestSessions.withLockedValue { sessions in
                 if let fresh = state.freshDigestSession { sessions[space] = fresh }

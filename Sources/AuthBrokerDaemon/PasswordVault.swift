@@ -130,9 +130,20 @@ package final class PasswordVault: Sendable {
         return removed
     }
 
-    /// Session passwords, then permanent ones (metadata only).
+    /// Session passwords, then permanent ones (metadata only). Refused marks of passwords no
+    /// longer stored (removed, or session ones of an earlier run) are dropped here: `status`
+    /// counts the marks, and points to this list.
     package func list() async throws(BrokerError) -> [StoredPasswordInfo] {
-        let failed = self.failed.all
+        let marked = self.failed.all
+        let infos = try await self.listMarking(failed: marked)
+        // Only marks there were before the listing: one made meanwhile may be a password's added
+        // meanwhile, which the listing may have missed.
+        let stale = marked.subtracting(infos.map { Key(origin: $0.origin, realm: $0.realm, user: $0.user) })
+        if !stale.isEmpty { self.failed.update { $0.subtract(stale) } }
+        return infos
+    }
+
+    private func listMarking(failed: Set<Key>) async throws(BrokerError) -> [StoredPasswordInfo] {
         var infos = self.session.withLockedValue { $0.map(\.info) }.map { info in
             var info = info
             info.failed = failed.contains(Key(origin: info.origin, realm: info.realm, user: info.user))
@@ -198,7 +209,7 @@ package final class PasswordVault: Sendable {
         let key = Key(origin: origin, realm: found.realm, user: found.user)
         self.permanentCache.withLockedValue { $0[key] = credential }
         let isFailed = self.failed.contains(key)
-        return StoredAnswer(credential: credential, state: isFailed ? .markedFailed : .usable)
+        return StoredAnswer(credential: credential, realm: found.realm, state: isFailed ? .markedFailed : .usable)
     }
 
     /// From memory only (session passwords and permanent ones already read): for preemptive
@@ -211,35 +222,34 @@ package final class PasswordVault: Sendable {
         }
         if let entry = sessionMatch {
             let key = Key(origin: entry.info.origin, realm: entry.info.realm, user: entry.info.user)
-            return StoredAnswer(credential: entry.credential, state: failed.contains(key) ? .markedFailed : .usable)
+            return StoredAnswer(credential: entry.credential, realm: entry.info.realm, state: failed.contains(key) ? .markedFailed : .usable)
         }
         let cached = self.permanentCache.withLockedValue { cache -> (Key, PasswordCredential)? in
             let candidates = cache.filter { $0.key.origin == space.origin && ($0.key.realm == nil || $0.key.realm == space.realm) }
             return (candidates.first(where: { $0.key.realm != nil }) ?? candidates.first).map { ($0.key, $0.value) }
         }
         guard let (key, credential) = cached else { return nil }
-        return StoredAnswer(credential: credential, state: failed.contains(key) ? .markedFailed : .usable)
+        return StoredAnswer(credential: credential, realm: key.realm, state: failed.contains(key) ? .markedFailed : .usable)
     }
 
-    /// The server refused `user`'s password for `space`: do not send it again until it changes.
-    package func markFailed(space: ProtectionSpace, user: String) {
-        let keys = [Key(origin: space.origin, realm: space.realm, user: user), Key(origin: space.origin, realm: nil, user: user)]
-        self.failed.update { $0.formUnion(keys) }
+    /// The server refused `user`'s password stored for `storedRealm` (nil: any realm) when it
+    /// answered `space`: do not send it again until it changes. Only that password is marked;
+    /// another stored for the same user at the origin was never sent.
+    package func markFailed(space: ProtectionSpace, user: String, storedRealm: String?) {
+        self.failed.update { _ = $0.insert(Key(origin: space.origin, realm: Self.realm(storedRealm), user: user)) }
     }
 
-    /// A server accepted `user`'s password for `space` as a Digest answer: from now on it is
-    /// never sent as Basic, for this realm or (through a password stored for any realm) another,
+    /// A server accepted `user`'s password stored for `storedRealm` as a Digest answer for
+    /// `space`: from now on that password is never sent as Basic (for any realm it may answer)
     /// until it is replaced.
-    package func noteAnsweredWithDigest(space: ProtectionSpace, user: String) {
-        let keys = [Key(origin: space.origin, realm: space.realm, user: user), Key(origin: space.origin, realm: nil, user: user)]
-        self.digestOnly.update { $0.formUnion(keys) }
+    package func noteAnsweredWithDigest(space: ProtectionSpace, user: String, storedRealm: String?) {
+        self.digestOnly.update { _ = $0.insert(Key(origin: space.origin, realm: Self.realm(storedRealm), user: user)) }
     }
 
-    /// Whether `user`'s password for `space` must not be sent as Basic (it was answered with
-    /// Digest before).
-    package func isDigestOnly(space: ProtectionSpace, user: String) -> Bool {
-        self.digestOnly.contains(Key(origin: space.origin, realm: space.realm, user: user))
-            || self.digestOnly.contains(Key(origin: space.origin, realm: nil, user: user))
+    /// Whether `user`'s password stored for `storedRealm` must not be sent as Basic (it was
+    /// answered with Digest before).
+    package func isDigestOnly(space: ProtectionSpace, user: String, storedRealm: String?) -> Bool {
+        self.digestOnly.contains(Key(origin: space.origin, realm: Self.realm(storedRealm), user: user))
     }
 
     package var failedCount: Int {
@@ -279,5 +289,8 @@ package final class PasswordVault: Sendable {
 /// A stored credential as the challenge broker hands it out.
 package struct StoredAnswer: Sendable, Equatable {
     package var credential: PasswordCredential
+    /// The realm the password is stored for (nil: any realm): which stored password a refusal
+    /// or a Digest acceptance is about.
+    package var realm: String?
     package var state: AuthAttemptPolicy.StoredCredential
 }

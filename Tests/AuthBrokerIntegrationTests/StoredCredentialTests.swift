@@ -220,6 +220,40 @@ struct StoredCredentialTests {
         }
     }
 
+    @Test("a refused password stored for a realm marks that password only, not the one stored for any realm; removed, no mark stays")
+    func refusalMarksThePasswordSent() async throws {
+        let origin = try await TestAuthOrigin.start(name: "realm-mark", user: Self.user, password: Self.password)
+        defer { Task { await origin.stop() } }
+        try await withDaemon(config: Self.config(origin)) { daemon in
+            try Self.store(daemon, url: Self.base(origin))
+            try Self.store(daemon, url: Self.base(origin), password: "wrong-for-the-realm", realm: TestAuthOrigin.basicRealm)
+            // The realm's own password is the one sent, and refused.
+            #expect(try fetch(daemon, Self.base(origin) + "/basic/x").status == 401)
+            #expect(origin.stats.failures == 1)
+            func marks() throws -> [String?: Bool] {
+                let list = try UnixSocketConnection(path: daemon.socketPath).request("GET", "/v1/passwords")
+                let passwords = list.json["passwords"] as? [[String: Any]] ?? []
+                return Dictionary(passwords.map { ($0["realm"] as? String, $0["failed"] as? Bool ?? false) }, uniquingKeysWith: { a, _ in a })
+            }
+            func warnings() throws -> [String] {
+                try UnixSocketConnection(path: daemon.socketPath).request("GET", "/v1/status").json["warnings"] as? [String] ?? []
+            }
+            #expect(try marks() == [nil: false, TestAuthOrigin.basicRealm: true], "the password stored for any realm was marked too")
+            let marked = try warnings()
+            #expect(marked.contains { $0.hasPrefix("1 stored password(s) were refused") }, "\(marked)")
+
+            let query = "url=\(Self.base(origin))&user=\(Self.user)&realm=\(TestAuthOrigin.basicRealm)"
+                .addingPercentEncoding(withAllowedCharacters: .urlQueryAllowed.subtracting(CharacterSet(charactersIn: "@:/")).union(CharacterSet(charactersIn: "=&")))
+            let removed = try UnixSocketConnection(path: daemon.socketPath).request("DELETE", "/v1/passwords?" + (query ?? ""))
+            #expect(removed.status == 200, "\(removed.text)")
+            #expect(try marks() == [nil: false])
+            let cleared = try warnings()
+            #expect(!cleared.contains { $0.contains("were refused") }, "\(cleared)")
+            // The password for any realm, never refused, now answers.
+            #expect(try fetch(daemon, Self.base(origin) + "/basic/x").status == 200)
+        }
+    }
+
     @Test("a right password replaced by a wrong one is sent once (preemptively, with the known nonce), not again after the 401")
     func wrongReplacementSentOnce() async throws {
         let origin = try await TestAuthOrigin.start(name: "replaced", user: Self.user, password: Self.password)
