@@ -7,6 +7,22 @@ import NIOHTTP1
 import Synchronization
 
 /// One request's history with HTTP authentication, carried across its attempts.
+/// A proxy password a 407 in the proxy's own space refused on plain-http requests, after the
+/// proxy had accepted it. Such a 407 may be an origin's mimicking the proxy (which must not get
+/// the password marked refused) or the proxy's own (the password changed at the directory, where
+/// a few failed logins lock the account). The password is held back for each origin that
+/// answered so, and for every origin once two did, until a response through the proxy shows it
+/// took the password (a CONNECT is surely the proxy's) or the password is replaced: a changed
+/// password costs at most two failed logins over plain http, and a hostile origin blocks only
+/// itself.
+struct ProxyPasswordDoubt: Sendable {
+    var credential: PasswordCredential
+    var origins: Set<CanonicalOrigin> = []
+
+    /// Two origins refused it: the proxy's own refusal, most likely.
+    var everywhere: Bool { self.origins.count >= 2 }
+}
+
 package struct RequestAuthState: Sendable {
     /// 401s this request has had so far.
     var previousFailures = 0
@@ -113,6 +129,9 @@ package final class HTTPAuthenticator: Sendable {
     /// The Basic space whose 401 last went to the client, per origin: a credential the client
     /// then sends with `Authbroker-Persist` is kept for that realm.
     private let offeredToClient: NIOLockedValueBox<BoundedTable<CanonicalOrigin, ProtectionSpace>>
+    /// Proxy passwords in doubt: a 407 in the proxy's space refused one the proxy had accepted
+    /// before, on a plain-http request, where it may be an origin's (`ProxyPasswordDoubt`).
+    private let proxyDoubts: NIOLockedValueBox<BoundedTable<ProtectionSpace, ProxyPasswordDoubt>>
     /// Answers Negotiate where `[kerberos]` allows; nil: never (tests without Kerberos).
     package let kerberos: KerberosNegotiator?
     /// Challengers that accepted a Kerberos token, with the directories of the URIs they took it
@@ -138,6 +157,7 @@ package final class HTTPAuthenticator: Sendable {
         self.digestSessions = NIOLockedValueBox(BoundedTable(capacity: maxAuthSpaces))
         self.acceptances = NIOLockedValueBox(BoundedTable(capacity: maxAuthSpaces))
         self.knownSpaces = NIOLockedValueBox(BoundedTable(capacity: maxAuthSpaces))
+        self.proxyDoubts = NIOLockedValueBox(BoundedTable(capacity: maxAuthSpaces))
         self.offeredToClient = NIOLockedValueBox(BoundedTable(capacity: maxAuthSpaces))
         self.vault = vault
         self.challenges = challenges
@@ -162,6 +182,7 @@ package final class HTTPAuthenticator: Sendable {
         else { return }
         let space = known.space
         if space.authScheme == "basic", self.vault.isDigestOnly(space: space, user: answer.credential.user, storedRealm: answer.realm) { return }
+        if isProxy, method != .CONNECT, self.isDoubted(space, answer.credential, uri: uri) { return }
         do {
             if space.authScheme == "basic" {
                 state.authorization = try BasicAuthorization.headerValue(for: answer.credential)
@@ -423,10 +444,16 @@ package final class HTTPAuthenticator: Sendable {
             if isProxy, method != .CONNECT, self.acceptanceCount(space) > 0 {
                 // Through the proxy in absolute form, a 407 may be the origin's in the proxy's
                 // realm; a password the proxy has accepted is not condemned on its word. Only a
-                // 407 to CONNECT is surely the proxy's.
+                // 407 to CONNECT is surely the proxy's. It is held back meanwhile, so that a
+                // password changed at the proxy is not refused once per request (an account
+                // locked out after a handful).
+                let credential = answer?.credential ?? PasswordCredential(user: user, password: "")
+                let holds = self.doubt(space, credential, uri: uri)
                 self.logger.notice(
-                    "a 407 in the proxy's realm refused a password the proxy accepted before; passed to the client, the password kept",
-                    metadata: ["space": "\(space)", "user": "\(user)"]
+                    holds.everywhere
+                        ? "a 407 in the proxy's realm refused its password for a second origin; it is sent for plain http again once the proxy accepts it for an https request (CONNECT) or it is replaced"
+                        : "a 407 in the proxy's realm refused a password the proxy accepted before; passed to the client, the password kept but not sent for this origin until the proxy accepts it again",
+                    metadata: ["space": "\(space)", "user": "\(user)", "origin": "\(holds.origin.map { "\($0)" } ?? "-")"]
                 )
                 return false
             }
@@ -439,6 +466,10 @@ package final class HTTPAuthenticator: Sendable {
             return false
         case .answerFromStore:
             guard let answer, let body = resendableBody else { return false }
+            if isProxy, method != .CONNECT, self.isDoubted(space, answer.credential, uri: uri) {
+                self.logger.debug("the proxy's password is in doubt for this origin; the client gets the 407", metadata: ["space": "\(space)"])
+                return false
+            }
             if case .basic = choice, self.vault.isDigestOnly(space: space, user: answer.credential.user, storedRealm: answer.realm) {
                 // A downgrade: the server (or someone on the path) now offers only Basic for a
                 // password it took as a Digest answer before. Basic would send it in the clear.
@@ -532,6 +563,11 @@ package final class HTTPAuthenticator: Sendable {
             }
         }
         self.acceptances.withLockedValue { $0.update(space, default: 0) { $0 &+= 1 } }
+        // A response other than its 407 came through the proxy for a request carrying the
+        // password: the proxy took it.
+        if space.isProxy, state.lastAttempt == .storedCredential || state.lastAttempt == .preemptiveDigest {
+            self.proxyDoubts.withLockedValue { $0[space] = nil }
+        }
         // A proxy's credentials are for every request through it (RFC 9110 §11.7.2); Basic's for
         // the request's directory (RFC 7617 §2.2); Digest's for the challenge's `domain`.
         let prefixes: [String]
@@ -595,6 +631,33 @@ package final class HTTPAuthenticator: Sendable {
             self.digestSessions.withLockedValue { $0.count }, self.acceptances.withLockedValue { $0.count },
             self.knownSpaces.withLockedValue { $0.count }, self.offeredToClient.withLockedValue { $0.count }
         )
+    }
+
+    /// Records that a 407 in the proxy's `space` refused `credential` for the origin `uri` names;
+    /// returns that origin and whether the password is now held back for every origin.
+    private func doubt(_ space: ProtectionSpace, _ credential: PasswordCredential, uri: String) -> (origin: CanonicalOrigin?, everywhere: Bool) {
+        let origin = Self.originBeyondProxy(uri)
+        return self.proxyDoubts.withLockedValue { doubts in
+            var doubt = doubts[space].flatMap { $0.credential == credential ? $0 : nil } ?? ProxyPasswordDoubt(credential: credential)
+            if let origin { doubt.origins.insert(origin) }
+            doubts[space] = doubt
+            return (origin, doubt.everywhere)
+        }
+    }
+
+    /// Whether `credential` is held back for the proxy's `space` on a request to the origin `uri`
+    /// names (`ProxyPasswordDoubt`).
+    private func isDoubted(_ space: ProtectionSpace, _ credential: PasswordCredential, uri: String) -> Bool {
+        self.proxyDoubts.withLockedValue { doubts in
+            guard let doubt = doubts.peek(space), doubt.credential == credential else { return false }
+            return doubt.everywhere || Self.originBeyondProxy(uri).map { doubt.origins.contains($0) } ?? true
+        }
+    }
+
+    /// The origin of an absolute-form request target (a plain-http request through the proxy).
+    private static func originBeyondProxy(_ uri: String) -> CanonicalOrigin? {
+        guard case .success(.absolute(let origin, _)) = RequestTarget.parse(method: "GET", uri: uri) else { return nil }
+        return origin
     }
 
     private func acceptanceCount(_ space: ProtectionSpace) -> UInt64 {

@@ -157,23 +157,74 @@ struct UpstreamProxyTests {
     func originProxyChallengeIsNotTheProxys() async throws {
         let proxy = try await TestForwardProxy.start(auth: .basic, user: Self.user, password: Self.password)
         let faulty = try await FaultyOrigin.start()
-        defer { Task { await proxy.stop(); await faulty.stop() } }
+        let origin = try await TestOrigin.start(name: "web")
+        defer { Task { await proxy.stop(); await faulty.stop(); await origin.stop() } }
         try await withDaemon(config: Self.config(proxy: proxy.port)) { daemon in
             try Self.storeProxyPassword(daemon, proxyPort: proxy.port)
             let connection = try UnixSocketConnection(path: daemon.socketPath)
             let base = "http://faulty.internal.test:\(faulty.port)"
             #expect(try connection.request("GET", "\(base)/hello").status == 200)
             // Another realm, then the proxy's own realm mimicked: the app gets the origin's 407.
-            for realm in ["evil", "evil", TestAuthOrigin.basicRealm, TestAuthOrigin.basicRealm] {
+            for realm in ["evil", "evil", TestAuthOrigin.basicRealm] {
                 let challenged = try connection.request("GET", "\(base)/proxy-challenge/\(realm)")
                 #expect(challenged.status == 407)
                 #expect(challenged.text == "origin")
                 #expect(challenged.header("Authbroker-Error") == nil)
             }
-            #expect(try connection.request("GET", "\(base)/hello").status == 200)
+            // The proxy's password is held back for that origin from now on (its 407 in the
+            // proxy's realm may have been the proxy's): its requests meet the proxy's own 407,
+            // passed to the app, while another origin still gets the password.
+            for path in ["/proxy-challenge/\(TestAuthOrigin.basicRealm)", "/hello"] {
+                let held = try connection.request("GET", base + path)
+                #expect(held.status == 407)
+                #expect(held.text == "proxy authentication required")
+                #expect(held.header("Authbroker-Error") == nil)
+            }
+            #expect(try connection.request("GET", "http://web.internal.test:\(origin.port)/hello").status == 200)
             #expect(proxy.stats.refused == 0)
             let listed = try UnixSocketConnection(path: daemon.socketPath).request("GET", "/v1/passwords")
             #expect(!listed.text.contains("\"failed\":true"), "\(listed.text)")
+        }
+    }
+
+    @Test("a proxy password changed at the directory is refused at most twice over plain http, not once per request, then marked by a CONNECT")
+    func changedProxyPasswordIsNotRetriedPerRequest() async throws {
+        let proxy = try await TestForwardProxy.start(auth: .basic, user: Self.user, password: Self.password)
+        let first = try await TestOrigin.start(name: "first"), second = try await TestOrigin.start(name: "second")
+        let third = try await TestOrigin.start(name: "third")
+        let ca = try TestPKI.makeCA(commonName: "Proxy Test CA")
+        defer { Task { await proxy.stop(); await first.stop(); await second.stop(); await third.stop() } }
+        try await withDaemon(config: Self.config(proxy: proxy.port)) { daemon in
+            try Self.storeProxyPassword(daemon, proxyPort: proxy.port)
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            for origin in [first, second, third] {
+                #expect(try connection.request("GET", "http://\(origin.name).internal.test:\(origin.port)/hello").status == 200)
+            }
+            #expect(proxy.stats.refused == 0)
+
+            // The password expires at the directory: an apt update's worth of requests follows.
+            proxy.changePassword("Changed-At-The-Directory")
+            for _ in 0..<4 {
+                for origin in [first, second, third] {
+                    let response = try connection.request("GET", "http://\(origin.name).internal.test:\(origin.port)/hello")
+                    #expect(response.status == 407)
+                }
+            }
+            #expect(proxy.stats.refused == 2, "the refused proxy password was sent \(proxy.stats.refused) times")
+
+            // An https request's CONNECT is surely the proxy's: its 407 marks the password refused.
+            let secure = try await Self.trustedHTTPSOrigin(host: "secure.internal.test", daemon: daemon, ca: ca)
+            defer { Task { await secure.stop() } }
+            #expect(try connection.request("GET", "https://secure.internal.test:\(secure.port)/hello").status == 407)
+            #expect(proxy.stats.refused == 3)
+            let listed = try UnixSocketConnection(path: daemon.socketPath).request("GET", "/v1/passwords")
+            #expect(listed.text.contains("\"failed\":true"), "\(listed.text)")
+
+            // The new password, stored, is sent at once everywhere.
+            try Self.storeProxyPassword(daemon, proxyPort: proxy.port, password: "Changed-At-The-Directory")
+            #expect(try connection.request("GET", "http://first.internal.test:\(first.port)/hello").status == 200)
+            #expect(try connection.request("GET", "https://secure.internal.test:\(secure.port)/hello").status == 200)
+            #expect(proxy.stats.refused == 3)
         }
     }
 

@@ -255,15 +255,22 @@ final class AuthOriginCore: Sendable {
 
     let name: String
     private let user: String
-    private let password: String
+    /// Changeable, as at a directory: `changePassword(_:)`.
+    private let passwordBox: NIOLockedValueBox<String>
+    private var password: String { self.passwordBox.withLockedValue { $0 } }
     private let opaque = AuthOriginCore.randomHex(bytes: 8)
     private let state: NIOLockedValueBox<State>
 
     init(name: String, user: String, password: String, behaviour: TestAuthBehaviour) {
         self.name = name
         self.user = user
-        self.password = password
+        self.passwordBox = NIOLockedValueBox(password)
         self.state = NIOLockedValueBox(State(behaviour: behaviour))
+    }
+
+    /// The user's password changes (at the directory behind the server).
+    func changePassword(_ password: String) {
+        self.passwordBox.withLockedValue { $0 = password }
     }
 
     var stats: TestAuthStats { self.state.withLockedValue { $0.stats } }

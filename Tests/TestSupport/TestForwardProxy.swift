@@ -66,6 +66,8 @@ package final class TestForwardProxy: Sendable {
     }
 
     package var stats: TestProxyStats { self.counters.withLock { $0 } }
+    /// The proxy user's password changes: the one stored in the broker is wrong from now on.
+    package func changePassword(_ password: String) { self.core.changePassword(password) }
     /// The proxy's authentication counters (as `TestAuthOrigin.stats`).
     package var authStats: TestAuthStats { self.core.stats }
 
