@@ -408,14 +408,25 @@ package final class HTTPAuthenticator: Sendable {
         let space = ProtectionSpace(origin: origin, challenge: choice.challenge, isProxy: isProxy)
 
         var stale = false
+        // The stale nonce was this request's own (a fresh answer not accepted yet), not the
+        // shared session's.
+        var staleOwnSession = false
         if case .digest(let digest, _) = choice, state.space == space {
-            // Only a stale nonce moves the shared session to the new one; after any other
-            // refusal the request answers with a session of its own (shared once accepted), so
-            // that concurrent requests keep counting on the nonce that works.
-            stale = self.digestSessions.withLockedValue { sessions in
-                guard var session = sessions[space], digest.stale, digest.realm == session.challenge.realm else { return false }
-                defer { sessions[space] = session }
-                return session.challenge(digest) == .staleNonce
+            if var own = state.freshDigestSession, digest.stale, digest.realm == own.challenge.realm {
+                // RFC 7616 §3.3: stale means the password was right and the nonce too old (the
+                // person behind an agent took longer than the server's nonce lifetime).
+                stale = own.challenge(digest) == .staleNonce
+                staleOwnSession = stale
+                state.freshDigestSession = own
+            } else {
+                // Only a stale nonce moves the shared session to the new one; after any other
+                // refusal the request answers with a session of its own (shared once accepted),
+                // so that concurrent requests keep counting on the nonce that works.
+                stale = self.digestSessions.withLockedValue { sessions in
+                    guard var session = sessions[space], digest.stale, digest.realm == session.challenge.realm else { return false }
+                    defer { sessions[space] = session }
+                    return session.challenge(digest) == .staleNonce
+                }
             }
         }
 
@@ -484,16 +495,22 @@ package final class HTTPAuthenticator: Sendable {
                 case .basic(let challenge):
                     state.authorization = try BasicAuthorization.headerValue(for: answer.credential, challenge: challenge)
                 case .digest(let digest, _):
+                    let own = staleOwnSession ? state.freshDigestSession : nil
                     let authorization = try self.digestSessions.withLockedValue { sessions throws(HTTPAuthError) in
-                        var session = stale ? (sessions[space] ?? DigestSession(protectionSpace: space, challenge: digest))
-                            : DigestSession(protectionSpace: space, challenge: digest)
+                        var session = own ?? (stale ? (sessions[space] ?? DigestSession(protectionSpace: space, challenge: digest))
+                            : DigestSession(protectionSpace: space, challenge: digest))
                         let authorization = try session.authorization(
                             credential: answer.credential, method: method.rawValue, uri: uri, body: body
                         )
                         // A fresh nonce stays this request's own until the server accepts the
                         // answer (`responseAccepted`): shared at once, concurrent preemptive
                         // requests would send higher counts that overtake this nc=1.
-                        if stale { sessions[space] = session } else { state.freshDigestSession = session }
+                        if stale && own == nil {
+                            sessions[space] = session
+                            state.freshDigestSession = nil
+                        } else {
+                            state.freshDigestSession = session
+                        }
                         return authorization
                     }
                     state.authorization = authorization.headerValue

@@ -1,5 +1,5 @@
 import AuthBrokerCore
-import AuthBrokerDaemon
+@testable import AuthBrokerDaemon
 import AuthBrokerHTTPAuth
 import AuthBrokerTrust
 import Foundation
@@ -12,10 +12,8 @@ import TestSupport
 /// response (a hostile origin, or one that puts a request id in the realm).
 @Suite("Remembered protection spaces")
 struct RememberedSpacesTests {
-    @Test("an origin that changes its Digest realm each time: the tables stay within max_auth_spaces, the newest is kept")
-    func varyingRealmIsBounded() async throws {
-        let directory = try DaemonProcess.makeTemporaryDirectory()
-        defer { try? FileManager.default.removeItem(atPath: directory) }
+    /// An authenticator over an empty session vault, in `directory`.
+    static func authenticator(directory: String, maxAuthSpaces: Int = 16) throws -> (HTTPAuthenticator, PasswordVault) {
         let logger = Logger(label: "remembered-spaces-tests", factory: { _ in SwiftLogNoOpLogHandler() })
         let store = try TrustStore(path: directory + "/trust.json")
         let evaluator = TrustEvaluator(
@@ -23,7 +21,45 @@ struct RememberedSpacesTests {
         )
         let vault = PasswordVault()
         let challenges = AgentChallenges(vault: vault, store: store, evaluator: evaluator, logger: logger)
-        let authenticator = HTTPAuthenticator(vault: vault, challenges: challenges, maxAuthSpaces: 16, logger: logger)
+        return (HTTPAuthenticator(vault: vault, challenges: challenges, maxAuthSpaces: maxAuthSpaces, logger: logger), vault)
+    }
+
+    @Test("stale=true to a fresh Digest answer (its nonce outlived by a slow agent) is answered with the new nonce, the password not marked")
+    func staleNonceOnAFreshAnswer() async throws {
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let (authenticator, vault) = try Self.authenticator(directory: directory)
+        let origin = try CanonicalOrigin(parsing: "http://stale.test")
+        try await vault.add(origin: origin, realm: nil, credential: PasswordCredential(user: "alice", password: "pw"), persistence: .session)
+        func challenge(nonce: String, stale: Bool) -> HTTPResponseHead {
+            let value = "Digest realm=\"r\", nonce=\"\(nonce)\", qop=\"auth\", algorithm=SHA-256" + (stale ? ", stale=true" : "")
+            return HTTPResponseHead(version: .http1_1, status: .unauthorized, headers: HTTPHeaders([("WWW-Authenticate", value)]))
+        }
+        var state = RequestAuthState(headers: HTTPHeaders())
+        let first = await authenticator.answerChallenge(
+            challenge(nonce: "n1", stale: false), origin: origin, method: .GET, uri: "/x", resendableBody: .bytes([]), state: &state
+        )
+        #expect(first)
+        #expect(state.authorization?.contains("nonce=\"n1\"") == true)
+        let second = await authenticator.answerChallenge(
+            challenge(nonce: "n2", stale: true), origin: origin, method: .GET, uri: "/x", resendableBody: .bytes([]), state: &state
+        )
+        #expect(second, "a stale nonce on the request's own fresh answer was taken as a refusal")
+        #expect(state.authorization?.contains("nonce=\"n2\"") == true)
+        #expect(state.authorization?.contains("nc=00000001") == true)
+        #expect(vault.cachedCredential(for: ProtectionSpace(origin: origin, realm: "r", authScheme: "Digest"))?.state == .usable)
+        // Accepted: the session with the new nonce is the space's from now on.
+        authenticator.responseAccepted(HTTPResponseHead(version: .http1_1, status: .ok), origin: origin, uri: "/x", state: state)
+        var next = RequestAuthState(headers: HTTPHeaders())
+        authenticator.authorizePreemptively(origin: origin, method: .GET, uri: "/x", state: &next)
+        #expect(next.authorization?.contains("nonce=\"n2\"") == true && next.authorization?.contains("nc=00000002") == true, "\(next.authorization ?? "none")")
+    }
+
+    @Test("an origin that changes its Digest realm each time: the tables stay within max_auth_spaces, the newest is kept")
+    func varyingRealmIsBounded() async throws {
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let (authenticator, vault) = try Self.authenticator(directory: directory)
         let origins = try (0..<3).map { try CanonicalOrigin(parsing: "http://realms\($0).test") }
         for origin in origins {
             try await vault.add(origin: origin, realm: nil, credential: PasswordCredential(user: "alice", password: "pw"), persistence: .session)
