@@ -183,11 +183,24 @@ package enum BrokerDaemon {
             idleTimeout: .milliseconds(Int64(settings.upstream.poolIdleTimeoutMilliseconds)),
             eventLoop: group.next(),
             connect: { route, id, eventLoop in
+                // Counted open once the connection is made, and closed only if it was counted: a
+                // channel that closes while connecting (a refused handshake, an untrusted server)
+                // calls `onClose` too, and may do so before `connect` returns.
+                let counted = NIOLockedValueBox<Bool?>(nil)  // nil: connecting; false: closed first
                 let connection = try await connector.connect(route: route, id: id, on: eventLoop) {
-                    counters.upstreamConnectionsOpen.subtract(1)
+                    let wasCounted = counted.withLockedValue { state in
+                        defer { if state == nil { state = false } }
+                        return state == true
+                    }
+                    if wasCounted { counters.upstreamConnectionsOpen.subtract(1) }
                     poolBox.withLockedValue { $0 }?.connectionClosed(route: route, id: id)
                 }
-                counters.upstreamConnectionsOpen.add(1)
+                let open = counted.withLockedValue { state in
+                    guard state == nil else { return false }
+                    state = true
+                    return true
+                }
+                if open { counters.upstreamConnectionsOpen.add(1) }
                 return connection
             },
             close: { connection in connection.close() },

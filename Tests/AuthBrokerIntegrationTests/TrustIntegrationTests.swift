@@ -30,6 +30,8 @@ struct TrustIntegrationTests {
             let fix = problem["fix"] as? [String] ?? []
             #expect(fix.contains { $0.hasPrefix("authbrokerctl anchors trust-server https://self-signed.internal.test:\(origin.port) --fingerprint \(leaf.sha256Fingerprint)") })
             #expect(fix.contains { $0.hasPrefix("authbrokerctl anchors add") })
+            // The refused connection was never open as far as the counters go (it went to -1).
+            #expect(try await DirectRelayTests.counter(daemon, "upstream_connections_open", settlesAt: 0) == 0)
 
             let added = try addAnchor(daemon, pem: leaf.pem, hosts: ["*.internal.test"])
             #expect(added.status == 201)
