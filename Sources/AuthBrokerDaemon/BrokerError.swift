@@ -209,16 +209,24 @@ extension BrokerError {
             let host = origin.host.contains(":") ? "[\(origin.host)]" : origin.host
             fix.append("authbrokerctl exceptions add \(host):\(origin.port) \(leaf.sha256)")
         }
-        var summary = reasons.first ?? "the chain did not verify"
+        // The summary names what an anchor cannot cure, when there is such a failure: it is the
+        // one the advice that follows is about (an anchor out of scope beside a name mismatch
+        // would otherwise say "add this host to the anchor" and then "an anchor would not help").
+        let decisive = anchorFixes ? decision.failures.first : decision.failures.first { !$0.isAboutTheIssuer }
+        var summary = decisive?.summary ?? reasons.first ?? "the chain did not verify"
         while summary.hasSuffix(".") { summary.removeLast() }
+        let advice =
+            if anchorFixes {
+                "If you trust this server, add its CA (or its own certificate) as an anchor for this host; see `fix`."
+            } else if pinned {
+                "Your pin for this host decides here, under any anchor or exception: if the server's key changed legitimately, remove the old pin (`authbrokerctl pins list`, then `authbrokerctl pins remove`)."
+            } else {
+                "An anchor would not change that; if you trust this very certificate anyway, add an exception for it (see `fix`)."
+            }
         return BrokerError(
             code: .untrustedServer, status: .badGateway, proxyErrorType: .tlsCertificateError,
             title: "The server's certificate is not trusted",
-            detail:
-                "\(origin.hostHeader) presented a certificate chain that is not trusted: \(summary). "
-                + (anchorFixes
-                    ? "If you trust this server, add its CA (or its own certificate) as an anchor for this host; see `fix`."
-                    : "An anchor would not change that; if you trust this very certificate anyway, add an exception for it (see `fix`)."),
+            detail: "\(origin.hostHeader) presented a certificate chain that is not trusted: \(summary). " + advice,
             host: origin.hostHeader, reasons: reasons, chain: decision.chain, fix: fix,
             serverTrustFailure: UntrustedServer(origin: origin, decision: decision, chainDER: chainDER)
         )

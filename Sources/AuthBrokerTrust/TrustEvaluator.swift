@@ -333,7 +333,11 @@ package final class TrustEvaluator: Sendable {
             contentsOf: signed.filter { !CertificateDigests.isSelfSigned($0) || $0 == leaf }.compactMap(StrongSignaturePolicy.failure(of:)),
             at: 0
         )
-        failures += ServerUsagePolicy.failures(chain: timeChain)
+        // A self-signed server certificate is judged as it would be once anchored, as itself:
+        // `openssl req -x509` marks it CA:TRUE by default, which does not matter then, and
+        // calling it unfit would say that no anchor could help.
+        let selfSignedLeaf = failures.contains { if case .selfSigned = $0 { true } else { false } }
+        failures += ServerUsagePolicy.failures(chain: timeChain, leafIsAnchor: selfSignedLeaf)
         if let inconsistent = ServerNamePolicy.consistencyFailure(leaf, publicSuffixes: self.publicSuffixes) {
             failures.append(inconsistent)
         } else if ServerNamePolicy.nameFailure(leaf, host: host) != nil {

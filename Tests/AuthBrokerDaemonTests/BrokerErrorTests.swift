@@ -19,6 +19,7 @@ struct BrokerErrorTests {
             ([.expired(notAfter: .now - 86400)], false, true),
             ([.unfitForServer(certificate: "The certificate 'CN=x'", reason: "it is for client authentication only")], false, true),
             ([.pinMismatch(host: "nas.test", pinned: ["A"], presented: ["B"])], false, false),
+            ([.anchorOutOfScope(anchorID: "1c903d0b", hosts: [try! HostPattern(parsing: "*.internal.test")]), .hostnameMismatch(host: "nas.test", names: ["other.test"])], false, true),  // try!: a valid literal
         ] as [([TrustFailure], Bool, Bool)]
     )
     func untrustedServerFix(failures: [TrustFailure], offersAnchor: Bool, offersException: Bool) throws {
@@ -31,7 +32,12 @@ struct BrokerErrorTests {
         let fix = error.fix ?? []
         #expect(fix.contains { $0.hasPrefix("authbrokerctl anchors ") } == offersAnchor, "\(fix)")
         #expect(fix.contains("authbrokerctl exceptions add nas.test:5001 AB:CD") == offersException, "\(fix)")
-        #expect(error.detail.contains("An anchor would not change that") == !offersAnchor)
+        #expect(error.detail.contains("An anchor would not change that") == (!offersAnchor && offersException))
+        // The detail never points at a `fix` there is not, and when no anchor helps it never
+        // leads with advice about anchors (an out-of-scope anchor beside a name mismatch).
+        #expect(!error.detail.contains("see `fix`") || !fix.isEmpty, "\(error.detail)")
+        if !offersAnchor { #expect(!error.detail.contains("limited to"), "\(error.detail)") }
+        if !offersException { #expect(error.detail.contains("pins remove"), "\(error.detail)") }
     }
 
     @Test("an upstream error renders status, Proxy-Status and a problem body with the request id")

@@ -212,6 +212,26 @@ struct ServerCertificateRulesTests {
         #expect(try await Self.evaluate([noUsage], root: root, host: "www.rules.test.").isTrusted)
     }
 
+    @Test("a self-signed server certificate marked CA:TRUE (openssl req -x509) is refused as self-signed only: anchoring it cures it")
+    func selfSignedCAServerCertificate() async throws {
+        let host = "nas.rules.test"
+        let server = try Self.make(
+            commonName: host, issuer: nil,
+            extensions: try Certificate.Extensions {
+                Critical(BasicConstraints.isCertificateAuthority(maxPathLength: nil))
+                Self.sans([host])
+            }
+        )
+        let fixture = try EvaluatorFixture()
+        defer { fixture.directory.cleanUp() }
+        let refused = await fixture.evaluator.evaluate(chainDER: [server.der], host: host)
+        #expect(refused.failures.map(\.code) == ["self_signed"], "\(refused.reasons)")
+        #expect(refused.failures.allSatisfy { $0.isAboutTheIssuer })
+        try fixture.store.addAnchors(pem: try server.certificate.serializeAsPEM().pemString, hosts: [try HostPattern(parsing: host)])
+        let anchored = await fixture.evaluator.evaluate(chainDER: [server.der], host: host)
+        #expect(anchored.isTrusted, "\(anchored.reasons)")
+    }
+
     @Test("a chain checked a fraction of a second before its notBefore is not yet valid")
     func validityIsExact() async throws {
         let root = try Self.makeCA("Rules Root")
