@@ -509,9 +509,19 @@ extension Interceptor {
     /// answer in time) and the request has been read to its end: the stored response, if one
     /// may be served stale, marked with `Age`, `Cache-Status` and a `Proxy-Status` that says
     /// why the origin was not asked. Nil when there is none (the broker's error goes out).
+    /// Whether a stored response may stand in for `error`: the origin could not be reached. Not
+    /// when it was, and one side refused the other's certificate: a stale copy would hide the
+    /// refusal (the user just removed an anchor, or a pin now fails), and not for the broker's own
+    /// limits.
+    static func fallbackAnswers(_ error: BrokerError) -> Bool {
+        switch error.code {
+        case .shuttingDown, .connectionLimitReached, .untrustedServer, .clientCertificateRequired, .clientCertificateRejected: false
+        default: true
+        }
+    }
+
     func serveFallback(_ exchange: CacheExchange, error: BrokerError, head: HTTPRequestHead, client: ClientSide) async -> RequestOutcome? {
-        guard let stored = exchange.fallback, let errorType = error.proxyErrorType,
-            error.code != .shuttingDown, error.code != .connectionLimitReached,
+        guard let stored = exchange.fallback, let errorType = error.proxyErrorType, Self.fallbackAnswers(error),
             CachePolicy.mayServeStale(
                 .disconnected, storedStatus: stored.head.status, storedHeaders: stored.headers, timing: stored.head.timing,
                 requestHeaders: exchange.requestHeaders, now: Date()

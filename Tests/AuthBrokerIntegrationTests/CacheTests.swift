@@ -323,6 +323,31 @@ struct CacheTests {
         }
     }
 
+    @Test("a stored response never stands in for a server whose certificate is no longer trusted")
+    func trustRefusalIsNotHiddenByTheCache() async throws {
+        let serverCA = try TestPKI.makeCA(commonName: "Cache Trust CA")
+        let server = try TestPKI.makeLeaf(dnsNames: ["trust-cache.internal.test"], issuer: serverCA)
+        let origin = try await TestOrigin.start(name: "trust-cache", identity: server)
+        defer { Task { await origin.stop() } }
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let config = configText(
+            resolving: [("trust-cache.internal.test", origin)], extra: "\n[cache]\nenabled = true\ndirectory = \"\(directory)/cache\"\n"
+        )
+        try await withDaemon(config: config) { daemon in
+            let added = try addAnchor(daemon, pem: serverCA.pem, hosts: ["trust-cache.internal.test"])
+            let id = try #require((added.json["anchors"] as? [[String: Any]])?.first?["id"] as? String)
+            let url = "https://trust-cache.internal.test:\(origin.port)/client-cert?stale"
+            #expect(try fetch(daemon, url).text == "none")
+            let removed = try UnixSocketConnection(path: daemon.socketPath).request("DELETE", "/v1/anchors/\(id)")
+            #expect(removed.status == 200, "\(removed.text)")
+            let refused = try fetch(daemon, url)
+            #expect(refused.status == 502, "the stored response hid the trust failure: \(refused.headers)")
+            #expect(refused.header("Authbroker-Error") == "untrusted_server")
+            #expect(refused.header("Cache-Status") == nil)
+        }
+    }
+
     @Test("offline mode answers from the cache only; an unreachable origin's stored responses are served stale, marked")
     func offlineAndUnreachable() async throws {
         // A cache directory with a stranger's file and an unfinished write in it: both go.

@@ -183,12 +183,13 @@ private final class OriginHandler: ChannelInboundHandler {
             self.send(context: context, status: .ok, body: "hello from \(self.name)")
         case "client-cert":
             // Whether this connection's client presented a certificate (TLS origins only);
-            // `?cacheable`: fresh for ten minutes, not `public`.
+            // `?cacheable`: fresh for ten minutes, not `public`; `?stale`: stored, stale at once.
             let handler = try? context.pipeline.syncOperations.handler(type: NIOSSLServerHandler.self)
-            let cacheable = head.uri.hasSuffix("?cacheable")
+            let freshness: [(String, String)] =
+                head.uri.hasSuffix("?cacheable") ? [("cache-control", "max-age=600")]
+                : head.uri.hasSuffix("?stale") ? [("cache-control", "max-age=0")] : []
             self.send(
-                context: context, status: .ok, body: handler?.peerCertificate == nil ? "none" : "presented",
-                extraHeaders: cacheable ? [("cache-control", "max-age=600")] : []
+                context: context, status: .ok, body: handler?.peerCertificate == nil ? "none" : "presented", extraHeaders: freshness
             )
         case "headers":
             var fields: [[String]] = []
