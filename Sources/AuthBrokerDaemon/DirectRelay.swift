@@ -424,7 +424,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
         case (.awaitingResponse, .head(let head)) where head.status.code < 200:
             // As the full path: no 100 (the client sent no Expect), no 101; 103 and others pass.
             if head.status == .continue || head.status == .switchingProtocols { return }
-            context.write(self.wrapOutboundOut(.head(head)), promise: nil)
+            context.write(self.wrapOutboundOut(.head(Interceptor.interimResponseHead(head))), promise: nil)
         case (.awaitingResponse, .head(let head)):
             // The full path's checks in its order (`FinalHeadMachine`), answered as they come out
             // for what `relayable` lets through: no body to hold, no proxy, no credential sent

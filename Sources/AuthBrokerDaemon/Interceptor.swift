@@ -552,6 +552,13 @@ package struct Interceptor: Sendable {
         return HTTPResponseHead(version: .http1_1, status: head.status, headers: headers)
     }
 
+    /// An origin's interim (1xx) head as the client gets it: under the rules of every forwarded
+    /// head (`ProxyHeaders.clientResponseHeaders`: no hop-by-hop field or field `Connection`
+    /// names, no `Authbroker-*` the origin set, no `Proxy-Status` member naming this broker).
+    static func interimResponseHead(_ head: HTTPResponseHead) -> HTTPResponseHead {
+        HTTPResponseHead(version: .http1_1, status: head.status, headers: ProxyHeaders.clientResponseHeaders(head.headers, requestID: nil))
+    }
+
     /// DESIGN.md: a client sees only Basic and Digest challenges; Negotiate, NTLM, Bearer and the
     /// rest are removed from every response's `WWW-Authenticate` (a 200 may carry a server's final
     /// Negotiate token, RFC 4559 §5; an origin's 407 may carry any) and from a 407's
@@ -737,7 +744,9 @@ package struct Interceptor: Sendable {
                     // wants the body (RFC 9110 §10.1.1; the gate decides); 103 and others pass.
                     if head.status == .continue, !gate.originSentContinue() { continue }
                     if head.status == .switchingProtocols { continue }
-                    output.write(.head(head))
+                    // RFC 9110 §15.2: never a 1xx to an HTTP/1.0 client (it would take it as final).
+                    if (auth.head.version.major, auth.head.version.minor) < (1, 1) { continue }
+                    output.write(.head(Self.interimResponseHead(head)))
                 case .head(let head):
                     // An interim response read with this head goes first (the wait below may be long).
                     try await output.flush()

@@ -222,8 +222,7 @@ struct DirectRelayShellTests {
     func interimResponses() async throws {
         let (relay, upstream) = try await DataPlaneHarness.relaying("/hints")
         try await upstream.writeInbound(HTTPClientResponsePart.head(HTTPResponseHead(version: .http1_1, status: .continue)))
-        var hints = HTTPHeaders()
-        hints.add(name: "Link", value: "</style.css>; rel=preload")
+        let hints = FullPathShellTests.hostileHints
         try await upstream.writeInbound(HTTPClientResponsePart.head(HTTPResponseHead(version: .http1_1, status: .init(statusCode: 103), headers: hints)))
         try await relay.respond(on: upstream, status: .ok, body: "page")
         guard case .head(let first)? = try await relay.client.readOutbound(as: HTTPServerResponsePart.self) else {
@@ -231,6 +230,9 @@ struct DirectRelayShellTests {
             return
         }
         #expect(first.status.code == 103 && first.headers["Link"] == ["</style.css>; rel=preload"])
+        for name in ["Connection", "X-Secret", "Authbroker-Error", "Authbroker-Request-Id", "Proxy-Status", "Upgrade"] {
+            #expect(!first.headers.contains(name: name), "\(name) reached the client: \(first.headers)")
+        }
         let final = try await relay.clientResponse()
         #expect(final.head?.status == .ok && final.body == "page" && final.ended)
         #expect(try await relay.idleConnectionID() == 0)

@@ -163,6 +163,37 @@ struct FullPathShellTests {
         }
     }
 
+    /// A 103 carrying what no forwarded head may: fields its `Connection` names, the broker's own
+    /// marks, a `Proxy-Status` member claiming to be the broker's.
+    static let hostileHints: HTTPHeaders = [
+        "Link": "</style.css>; rel=preload", "Connection": "X-Secret", "X-Secret": "s", "Authbroker-Error": "untrusted_server",
+        "Authbroker-Request-Id": "forged", "Proxy-Status": "authbrokerd; error=tls_certificate_error", "Upgrade": "h2c",
+    ]
+
+    @Test("an interim 103 reaches an HTTP/1.1 client under the rules of every forwarded head, and an HTTP/1.0 client never", arguments: [true, false])
+    func interimResponses(http11: Bool) async throws {
+        let harness = try await DataPlaneHarness()
+        let client = try await FullPathClient(harness, target: "/hints")
+        try await client.sendGet("/hints", version: http11 ? .http1_1 : .http1_0)
+        let upstream = try await harness.upstream(0)
+        _ = try await harness.requestWritten(on: upstream)
+        try await upstream.writeInbound(HTTPClientResponsePart.head(HTTPResponseHead(version: .http1_1, status: .init(statusCode: 103), headers: Self.hostileHints)))
+        try await DataPlaneHarness.respond(on: upstream, status: .ok, body: "page")
+        guard case .head(let first) = try await client.channel.waitForOutboundWrite(as: HTTPServerResponsePart.self) else {
+            Issue.record("no head")
+            return
+        }
+        if http11 {
+            #expect(first.status.code == 103)
+            #expect(first.headers["Link"] == ["</style.css>; rel=preload"])
+            for name in ["Connection", "X-Secret", "Authbroker-Error", "Authbroker-Request-Id", "Proxy-Status", "Upgrade"] {
+                #expect(!first.headers.contains(name: name), "\(name) reached the client: \(first.headers)")
+            }
+        } else {
+            #expect(first.status == .ok, "an HTTP/1.0 client got a \(first.status.code) first")
+        }
+    }
+
     @Test("Expect: 100-continue: the origin's 100 reaches the client once, then the body goes up")
     func continueRelayed() async throws {
         let harness = try await DataPlaneHarness()
@@ -252,8 +283,8 @@ final class FullPathClient: Sendable {
         try await self.channel.writeInbound(part)
     }
 
-    func sendGet(_ path: String) async throws {
-        try await self.send(.head(HTTPRequestHead(version: .http1_1, method: .GET, uri: DataPlaneHarness.origin + path)))
+    func sendGet(_ path: String, version: HTTPVersion = .http1_1) async throws {
+        try await self.send(.head(HTTPRequestHead(version: version, method: .GET, uri: DataPlaneHarness.origin + path)))
         try await self.send(.end(nil))
     }
 
