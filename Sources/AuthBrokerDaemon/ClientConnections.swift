@@ -154,7 +154,9 @@ package struct AcceptedClientConnection: Sendable {
         // Framing both ways is decided in one place each: `RequestFramingCheck` for what comes
         // in, `ResponseEncoder` for what goes out. The decoder keeps the bytes after a CONNECT
         // for the tunnel (`ClientTunnel`).
-        try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .forwardBytes)))
+        try channel.pipeline.syncOperations.addHandler(
+            ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .forwardBytes, limitConfiguration: .heads(upTo: terms.maxHeadBytes)))
+        )
         // Heads normalised before the decoder, which refuses a tab after `Content-Length: 5`.
         let normalizer = HeadNormalizer(.requests, maxHeadBytes: terms.maxHeadBytes)
         try channel.pipeline.syncOperations.addHandler(normalizer, position: .first)

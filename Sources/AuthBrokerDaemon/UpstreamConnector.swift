@@ -484,13 +484,11 @@ extension UpstreamExchangeHandler {
         try sync.addHandler(normalizer)
         // The decoder's own limits enforce max_response_head_bytes while the head is still
         // arriving (an endless header line must not be buffered until a timeout).
-        var limits = NIOHTTPDecoderLimitConfiguration()
-        limits.maxHeaderFieldSize = maxResponseHeadBytes
-        limits.maxHeaderListSize = maxResponseHeadBytes
         try sync.addHandler(
             ByteToMessageHandler(
                 HTTPResponseDecoder(
-                    leftOverBytesStrategy: .dropBytes, informationalResponseStrategy: .forward, limitConfiguration: limits
+                    leftOverBytesStrategy: .dropBytes, informationalResponseStrategy: .forward,
+                    limitConfiguration: .heads(upTo: maxResponseHeadBytes)
                 )
             )
         )
@@ -545,5 +543,20 @@ private final class HandshakeObserver: ChannelInboundHandler, RemovableChannelHa
     func channelInactive(context: ChannelHandlerContext) {
         self.promise.fail(ChannelError.ioOnClosedChannel)
         context.fireChannelInactive()
+    }
+}
+
+extension NIOHTTPDecoderLimitConfiguration {
+    /// A decoder's limits for heads of up to `maxHeadBytes` (`max_request_head_bytes`,
+    /// `max_response_head_bytes`), enforced while the head still arrives (an endless header line
+    /// is never buffered until a timeout). Never below SwiftNIO's own (80 KiB): up to there the
+    /// head is decoded and the broker's check after the decoder refuses it with its own error,
+    /// the connection still in step; never below the setting either, which SwiftNIO's default
+    /// would cut short.
+    static func heads(upTo maxHeadBytes: Int) -> Self {
+        var limits = Self()
+        limits.maxHeaderFieldSize = max(maxHeadBytes, limits.maxHeaderFieldSize)
+        limits.maxHeaderListSize = max(maxHeadBytes, limits.maxHeaderListSize)
+        return limits
     }
 }

@@ -43,6 +43,30 @@ struct BadRequestTests {
         }
     }
 
+    @Test("head limits above SwiftNIO's own 80 KiB hold both ways: a 100 KiB request head goes up, a 100 KiB response head reaches the library")
+    func largeHeadsWithinRaisedLimits() async throws {
+        let big = String(repeating: "b", count: 100_000)
+        let origin = try await RawOrigin.start(replyAfterHead: .init("HTTP/1.1 200 OK\r\nX-Big: \(big)\r\nContent-Length: 2\r\n\r\nok", close: true))
+        defer { Task { await origin.stop() } }
+        let config = """
+            [upstream]
+            resolve = ["big.test:\(origin.port):127.0.0.1"]
+            [limits]
+            max_request_head_bytes = 262144
+            max_response_head_bytes = 262144
+            """
+        try await withDaemon(config: config) { daemon in
+            let url = "http://big.test:\(origin.port)/"
+            let response = try UnixSocketConnection(path: daemon.socketPath).request("GET", url, headers: [("X-Big", big)])
+            #expect(response.status == 200, "\(response.status) \(response.text.prefix(300))")
+            #expect(response.header("X-Big")?.count == big.count)
+            #expect(origin.receivedText.contains("X-Big: \(big)"), "the request head did not reach the origin whole")
+            // The library (authbrokerctl fetch) reads the same response head.
+            let fetched = try CLIAndClientsTests.ctl(daemon, ["fetch", url])
+            #expect(fetched.status == 0 && fetched.stdout == "ok", "\(fetched.status) \(fetched.stderr.prefix(300))")
+        }
+    }
+
     @Test(
         "targets the broker cannot serve get a 4xx/5xx problem on a connection that stays usable",
         arguments: [
