@@ -71,6 +71,13 @@ final class HeadNormalizer: ChannelInboundHandler, RemovableChannelHandler {
         self.responseOutstanding = !self.announcesRequests
     }
 
+    /// The connection's last request ended (it asked to switch protocols, which the broker does
+    /// not, so the connection closes after its response): what the client sends after it is
+    /// dropped unread, never buffered in a decoder that stopped parsing.
+    func lastRequestEnded() {
+        self.mode = .refused
+    }
+
     /// A CONNECT ended: what follows belongs to the tunnel.
     func tunnelFollows() {
         guard self.mode != .refused else { return }

@@ -23,6 +23,8 @@ final class RequestFramingCheck: ChannelInboundHandler, RemovableChannelHandler 
     private let interceptedOrigin: CanonicalOrigin?
     private var refused = false
     private var methods: [HTTPMethod] = []
+    /// The request in hand asked to switch protocols: the connection's last.
+    private var lastRequest = false
 
     init(normalizer: HeadNormalizer, interceptedOrigin: CanonicalOrigin? = nil) {
         self.normalizer = normalizer
@@ -55,6 +57,15 @@ final class RequestFramingCheck: ChannelInboundHandler, RemovableChannelHandler 
                 return
             }
             self.methods.append(head.method)
+            // `Upgrade` with `Connection: upgrade` makes SwiftNIO's decoder stop parsing after
+            // this request, whatever follows: the broker switches no protocols (RFC 9110 §7.8
+            // lets it ignore the offer), so the request is answered as any other and is the
+            // connection's last, instead of leaving the connection open and deaf.
+            if head.method != .CONNECT, Self.asksToUpgrade(head.headers) {
+                head.headers.replaceOrAdd(name: "Connection", value: "close")
+                self.lastRequest = true
+                changed = true
+            }
             // A length with whitespace around it (a pipelined head the normalizer passed
             // unexamined) goes on as the number alone, so later readers can take it as it is.
             if case .length(let length) = framing, let value = head.headers.first(name: "content-length"),
@@ -69,6 +80,8 @@ final class RequestFramingCheck: ChannelInboundHandler, RemovableChannelHandler 
             // `==` compares names as strings, on every request's end here.)
             if case .CONNECT? = self.methods.last {
                 self.normalizer.tunnelFollows()
+            } else if self.lastRequest {
+                self.normalizer.lastRequestEnded()
             } else {
                 self.normalizer.messageEnded()
             }
@@ -76,6 +89,12 @@ final class RequestFramingCheck: ChannelInboundHandler, RemovableChannelHandler 
         case .body:
             context.fireChannelRead(data)
         }
+    }
+
+    /// Whether a head offers to switch protocols the way llhttp acts on: an `Upgrade` field and
+    /// `upgrade` among the `Connection` options.
+    static func asksToUpgrade(_ headers: HTTPHeaders) -> Bool {
+        headers.contains(name: "upgrade") && headers[canonicalForm: "connection"].contains { $0.lowercased() == "upgrade" }
     }
 
     /// The method of the oldest request not yet answered, now answered; nil when there is none

@@ -53,6 +53,24 @@ struct FramingTests {
         await origin.stop()
     }
 
+    @Test("a request offering Upgrade is answered, and is the connection's last: it closes, not left open and deaf to what follows")
+    func upgradeOfferEndsTheConnection() async throws {
+        let origin = try await RawOrigin.start(everyRequest: true) { received in
+            RawOrigin.headEnd(in: received) == nil ? nil : .init("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        }
+        try await withDaemon(config: Self.config) { daemon in
+            let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
+            let upgrade = Self.head(origin.port, method: "GET", "Upgrade: websocket\r\nConnection: Upgrade\r\n")
+            try client.send(upgrade + Self.head(origin.port, method: "GET", ""))
+            let response = try client.readResponse(method: "GET")
+            #expect(response.status == 200 && response.text == "ok")
+            #expect(response.header("Connection")?.lowercased() == "close", "\(response.headers)")
+            #expect(client.peerClosedWithin(milliseconds: 5000), "the connection stayed open after a request its decoder stopped at")
+            #expect(!origin.receivedText.lowercased().contains("upgrade: websocket"), "Upgrade went upstream")
+        }
+        await origin.stop()
+    }
+
     @Test("Transfer-Encoding on a request is a list: xchunked and \"chunked\" do not frame it, so it is refused")
     func requestTransferCodingsAreParsed() async throws {
         let origin = try await RawOrigin.start(replyAfterHead: .init("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
