@@ -55,6 +55,14 @@ struct CachePolicyTests {
             StorageCase(response: [("Cache-Control", "NO-STORE")], expected: .dontStore(.responseNoStore), note: "directive names are case-insensitive"),
             StorageCase(response: [("Cache-Control", "must-understand, no-store, max-age=60")], expected: .store(omitting: []), note: "must-understand on a known status outranks no-store"),
             StorageCase(status: 299, response: [("Cache-Control", "must-understand, no-store, max-age=60")], expected: .dontStore(.notUnderstood), note: "must-understand on an unknown status"),
+            StorageCase(
+                response: [("Cache-Control", "max-age=60"), ("Transfer-Encoding", "gzip, chunked")], expected: .dontStore(.transferCoded),
+                note: "a transfer coding the broker does not undo"
+            ),
+            StorageCase(
+                response: [("Cache-Control", "max-age=60"), ("Transfer-Encoding", "chunked")], expected: .store(omitting: ["transfer-encoding"]),
+                note: "chunked alone: undone, the field dropped"
+            ),
             StorageCase(response: [("Cache-Control", "max-age=60"), ("Vary", "Accept, *")], expected: .dontStore(.varyAll), note: "Vary: *"),
             StorageCase(response: [("Cache-Control", "max-age=60"), ("Vary", "Accept-Encoding")], expected: .store(omitting: []), note: "Vary on a field"),
             StorageCase(

@@ -45,6 +45,9 @@ package enum CachePolicy {
         case tooLarge = "too_large"
         /// `must-understand` on a status this cache does not know the caching rules of.
         case notUnderstood = "not_understood"
+        /// A transfer coding other than `chunked` (`gzip, chunked`): the body arrives still coded,
+        /// and `Transfer-Encoding` is hop-by-hop, so a stored copy would be served as if it were not.
+        case transferCoded = "transfer_coded"
     }
 
     package enum StorageDecision: Sendable, Equatable {
@@ -100,6 +103,11 @@ package enum CachePolicy {
             guard Self.understood.contains(status) else { return .dontStore(.notUnderstood) }
         } else if directives.noStore {
             return .dontStore(.responseNoStore)
+        }
+        // RFC 9110 §7.6.1: Transfer-Encoding may be dropped only once its codings are undone;
+        // the broker undoes only chunked (an unparsable field never framed a response this far).
+        if let codings = (try? TransferCodings(responseHeaders)) ?? nil, !codings.codingsOtherThanChunked.isEmpty {
+            return .dontStore(.transferCoded)
         }
         guard let varied = Self.varyFields(responseHeaders) else { return .dontStore(.varyAll) }
         if varied.contains(where: { Self.credentialFields.contains($0) && requestHeaders.contains(name: $0) }) {
