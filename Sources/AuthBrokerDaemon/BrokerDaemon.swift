@@ -251,7 +251,7 @@ package enum BrokerDaemon {
         let server = ClientConnectionServer(
             interceptor: Interceptor(
                 pool: pool, settings: settings, rules: rules, counters: counters, store: store,
-                trustGeneration: { connector.trustGeneration }, authenticator: authenticator, audit: audit,
+                generation: { connector.generation }, authenticator: authenticator, audit: audit,
                 challenges: challenges, flows: flows, cache: cache
             ),
             control: control, registry: registry, counters: counters, settings: settings, logger: logger,

@@ -350,7 +350,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
         }
         // From here a hand-over closes the connection (`end` releases it, not reusable).
         relayed.lease = lease
-        guard lease.connection.isTrustCurrent(interceptor.trustGeneration()) else {
+        guard lease.connection.isCurrent(interceptor.generation()) else {
             self.handToFullPath(relayed, context: context)
             return
         }
@@ -473,7 +473,7 @@ package final class DirectRelayHandler: ChannelDuplexHandler {
                 RequestStateMachine.AttemptEnd(
                     exchange: .completed(upstreamKeepAlive: relayed.upstreamKeepAlive, clientKeepAlive: relayed.clientKeepAlive),
                     requestComplete: true,
-                    connectionUsable: lease.connection.isActive && lease.connection.isTrustCurrent(interceptor.trustGeneration()),
+                    connectionUsable: lease.connection.isActive && lease.connection.isCurrent(interceptor.generation()),
                     draining: self.relay.registry.isDraining
                 )
             )

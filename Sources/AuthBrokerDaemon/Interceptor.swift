@@ -87,8 +87,9 @@ package struct Interceptor: Sendable {
     package let counters: BrokerCounters
     /// The user's client identities (which one a request presents).
     package let store: TrustStore
-    /// The trust store's current generation (pooled TLS connections from older ones are dropped).
-    package let trustGeneration: @Sendable () -> UInt64
+    /// The current generation of trust and rules (pooled connections made under older ones are
+    /// dropped).
+    package let generation: @Sendable () -> ConnectionGeneration
     /// Answers Basic and Digest challenges from stored credentials.
     package let authenticator: HTTPAuthenticator
     /// Records which process had a client identity presented for it.
@@ -102,7 +103,7 @@ package struct Interceptor: Sendable {
 
     package init(
         pool: UpstreamPool<UpstreamConnection>, settings: BrokerSettings, rules: LiveRules, counters: BrokerCounters,
-        store: TrustStore, trustGeneration: @escaping @Sendable () -> UInt64, authenticator: HTTPAuthenticator,
+        store: TrustStore, generation: @escaping @Sendable () -> ConnectionGeneration, authenticator: HTTPAuthenticator,
         audit: AuditLog?, challenges: AgentChallenges? = nil, flows: FlowLog? = nil, cache: ResponseCache? = nil
     ) {
         self.pool = pool
@@ -110,7 +111,7 @@ package struct Interceptor: Sendable {
         self.rules = rules
         self.counters = counters
         self.store = store
-        self.trustGeneration = trustGeneration
+        self.generation = generation
         self.authenticator = authenticator
         self.audit = audit
         self.challenges = challenges
@@ -309,7 +310,7 @@ package struct Interceptor: Sendable {
                         exchange: result.pump.exchange, requestComplete: result.requestComplete,
                         malformedBody: result.malformedBody != nil, bodyWithheld: result.bodyWithheld,
                         continueSentToClient: result.continueSentToClient,
-                        connectionUsable: lease.connection.isActive && lease.connection.isTrustCurrent(self.trustGeneration()),
+                        connectionUsable: lease.connection.isActive && lease.connection.isCurrent(self.generation()),
                         closedByTLSAlert: lease.connection.closingTLSError != nil, connectionReused: lease.reused, draining: draining()
                     )
                 )
@@ -495,7 +496,7 @@ package struct Interceptor: Sendable {
     private func leaseTrustCurrent(_ route: UpstreamRoute) async throws -> PooledConnection<UpstreamConnection> {
         while true {
             let lease = try await self.pool.lease(route)
-            if lease.connection.isTrustCurrent(self.trustGeneration()) { return lease }
+            if lease.connection.isCurrent(self.generation()) { return lease }
             self.pool.release(lease, reusable: false)
         }
     }

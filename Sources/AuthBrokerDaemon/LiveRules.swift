@@ -12,6 +12,9 @@ package final class LiveRules: Sendable {
     private let hasRequestRules: Synchronization.Atomic<Bool>
     /// `[upstream] proxy` and `no_proxy`, which a reload does not change.
     private let upstream: BrokerSettings.Upstream
+    /// Counts reloads that changed the rules: a pooled connection made before one is not reused
+    /// (`ConnectionGeneration`), so a moved `[[route]]` or `connect_to` applies at once.
+    private let changes = Synchronization.Atomic<UInt64>(0)
 
     package init(_ settings: BrokerSettings) {
         let rules = BrokerRules(settings)
@@ -22,8 +25,15 @@ package final class LiveRules: Sendable {
 
     package var current: BrokerRules { self.box.withLockedValue { $0 } }
 
+    /// Which rules are in place (`changes`).
+    package var generation: UInt64 { self.changes.load(ordering: .acquiring) }
+
     func replace(_ rules: BrokerRules) {
-        self.box.withLockedValue { $0 = rules }
+        let changed = self.box.withLockedValue { current in
+            defer { current = rules }
+            return current != rules
+        }
+        if changed { self.changes.add(1, ordering: .releasing) }
         self.hasRequestRules.store(!rules.responses.isEmpty || !rules.rewrites.isEmpty, ordering: .relaxed)
     }
 

@@ -36,8 +36,9 @@ package final class UpstreamConnection: Sendable {
     package let route: UpstreamRoute
     package var origin: CanonicalOrigin { self.route.origin }
     package let channel: any Channel
-    /// The trust store generation its chain was verified under (read before the handshake).
-    package let trustGeneration: UInt64
+    /// What it was made under (read before the handshake): the trust store's generation its
+    /// chain was verified under, and the rules' that chose its address.
+    package let generation: ConnectionGeneration
     private let handler: NIOLoopBound<UpstreamExchangeHandler>
     private let tlsError: NIOLockedValueBox<(any Error & Sendable)?>
 
@@ -46,21 +47,23 @@ package final class UpstreamConnection: Sendable {
     package var closingTLSError: (any Error)? { self.tlsError.withLockedValue { $0 } }
 
     package init(
-        id: Int, route: UpstreamRoute, channel: any Channel, trustGeneration: UInt64,
+        id: Int, route: UpstreamRoute, channel: any Channel, generation: ConnectionGeneration,
         handler: NIOLoopBound<UpstreamExchangeHandler>, tlsError: NIOLockedValueBox<(any Error & Sendable)?>
     ) {
         self.tlsError = tlsError
         self.id = id
         self.route = route
         self.channel = channel
-        self.trustGeneration = trustGeneration
+        self.generation = generation
         self.handler = handler
     }
 
-    /// Whether this connection may carry another exchange under the trust store's
-    /// `currentGeneration`: plain HTTP always, TLS only if verified under the same anchors and pins.
-    package func isTrustCurrent(_ currentGeneration: @autoclosure () -> UInt64) -> Bool {
-        self.origin.scheme == .http || self.trustGeneration == currentGeneration()
+    /// Whether this connection may carry another exchange now: made under the rules in place
+    /// (a reload may have moved its host with `[[route]]` or `connect_to`), and, over TLS,
+    /// verified under the same anchors and pins.
+    package func isCurrent(_ current: @autoclosure () -> ConnectionGeneration) -> Bool {
+        let current = current()
+        return self.generation.rules == current.rules && (self.origin.scheme == .http || self.generation.trust == current.trust)
     }
 
     package var isActive: Bool { self.channel.isActive }
@@ -552,4 +555,17 @@ package struct ReadDemand: NIOAsyncSequenceProducerDelegate {
 package struct SendableErrorBox: Error, Sendable, CustomStringConvertible {
     package let description: String
     package init(_ description: String) { self.description = description }
+}
+
+/// What a pooled connection was made under; one that differs from the current is not reused.
+package struct ConnectionGeneration: Sendable, Hashable {
+    /// The trust store's generation (anchors, pins, exceptions, the system roots).
+    package var trust: UInt64
+    /// The rules' generation (`LiveRules`: a reload).
+    package var rules: UInt64
+
+    package init(trust: UInt64, rules: UInt64) {
+        self.trust = trust
+        self.rules = rules
+    }
 }

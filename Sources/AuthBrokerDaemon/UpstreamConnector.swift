@@ -60,7 +60,8 @@ package final class UpstreamConnector: Sendable {
 
     /// `[[route]]` and the rest that a reload replaces.
     let rules: LiveRules
-    package var trustGeneration: UInt64 { self.trust.storeGeneration }
+    /// What a connection made now is made under.
+    package var generation: ConnectionGeneration { ConnectionGeneration(trust: self.trust.storeGeneration, rules: self.rules.generation) }
 
     /// How long a closing TLS connection waits for the server's close_notify.
     static let tlsShutdownTimeout: TimeAmount = .milliseconds(100)
@@ -182,7 +183,7 @@ package final class UpstreamConnector: Sendable {
         let tlsContext = origin.scheme == .https ? try await self.tlsContext(for: route) : self.tlsContext
         let handshake = self.group.next().makePromise(of: Void.self)
         let settings = self.settings
-        let trustGeneration = self.trust.storeGeneration
+        let generation = self.generation
         // The TLS error that closed the channel, if any: in TLS 1.3 a server's verdict on our
         // client certificate arrives just after the handshake completed.
         let channelError = NIOLockedValueBox<(any Error & Sendable)?>(nil)
@@ -256,7 +257,7 @@ package final class UpstreamConnector: Sendable {
             throw BrokerError.connectionClosedEarly(origin: origin)
         }
         return UpstreamConnection(
-            id: id, route: route, channel: channel, trustGeneration: trustGeneration, handler: handler, tlsError: channelError
+            id: id, route: route, channel: channel, generation: generation, handler: handler, tlsError: channelError
         )
     }
 

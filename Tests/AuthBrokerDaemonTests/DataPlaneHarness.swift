@@ -102,7 +102,7 @@ final class DataPlaneHarness: Sendable {
         self.pool = pool
         self.interceptor = Interceptor(
             pool: pool, settings: settings, rules: LiveRules(settings), counters: BrokerCounters(), store: store,
-            trustGeneration: { 0 }, authenticator: authenticator, audit: nil
+            generation: { ConnectionGeneration(trust: 0, rules: 0) }, authenticator: authenticator, audit: nil
         )
         let registry = self.registry
         let client = NIOAsyncTestingChannel(loop: loop)
@@ -152,7 +152,7 @@ final class DataPlaneHarness: Sendable {
                 }
             if !wire { try channel.pipeline.syncOperations.addHandler(handler) }
             return UpstreamConnection(
-                id: id, route: route, channel: channel, trustGeneration: 0, handler: NIOLoopBound(handler, eventLoop: loop),
+                id: id, route: route, channel: channel, generation: ConnectionGeneration(trust: 0, rules: 0), handler: NIOLoopBound(handler, eventLoop: loop),
                 tlsError: NIOLockedValueBox(nil)
             )
         }.get()

@@ -57,4 +57,27 @@ struct ReloadTests {
             #expect(routed.text == "hello from routed")
         }
     }
+
+    @Test("a reload that moves a host (connect_to, [[route]]) applies to the next request, not after its pooled connection idles out")
+    func reloadReachesPooledConnections() async throws {
+        let first = try await TestOrigin.start(name: "first"), second = try await TestOrigin.start(name: "second")
+        defer { Task { await first.stop(); await second.stop() } }
+        func rules(_ origin: TestOrigin) -> String {
+            "[[rewrite]]\nhost = \"moved.test\"\nconnect_to = \"127.0.0.1:\(origin.port)\"\n"
+        }
+        try await withDaemon(config: rules(first)) { daemon in
+            // One client connection, kept alive, as an app that polls does.
+            let connection = try UnixSocketConnection(path: daemon.socketPath)
+            for _ in 0..<3 {
+                #expect(try connection.request("GET", "http://moved.test/hello").text == "hello from first")
+            }
+            try rules(second).write(toFile: daemon.configPath, atomically: true, encoding: .utf8)
+            let reloaded = try UnixSocketConnection(path: daemon.socketPath).request("POST", "/v1/reload")
+            #expect(reloaded.status == 200, "\(reloaded.text)")
+            #expect(try connection.request("GET", "http://moved.test/hello").text == "hello from second", "the pooled connection to the old address was reused")
+            // A reload that changes nothing keeps the pool.
+            #expect(try UnixSocketConnection(path: daemon.socketPath).request("POST", "/v1/reload").status == 200)
+            #expect(try connection.request("GET", "http://moved.test/hello").text == "hello from second")
+        }
+    }
 }
