@@ -35,7 +35,9 @@ package struct PublicSuffixList: Sendable {
             guard let token = line.split(whereSeparator: { $0 == " " || $0 == "\t" }).first, !token.hasPrefix("//") else {
                 continue
             }
-            guard token.unicodeScalars.allSatisfy(\.isASCII) else { continue }
+            // A DNS name is at most 253 bytes: a longer token is no rule (and recording each of
+            // its ancestors would cost time and memory quadratic in its length).
+            guard token.utf8.count <= 253, token.unicodeScalars.allSatisfy(\.isASCII) else { continue }
             var rule = token.lowercased()
             while rule.hasSuffix(".") { rule.removeLast() }
             if rule.hasPrefix("!") {

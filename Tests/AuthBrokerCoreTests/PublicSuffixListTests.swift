@@ -61,6 +61,11 @@ struct PublicSuffixListTests {
             _ = list.isPublicSuffix("a.b")
         }
         #expect(Self.sample.ruleCount == 7)
+        // A wrong file with one dotted token of 100,000 labels: no rule (each of its ancestors
+        // recorded would be gigabytes), while a name of the longest DNS length still is one.
+        #expect(PublicSuffixList(parsing: Substring(String(repeating: "a.", count: 100_000) + "b")).ruleCount == 0)
+        let longest = String(repeating: "a.", count: 126) + "b"
+        #expect(longest.utf8.count == 253 && PublicSuffixList(parsing: Substring(longest)).ruleCount == 1)
     }
 
     @Test("Debian's list, where installed, refuses what a browser would call a public suffix")
