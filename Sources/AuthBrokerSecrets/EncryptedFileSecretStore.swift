@@ -227,12 +227,9 @@ package final class EncryptedFileSecretStore: SecretStore {
     /// string and the secret as a 32-bit big-endian length and bytes.
     static func encode(_ items: [Item]) -> [UInt8] {
         var out: [UInt8] = []
-        var capacity = 4
-        for item in items {
-            capacity += 1 + 8 + item.label.utf8.count + item.secret.count
-            for (name, value) in item.attributes { capacity += 8 + name.utf8.count + value.utf8.count }
-        }
-        out.reserveCapacity(capacity)  // one allocation, so no stale copy of secret bytes is left behind
+        // One allocation of exactly the size: a reallocation while appending would free a copy
+        // of the plaintext secrets without wiping it.
+        out.reserveCapacity(Self.encodedSize(items))
         func put(_ value: UInt32) {
             out.append(contentsOf: [UInt8(value >> 24), UInt8((value >> 16) & 0xff), UInt8((value >> 8) & 0xff), UInt8(value & 0xff)])
         }
@@ -253,6 +250,17 @@ package final class EncryptedFileSecretStore: SecretStore {
             item.secret.withUnsafeBytes { out.append(contentsOf: $0) }
         }
         return out
+    }
+
+    /// The length of `encode(items)`: per item, the kind, four lengths (label, attribute count,
+    /// secret; each attribute has two) and the bytes.
+    static func encodedSize(_ items: [Item]) -> Int {
+        var size = 4
+        for item in items {
+            size += 1 + 4 + item.label.utf8.count + 4 + 4 + item.secret.count
+            for (name, value) in item.attributes { size += 8 + name.utf8.count + value.utf8.count }
+        }
+        return size
     }
 
     static func decode(_ bytes: UnsafeRawBufferPointer) -> [Item]? {

@@ -1,7 +1,8 @@
-import AuthBrokerSecrets
 import Foundation
 import NIOConcurrencyHelpers
 import Testing
+
+@testable import AuthBrokerSecrets
 
 #if canImport(Glibc)
 import Glibc
@@ -34,6 +35,21 @@ final class EncryptedFileSecretStoreTests {
     func writeBytes(_ bytes: [UInt8], to path: String) throws {
         try Data(bytes).write(to: URL(fileURLWithPath: path))
         chmod(path, 0o600)
+    }
+
+    @Test("the plaintext is encoded into one allocation of exactly its size: no freed copy of the secrets")
+    func encodingIsSizedExactly() {
+        let items = (0..<50).map { index in
+            EncryptedFileSecretStore.Item(
+                kind: index % 2 == 0 ? .password : .identityKey,
+                attributes: ["server": "host\(index).test", "user": "ü-\(index)", "protocol": "https"],
+                label: "item \(index) ✓", secret: SecretValue(String(repeating: "s", count: index * 7))
+            )
+        }
+        for count in [0, 1, 2, 50] {
+            let slice = Array(items.prefix(count))
+            #expect(EncryptedFileSecretStore.encode(slice).count == EncryptedFileSecretStore.encodedSize(slice), "\(count) items")
+        }
     }
 
     @Test func createsPrivateFilesAndNoPlaintext() throws {
