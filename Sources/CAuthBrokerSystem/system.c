@@ -41,10 +41,18 @@ int cab_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid) {
     return 0;
 }
 
-int cab_disable_core_dumps(void) {
+int cab_disable_core_files(void) {
     struct rlimit none = {0, 0};
     if (setrlimit(RLIMIT_CORE, &none) != 0) {
         return errno;
+    }
+    return 0;
+}
+
+int cab_disable_core_dumps(void) {
+    int failed = cab_disable_core_files();
+    if (failed != 0) {
+        return failed;
     }
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) {
         return errno;

@@ -1,5 +1,6 @@
 import ArgumentParser
 import AuthBrokerCore
+import CAuthBrokerSystem
 
 /// `authbrokerctl`: the command tree. `Sources/authbrokerctl/main.swift` only runs it.
 package struct AuthBrokerCtl: AsyncParsableCommand {
@@ -38,6 +39,9 @@ extension AuthBrokerCtl {
     /// The executable calls this rather than `main()` because top-level code resolves `main()`
     /// to the synchronous overload, which cannot run an async command tree.
     package static func runFromCommandLine() async {
+        // It holds passwords (typed, revealed, answered for an agent) and exported keys: no core
+        // file of it, whatever kills it (Ctrl-backslash at a prompt, kill -SEGV by another program).
+        _ = cab_disable_core_files()
         await main(nil)
     }
 }

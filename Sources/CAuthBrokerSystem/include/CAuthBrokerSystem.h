@@ -22,6 +22,11 @@ int cab_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid);
 /// keys and passwords. Returns 0 on success, or an errno value.
 int cab_disable_core_dumps(void);
 
+/// Sets RLIMIT_CORE to 0 (hard and soft): no core file, nor a systemd-coredump entry, of a
+/// process whose memory holds passwords. It stays dumpable, so the daemon can still read who it
+/// is (/proc/PID/exe). Returns 0 on success, or an errno value.
+int cab_disable_core_files(void);
+
 /// Sends `state` (e.g. "READY=1") to the service manager over `$NOTIFY_SOCKET`, as
 /// sd_notify(3) does, without linking libsystemd. Returns 0 when sent, 1 when no
 /// NOTIFY_SOCKET is set (not run by systemd), or an errno value.
