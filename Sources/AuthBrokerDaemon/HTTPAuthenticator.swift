@@ -7,6 +7,29 @@ import NIOHTTP1
 import Synchronization
 
 /// One request's history with HTTP authentication, carried across its attempts.
+/// Which stored password is tried where: a space and the key of the password stored for it.
+struct PasswordTrialKey: Sendable, Hashable {
+    var space: ProtectionSpace
+    var user: String
+    /// The realm the password is stored for (nil: any realm).
+    var storedRealm: String?
+}
+
+/// A stored password's standing at one space. Until a server has accepted it there, one
+/// request at a time sends it (the trial); the others that meet the same challenge wait for the
+/// trial's verdict, so a wrong password is refused once, not once per request in flight (a
+/// burst of parallel requests after a password change would lock a directory account).
+struct PasswordTrial: Sendable {
+    var credential: PasswordCredential
+    /// The request trying it (`RequestAuthState.trial`); nil once it is proven.
+    var owner: UInt64?
+    /// Requests waiting for the verdict: true accepted, false refused, nil none came (the trial
+    /// ended another way, or the wait ran out): the waiter tries it itself.
+    var waiters: [UInt64: CheckedContinuation<Bool?, Never>] = [:]
+
+    var isProven: Bool { self.owner == nil }
+}
+
 /// A proxy password a 407 in the proxy's own space refused on plain-http requests, after the
 /// proxy had accepted it. Such a 407 may be an origin's mimicking the proxy (which must not get
 /// the password marked refused) or the proxy's own (the password changed at the directory, where
@@ -53,6 +76,9 @@ package struct RequestAuthState: Sendable {
     var freshDigestSession: DigestSession?
     /// The SPNEGO context whose token the latest attempt carried (Negotiate, RFC 4559).
     var negotiate: NegotiateContext?
+    /// The stored password this request is trying for the first time at its space, and the
+    /// trial's id (`PasswordTrial`): its verdict goes to the requests that wait for it.
+    var trial: (key: PasswordTrialKey, id: UInt64)?
     /// That token was sent before any challenge (to a server that took one before).
     var negotiatePreemptive = false
     /// A fresh Negotiate answer of this request was refused: it makes no other.
@@ -132,6 +158,9 @@ package final class HTTPAuthenticator: Sendable {
     /// Proxy passwords in doubt: a 407 in the proxy's space refused one the proxy had accepted
     /// before, on a plain-http request, where it may be an origin's (`ProxyPasswordDoubt`).
     private let proxyDoubts: NIOLockedValueBox<BoundedTable<ProtectionSpace, ProxyPasswordDoubt>>
+    /// Stored passwords per space: proven (a server accepted them there) or on trial.
+    private let trials: NIOLockedValueBox<BoundedTable<PasswordTrialKey, PasswordTrial>>
+    private let trialIDs = Atomic<UInt64>(0)
     /// Answers Negotiate where `[kerberos]` allows; nil: never (tests without Kerberos).
     package let kerberos: KerberosNegotiator?
     /// Challengers that accepted a Kerberos token, with the directories of the URIs they took it
@@ -158,6 +187,7 @@ package final class HTTPAuthenticator: Sendable {
         self.acceptances = NIOLockedValueBox(BoundedTable(capacity: maxAuthSpaces))
         self.knownSpaces = NIOLockedValueBox(BoundedTable(capacity: maxAuthSpaces))
         self.proxyDoubts = NIOLockedValueBox(BoundedTable(capacity: maxAuthSpaces))
+        self.trials = NIOLockedValueBox(BoundedTable(capacity: maxAuthSpaces))
         self.offeredToClient = NIOLockedValueBox(BoundedTable(capacity: maxAuthSpaces))
         self.vault = vault
         self.challenges = challenges
@@ -183,6 +213,9 @@ package final class HTTPAuthenticator: Sendable {
         let space = known.space
         if space.authScheme == "basic", self.vault.isDigestOnly(space: space, user: answer.credential.user, storedRealm: answer.realm) { return }
         if isProxy, method != .CONNECT, self.isDoubted(space, answer.credential, uri: uri) { return }
+        // Up front only what a server accepted here: a password stored since (a replacement)
+        // goes on trial after a challenge, one request at a time.
+        guard self.isProven(PasswordTrialKey(space: space, user: answer.credential.user, storedRealm: answer.realm), answer.credential) else { return }
         do {
             if space.authScheme == "basic" {
                 state.authorization = try BasicAuthorization.headerValue(for: answer.credential)
@@ -460,6 +493,7 @@ package final class HTTPAuthenticator: Sendable {
                 // locked out after a handful).
                 let credential = answer?.credential ?? PasswordCredential(user: user, password: "")
                 let holds = self.doubt(space, credential, uri: uri)
+                if let trial = state.trial, trial.key.space == space { self.endTrial(trial, accepted: false) }
                 self.logger.notice(
                     holds.everywhere
                         ? "a 407 in the proxy's realm refused its password for a second origin; it is sent for plain http again once the proxy accepts it for an https request (CONNECT) or it is replaced"
@@ -470,6 +504,7 @@ package final class HTTPAuthenticator: Sendable {
             }
             self.vault.markFailed(space: space, user: user, storedRealm: storedRealm)
             self.forget(space)
+            if let trial = state.trial, trial.key.space == space { self.endTrial(trial, accepted: false) }
             self.logger.notice(
                 "the server refused the stored password; it is not sent again until it is changed",
                 metadata: ["space": "\(space)", "user": "\(user)"]
@@ -479,6 +514,11 @@ package final class HTTPAuthenticator: Sendable {
             guard let answer, let body = resendableBody else { return false }
             if isProxy, method != .CONNECT, self.isDoubted(space, answer.credential, uri: uri) {
                 self.logger.debug("the proxy's password is in doubt for this origin; the client gets the 407", metadata: ["space": "\(space)"])
+                return false
+            }
+            let trialKey = PasswordTrialKey(space: space, user: answer.credential.user, storedRealm: answer.realm)
+            guard await self.admitToTrial(trialKey, answer.credential, state: &state) else {
+                self.logger.debug("another request's try of this password was refused; the client gets the challenge", metadata: ["space": "\(space)"])
                 return false
             }
             if case .basic = choice, self.vault.isDigestOnly(space: space, user: answer.credential.user, storedRealm: answer.realm) {
@@ -580,6 +620,7 @@ package final class HTTPAuthenticator: Sendable {
             }
         }
         self.acceptances.withLockedValue { $0.update(space, default: 0) { $0 &+= 1 } }
+        if let trial = state.trial, trial.key.space == space { self.endTrial(trial, accepted: true) }
         // A response other than its 407 came through the proxy for a request carrying the
         // password: the proxy took it.
         if space.isProxy, state.lastAttempt == .storedCredential || state.lastAttempt == .preemptiveDigest {
@@ -648,6 +689,113 @@ package final class HTTPAuthenticator: Sendable {
             self.digestSessions.withLockedValue { $0.count }, self.acceptances.withLockedValue { $0.count },
             self.knownSpaces.withLockedValue { $0.count }, self.offeredToClient.withLockedValue { $0.count }
         )
+    }
+
+    /// How long a request waits for another's try of the same stored password before trying it
+    /// itself: that request's answer normally comes in well under this.
+    static let trialWait: Duration = .seconds(10)
+
+    /// Whether `credential` is the password a server accepted at `key`'s space.
+    private func isProven(_ key: PasswordTrialKey, _ credential: PasswordCredential) -> Bool {
+        self.trials.withLockedValue { $0.peek(key).map { $0.isProven && $0.credential == credential } ?? false }
+    }
+
+    /// Whether this request may send `credential` at `key`'s space now: it is proven there, this
+    /// request is its trial (a stale nonce answered again), it becomes the trial, or the trial
+    /// under way was accepted. False: the trial under way was refused.
+    private func admitToTrial(_ key: PasswordTrialKey, _ credential: PasswordCredential, state: inout RequestAuthState) async -> Bool {
+        while true {
+            let id = self.trialIDs.add(1, ordering: .relaxed).newValue
+            enum Standing { case proceed, trying(UInt64), wait(UInt64) }
+            let ownTrial = state.trial?.id
+            let (standing, released) = self.trials.withLockedValue { table -> (Standing, [CheckedContinuation<Bool?, Never>]) in
+                if let trial = table[key], trial.credential == credential {
+                    if trial.isProven { return (.proceed, []) }
+                    if let owner = trial.owner, owner == ownTrial { return (.proceed, []) }
+                    if let owner = trial.owner { return (.wait(owner), []) }
+                }
+                // No trial of this password yet (or one of a password since replaced, whose
+                // waiters now try the new one themselves).
+                let replaced = table[key]
+                table[key] = PasswordTrial(credential: credential, owner: id)
+                return (.trying(id), replaced.map { Array($0.waiters.values) } ?? [])
+            }
+            for waiter in released { waiter.resume(returning: nil) }
+            switch standing {
+            case .proceed:
+                return true
+            case .trying(let id):
+                state.trial = (key, id)
+                return true
+            case .wait(let owner):
+                switch await self.verdict(of: owner, at: key, waiter: id) {
+                case true?: return true
+                case false?: return false
+                case nil:
+                    if Task.isCancelled { return false }
+                    // No verdict: this request tries it itself, unless another took over.
+                    let tookOver = self.trials.withLockedValue { table -> Bool in
+                        guard var trial = table.peek(key), trial.owner == owner else { return false }
+                        trial.owner = id
+                        table[key] = trial
+                        return true
+                    }
+                    if tookOver {
+                        state.trial = (key, id)
+                        return true
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits for the verdict of trial `owner` at `key`, at most `trialWait`.
+    private func verdict(of owner: UInt64, at key: PasswordTrialKey, waiter: UInt64) async -> Bool? {
+        let timeout = Task {
+            try? await Task.sleep(for: Self.trialWait)
+            self.dropWaiter(waiter, at: key)
+        }
+        defer { timeout.cancel() }
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                let registered = self.trials.withLockedValue { table -> Bool in
+                    guard !Task.isCancelled, var trial = table.peek(key), trial.owner == owner else { return false }
+                    trial.waiters[waiter] = continuation
+                    table[key] = trial
+                    return true
+                }
+                if !registered { continuation.resume(returning: nil) }
+            }
+        } onCancel: {
+            self.dropWaiter(waiter, at: key)
+        }
+    }
+
+    private func dropWaiter(_ waiter: UInt64, at key: PasswordTrialKey) {
+        let continuation = self.trials.withLockedValue { table -> CheckedContinuation<Bool?, Never>? in
+            guard var trial = table.peek(key), let continuation = trial.waiters.removeValue(forKey: waiter) else { return nil }
+            table[key] = trial
+            return continuation
+        }
+        continuation?.resume(returning: nil)
+    }
+
+    /// The server answered this request's trial: accepted, the password is proven at the space;
+    /// refused, it is forgotten there (and marked refused in the vault). Either way the waiters learn it.
+    private func endTrial(_ trial: (key: PasswordTrialKey, id: UInt64), accepted: Bool) {
+        let waiters = self.trials.withLockedValue { table -> [CheckedContinuation<Bool?, Never>] in
+            guard var entry = table.peek(trial.key), entry.owner == trial.id else { return [] }
+            let waiters = Array(entry.waiters.values)
+            entry.waiters = [:]
+            if accepted {
+                entry.owner = nil
+                table[trial.key] = entry
+            } else {
+                table[trial.key] = nil
+            }
+            return waiters
+        }
+        for waiter in waiters { waiter.resume(returning: accepted) }
     }
 
     /// Records that a 407 in the proxy's `space` refused `credential` for the origin `uri` names;

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 import TestSupport
 
@@ -251,6 +252,46 @@ struct StoredCredentialTests {
             #expect(!cleared.contains { $0.contains("were refused") }, "\(cleared)")
             // The password for any realm, never refused, now answers.
             #expect(try fetch(daemon, Self.base(origin) + "/basic/x").status == 200)
+        }
+    }
+
+    /// `count` GETs of `url` at once, each on a connection and a thread of its own; their statuses, sorted.
+    static func parallelGets(_ daemon: DaemonProcess, _ url: String, count: Int) -> [Int] {
+        final class Statuses: Sendable { let list = Mutex<[Int]>([]) }
+        let statuses = Statuses()
+        let group = DispatchGroup()
+        for _ in 0..<count {
+            group.enter()
+            Thread.detachNewThread {
+                let status = (try? fetch(daemon, url).status) ?? -1
+                statuses.list.withLock { $0.append(status) }
+                group.leave()
+            }
+        }
+        group.wait()
+        return statuses.list.withLock { $0.sorted() }
+    }
+
+    @Test("parallel requests meeting one challenge try an unproven password once between them: a wrong one is refused once, not once each")
+    func parallelRequestsTryAPasswordOnce() async throws {
+        let origin = try await TestAuthOrigin.start(name: "parallel", user: Self.user, password: Self.password)
+        defer { Task { await origin.stop() } }
+        try await withDaemon(config: Self.config(origin)) { daemon in
+            // Every answer takes 300 ms: all eight meet the 401 before any answer is refused.
+            let url = Self.base(origin) + "/basic/x?delay-ms=300"
+            try Self.store(daemon, url: Self.base(origin), password: "not-the-password")
+            #expect(Self.parallelGets(daemon, url, count: 8) == Array(repeating: 401, count: 8))
+            #expect(origin.stats.failures == 1, "the wrong password was sent \(origin.stats.failures) times by eight requests")
+
+            // The right one: proven by one request, then sent by all.
+            try Self.store(daemon, url: Self.base(origin))
+            #expect(Self.parallelGets(daemon, url, count: 8) == Array(repeating: 200, count: 8))
+            #expect(origin.stats.failures == 1)
+
+            // Replaced by a wrong one: not sent up front (it is not proven), tried once.
+            try Self.store(daemon, url: Self.base(origin), password: "replaced-by-a-wrong-one")
+            #expect(Self.parallelGets(daemon, url, count: 8) == Array(repeating: 401, count: 8))
+            #expect(origin.stats.failures == 2, "the wrong replacement was sent \(origin.stats.failures - 1) times by eight requests")
         }
     }
 
