@@ -35,6 +35,21 @@ package enum LocalFile {
         return (descriptor, isRegular && path != "-" ? Int64(info.st_size) : nil)
     }
 
+    /// Creates `path` for writing with `mode`, never over an existing file (an export must not
+    /// replace what is there, nor write through a link someone planted).
+    package static func createNew(_ path: String, mode: mode_t) throws -> CInt {
+        let descriptor = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode)
+        guard descriptor >= 0 else {
+            let code = errno
+            let why =
+                code == EEXIST
+                ? "it exists already; remove it or choose another name"
+                : "\(String(cString: strerror(code))); check that its directory exists and that you may write there"
+            throw CLIError.plain(.failure, "cannot write \(path): \(why)")
+        }
+        return descriptor
+    }
+
     /// Creates or truncates `path` for writing (mode 0666 less the umask, as curl -o does).
     package static func openForWriting(_ path: String) throws -> CInt {
         let descriptor = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o666)

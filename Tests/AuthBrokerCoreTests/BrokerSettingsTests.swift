@@ -288,7 +288,7 @@ struct BrokerSettingsTests {
 
     @Test(arguments: [
         // Syntax errors come through with their line and no key.
-        BadCase("[daemon]\nlog_level = info", .syntax, line: 2, key: nil, #"strings must be quoted, like "info""#),
+        BadCase("[daemon]\nlog_level = info", .syntax, line: 2, key: nil, #"a string must be quoted ("info")"#),
         BadCase("[daemon]\nlog_level = \"info\"\nlog_level = \"debug\"", .syntax, line: 3, key: nil, "already set on line 2"),
         BadCase("[daemon]\n[daemon]", .syntax, line: 2, key: nil, "already defined on line 1"),
         // Unknown and misplaced names, with suggestions.
@@ -343,7 +343,7 @@ struct BrokerSettingsTests {
         BadCase("[daemon]\nio_threads = -1", .outOfRange, line: 2, key: "daemon.io_threads", "-1 is out of range"),
         BadCase("[daemon]\nio_threads = 1.5", .wrongType, line: 2, key: "daemon.io_threads", "expected an integer count, got a float"),
         // Values of the right type that are still wrong.
-        BadCase("[daemon]\nlog_level = \"verbose\"", .invalidValue, line: 2, key: "daemon.log_level", "unknown log level \"verbose\""),
+        BadCase("[daemon]\nlog_level = \"verbose\"", .invalidValue, line: 2, key: "daemon.log_level", "unknown log level \"verbose\". The levels are"),
         BadCase("[daemon]\nlog_level = \"INFO\"", .invalidValue, line: 2, key: "daemon.log_level", "did you mean \"info\"?"),
         BadCase("[daemon]\nlog_level = \"warn\"", .invalidValue, line: 2, key: "daemon.log_level", "did you mean \"warning\"?"),
         BadCase("[daemon]\nsocket_path = \"\"", .invalidValue, line: 2, key: "daemon.socket_path", "the path is empty; remove the line"),

@@ -243,7 +243,8 @@ struct TOMLSubsetTests {
 
     @Test func errorMessagesSayWhatToDo() throws {
         let cases: [(String, String)] = [
-            ("x = info", #"strings must be quoted, like "info""#),
+            ("x = info", #"a string must be quoted ("info")"#),
+            ("x = True", "a boolean is true or false, in lower case"),
             ("x = 1\nx = 2", "already set on line 1; remove one"),
             ("[a]\n[a]", "already defined on line 1; merge"),
             ("x = 0x10", "write the number in decimal"),

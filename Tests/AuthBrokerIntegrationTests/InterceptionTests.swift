@@ -617,7 +617,10 @@ struct InterceptionTests {
             let first = try String(contentsOfFile: exported, encoding: .utf8)
             #expect(first.hasPrefix("-----BEGIN CERTIFICATE-----"))
             let again = try ExternalCommand.run(Self.ctl, ["ca", "export", "-o", exported, "--socket", daemon.socketPath])
-            #expect(again.status == 1 && again.stderr.contains("must not exist"))
+            #expect(again.status == 1 && again.stderr.contains("exists already"), "\(again.stderr)")
+            let nowhere = try ExternalCommand.run(Self.ctl, ["ca", "export", "-o", "/nonexistent/dir/ca.pem", "--socket", daemon.socketPath])
+            #expect(nowhere.status == 1 && nowhere.stderr.contains("check that its directory exists"), "\(nowhere.stderr)")
+            #expect(!nowhere.stderr.contains("exists already"))
             let before = try ProxyPortTests.runThroughBroker(daemon, ["/usr/bin/curl", "-sS", "--fail", "\(corp.base)/basic/a"])
             #expect(before.stdout == "hello alice", "\(before.stderr)")
 

@@ -149,11 +149,7 @@ struct Flows: AsyncParsableCommand {
                 if har == "-" {
                     descriptor = STDOUT_FILENO
                 } else {
-                    descriptor = open(har, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
-                    guard descriptor >= 0 else {
-                        let why = errno == EEXIST ? "it exists already; remove it or choose another name" : String(cString: strerror(errno))
-                        throw CLIError.plain(.failure, "cannot write \(har): \(why)")
-                    }
+                    descriptor = try LocalFile.createNew(har, mode: 0o600)
                 }
                 var written = false
                 defer {

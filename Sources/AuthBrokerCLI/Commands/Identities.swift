@@ -192,10 +192,7 @@ struct Identities: AsyncParsableCommand {
                 guard let data = Data(base64Encoded: exported.dataBase64) else {
                     throw CLIError.plain(.failure, "cannot export identity: the daemon's answer is not base64")
                 }
-                let descriptor = open(output, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
-                guard descriptor >= 0 else {
-                    throw CLIError.plain(.failure, "cannot write \(output): \(String(cString: strerror(errno))) (it must not exist yet)")
-                }
+                let descriptor = try LocalFile.createNew(output, mode: 0o600)
                 defer { close(descriptor) }
                 try LocalFile.writeAll(data, to: descriptor)
                 let what = exported.format == "pkcs12" ? "the PKCS#12 file" : "the PEM certificate chain and key"

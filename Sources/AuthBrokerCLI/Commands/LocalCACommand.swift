@@ -75,10 +75,7 @@ struct LocalCACommand: AsyncParsableCommand {
                     Console.out(record.pem.hasSuffix("\n") ? String(record.pem.dropLast()) : record.pem)
                     return
                 }
-                let descriptor = open(output, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
-                guard descriptor >= 0 else {
-                    throw CLIError.plain(.failure, "cannot write \(output): \(String(cString: strerror(errno))) (it must not exist yet)")
-                }
+                let descriptor = try LocalFile.createNew(output, mode: 0o644)
                 defer { close(descriptor) }
                 try LocalFile.writeAll(Array(record.pem.utf8), to: descriptor)
                 Console.out("Wrote the local CA certificate (SHA-256 \(record.certificate.sha256)) to \(output).")

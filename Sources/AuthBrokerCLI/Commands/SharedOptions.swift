@@ -50,7 +50,7 @@ package struct ConnectionOptions: ParsableArguments {
         do {
             return try BrokerSettings.load(path: path)?.daemon.socketPath
         } catch {
-            throw CLIError.plain(.failure, "\(error) (pass --socket to connect without reading the config file)")
+            throw CLIError.plain(.failure, "\(error) (to reach the daemon without reading the config file, name its socket after the command: authbrokerctl COMMAND --socket PATH)")
         }
     }
 

@@ -982,7 +982,7 @@ private struct TableReader {
         if let level = LogLevelName(rawValue: text) { return level }
         var message = "unknown log level \"\(TOMLValue.escapedForMessage(text))\""
         if let suggestion = BrokerSettings.nearest(text, in: names) { message += "; did you mean \"\(suggestion)\"?" }
-        throw error(key, .invalidValue, message + " The levels are \(names.joined(separator: ", ")).")
+        throw error(key, .invalidValue, message + (message.hasSuffix("?") ? " " : ". ") + "The levels are \(names.joined(separator: ", ")).")
     }
 
     /// `http://host:port` (port defaults to 80): an HTTP proxy's address, without credentials or path.

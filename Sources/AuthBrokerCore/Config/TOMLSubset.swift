@@ -631,7 +631,9 @@ private struct Parser {
             if unsigned.first == ASCII.dot {
                 throw failure(.invalidNumber, "\(shown) is not a valid number: a float needs a digit before the '.', like 0.5")
             }
-            throw failure(.invalidValue, "the value \(shown) is not valid; strings must be quoted, like \"\(shown)\"")
+            throw failure(
+                .invalidValue, "the value \(shown) is not valid: a string must be quoted (\"\(shown)\"), and a boolean is true or false, in lower case"
+            )
         }
         if token.contains(ASCII.colon) || looksLikeDate(unsigned) {
             throw failure(.unsupported, "dates and times are not supported; write \(shown) as a quoted string")
