@@ -90,6 +90,20 @@ package enum BrokerDaemon {
             logger.warning("systemd passed a socket that is not the daemon's; leaving it alone", metadata: ["fd": "\(ignored)"])
         }
         if case .path(let path) = listening {
+            // Checked before anything is created: a relative path would name a directory of
+            // whatever the working directory is, and one too long is refused only by bind.
+            guard path.hasPrefix("/") else {
+                throw StartupError(
+                    description: "authbrokerd: the socket path \(path) is not absolute; give a full path, like $XDG_RUNTIME_DIR/authbroker/authbroker.sock",
+                    exitCode: 1
+                )
+            }
+            guard path.utf8.count < 108 else {
+                throw StartupError(
+                    description: "authbrokerd: the socket path is \(path.utf8.count) bytes, longer than a Unix socket address allows (107); choose a shorter one",
+                    exitCode: 1
+                )
+            }
             do {
                 try ListeningSocket.prepare(
                     path: path, privateDirectory: path == BrokerPaths.defaultSocketPath(environment: environment, uid: uid)
@@ -426,7 +440,7 @@ struct BrokerService: Service, CustomStringConvertible {
                 do {
                     serverChannel = try await bootstrap.bind(unixDomainSocketPath: path, childChannelInitializer: initializer)
                 } catch {
-                    throw ListenerError(description: "cannot listen on \(path): \(error)")
+                    throw ListenerError(description: "cannot listen on \(path): \(ListenerError.reason(error)).")
                 }
                 chmod(path, 0o600)
             }

@@ -16,6 +16,13 @@ import Glibc
 /// Why the daemon cannot listen; each message says what to do.
 package struct ListenerError: Error, CustomStringConvertible {
     package var description: String
+
+    /// Why a bind failed, in words: the system's for an errno ("Address already in use"), not
+    /// SwiftNIO's rendering of the call that failed.
+    static func reason(_ error: any Error) -> String {
+        if let io = error as? IOError { return String(cString: strerror(io.errnoCode)) }
+        return "\(error)"
+    }
 }
 
 /// Where the listening socket comes from: systemd (socket activation) or our own bind.

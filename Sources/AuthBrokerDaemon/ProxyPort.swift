@@ -53,7 +53,9 @@ enum ProxyPort {
             do {
                 return try await bootstrap.bind(host: address.address, port: address.port, childChannelInitializer: initializer)
             } catch {
-                throw ListenerError(description: "cannot listen on the proxy port \(address): \(error)." + (advice.isEmpty ? "" : " \(advice)"))
+                throw ListenerError(
+                    description: "cannot listen on the proxy port \(address): \(ListenerError.reason(error))." + (advice.isEmpty ? "" : " \(advice)")
+                )
             }
         }
         do {

@@ -268,6 +268,33 @@ struct DaemonLifecycleTests {
         #expect(result.stderr.contains("connect_timeout_ms"))
     }
 
+    @Test("a socket path that is relative, or longer than a socket address, stops startup with a message that says so")
+    func unfitSocketPaths() throws {
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try "".write(toFile: directory + "/config.toml", atomically: true, encoding: .utf8)
+        let relative = try runDaemon(arguments: ["--config", directory + "/config.toml", "--socket", "relative.sock"])
+        #expect(relative.status == 1)
+        #expect(relative.stderr.contains("relative.sock is not absolute"), "\(relative.stderr)")
+        let long = directory + "/" + String(repeating: "s", count: 120) + ".sock"
+        let tooLong = try runDaemon(arguments: ["--config", directory + "/config.toml", "--socket", long])
+        #expect(tooLong.status == 1)
+        #expect(tooLong.stderr.contains("longer than a Unix socket address allows"), "\(tooLong.stderr)")
+    }
+
+    @Test("a proxy port another program holds stops startup with the system's reason, not SwiftNIO's")
+    func takenProxyPort() async throws {
+        let holder = try await RawOrigin.startSilent()
+        defer { Task { await holder.stop() } }
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try "[proxy]\nlisten = [\"127.0.0.1:\(holder.port)\"]\n".write(toFile: directory + "/config.toml", atomically: true, encoding: .utf8)
+        let result = try runDaemon(arguments: ["--config", directory + "/config.toml", "--socket", directory + "/s.sock"])
+        #expect(result.status != 0)
+        #expect(result.stderr.contains("cannot listen on the proxy port 127.0.0.1:\(holder.port): Address already in use."), "\(result.stderr)")
+        #expect(!result.stderr.contains("descriptor:"), "\(result.stderr)")
+    }
+
     @Test("--help and --version answer without starting anything")
     func helpAndVersion() throws {
         let help = try runDaemon(arguments: ["--help"])
