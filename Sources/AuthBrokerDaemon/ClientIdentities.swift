@@ -147,6 +147,13 @@ package final class ClientIdentities: ClientIdentitySource {
 
     // MARK: - Parsing
 
+    /// Whether BoringSSL refused a key or PKCS#12 file for its passphrase. Its error text (codes,
+    /// source paths of the build) is never shown: it says nothing a user can act on.
+    static func wrongPassphrase(_ error: any Error) -> Bool {
+        let text = "\(error)"
+        return text.contains("INCORRECT_PASSWORD") || text.contains("BAD_DECRYPT") || text.contains("bad decrypt")
+    }
+
     /// The chain (leaf first) and the key material; the pair must make a TLS identity.
     static func parse(_ input: IdentityImport) throws -> ([NIOSSLCertificate], IdentityKeyMaterial) {
         let chain: [NIOSSLCertificate]
@@ -158,7 +165,9 @@ package final class ClientIdentities: ClientIdentitySource {
                 chain = try NIOSSLPKCS12Bundle(buffer: data, passphrase: passphrase).certificateChain
             } catch {
                 throw Self.invalid(
-                    "The file could not be read as PKCS#12 with that passphrase (\(error)). Check the passphrase, or convert the file: `openssl pkcs12 -in FILE -nodes` shows what it holds."
+                    Self.wrongPassphrase(error)
+                        ? "The PKCS#12 file's passphrase is not the one given. Give the right one (--passphrase-stdin), or check it with `openssl pkcs12 -in FILE -noout`."
+                        : "The file could not be read as PKCS#12 (it is not one, or uses a form BoringSSL does not read). Convert it: `openssl pkcs12 -in FILE -nodes` shows what it holds."
                 )
             }
             material = IdentityKeyMaterial(format: .pkcs12, data: data, passphrase: passphrase)
@@ -179,7 +188,9 @@ package final class ClientIdentities: ClientIdentitySource {
             key = try material.privateKey()
         } catch {
             throw Self.invalid(
-                "The private key could not be read (\(error)). If it is encrypted, give its passphrase; a PEM key starts with -----BEGIN PRIVATE KEY----- (or an older RSA/EC form)."
+                Self.wrongPassphrase(error)
+                    ? "The private key's passphrase is not the one given; give the right one (--passphrase-stdin)."
+                    : "The private key could not be read. If it is encrypted, give its passphrase; a PEM key starts with -----BEGIN PRIVATE KEY----- (or an older RSA/EC form)."
             )
         }
         // BoringSSL checks that the key belongs to the leaf when a context is made with both.

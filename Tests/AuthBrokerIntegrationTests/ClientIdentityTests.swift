@@ -64,6 +64,13 @@ struct ClientIdentityIntegrationTests {
             let suffix = UUID().uuidString.prefix(8).lowercased()
             let name = "alice-\(store)-\(suffix)"
             let p12 = try Self.pkcs12(pki.client, ca: pki.clientCA, in: daemon.directory, name: "alice", passphrase: "p12-pass")
+            // A wrong passphrase says so, in words: no BoringSSL codes or build paths.
+            let wrong = try CLIAndClientsTests.ctl(
+                daemon, ["identities", "import", p12, "--name", name, "--passphrase-stdin"], stdin: "not-the-pass\n"
+            )
+            #expect(wrong.status != 0)
+            #expect(wrong.stderr.contains("passphrase is not the one given"), "\(wrong.stderr)")
+            #expect(!wrong.stderr.contains("OPENSSL") && !wrong.stderr.contains(".build/"), "\(wrong.stderr)")
             let imported = try CLIAndClientsTests.ctl(
                 daemon, ["identities", "import", p12, "--name", name, "--hosts", "mtls.internal.test", "--passphrase-stdin"],
                 stdin: "p12-pass\n"
