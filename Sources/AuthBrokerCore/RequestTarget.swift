@@ -120,6 +120,12 @@ package enum RequestTarget: Sendable, Equatable {
     }
 
     private static func parseAbsoluteForm(_ bytes: ArraySlice<UInt8>) -> Result<RequestTarget, RequestTargetError> {
+        // A host or `host:port` typed without a scheme (a person's slip, not a client's): no
+        // `://` anywhere, and no http or https before a colon (`http:host` misses its slashes).
+        if !bytes.indices.contains(where: { bytes[$0...].starts(with: Array("://".utf8)) }) {
+            let before = bytes.firstIndex(of: UInt8(ascii: ":")).map { String(decoding: bytes[..<$0], as: UTF8.self).lowercased() }
+            if before.flatMap(UpstreamScheme.init(rawValue:)) == nil { return .failure(.noScheme(HostSyntax.text(bytes))) }
+        }
         // scheme = ALPHA *( ALPHA / DIGIT / "+" / "-" / "." ) (RFC 3986 §3.1)
         guard let colon = bytes.firstIndex(of: UInt8(ascii: ":")),
             let first = bytes.first, HostSyntax.isAlpha(first),
@@ -203,6 +209,13 @@ package struct RequestTargetError: Error, Equatable, CustomStringConvertible {
         Self(
             .notAbsolute,
             "The request target `\(shown)` is not an absolute URL. To fetch through the broker send e.g. `GET https://host/path`; the control API lives under /v1/..."
+        )
+    }
+
+    static func noScheme(_ shown: String) -> Self {
+        Self(
+            .notAbsolute,
+            "`\(shown)` is not an absolute URL: it names no scheme. Write it as `https://\(shown)` (or `http://\(shown)`)."
         )
     }
 

@@ -85,7 +85,7 @@ struct RequestTargetTests {
         .init(uri: "ftp://x/", code: "unsupported_scheme"),
         .init(uri: "ws://host/", code: "unsupported_scheme"),
         .init(uri: "httpx://host/", code: "unsupported_scheme"),
-        .init(uri: "localhost:8080/x", code: "unsupported_scheme"),
+        .init(uri: "localhost:8080/x", code: "not_absolute"),  // a host and port without a scheme
         .init(uri: "http:/x", code: "missing_host"),
         .init(uri: "http:host", code: "missing_host"),
         .init(uri: "http:///x", code: "missing_host"),
@@ -174,6 +174,15 @@ struct RequestTargetTests {
         #expect(!error.message.isEmpty)
         // Messages are safe to log: no control bytes from the input survive.
         #expect(!error.message.unicodeScalars.contains { $0.value < 0x20 || $0.value == 0x7F })
+    }
+
+    @Test("a host typed without a scheme is told how to write it", arguments: ["git.internal.test", "localhost:38101/x", "example.com/path"])
+    func missingScheme(_ uri: String) {
+        guard case .failure(let error) = RequestTarget.parse(method: "GET", uri: uri) else {
+            Issue.record("accepted")
+            return
+        }
+        #expect(error.message.contains("names no scheme") && error.message.contains("https://\(uri)"), "\(error.message)")
     }
 
     @Test func lengthLimitIsInclusive() throws {
