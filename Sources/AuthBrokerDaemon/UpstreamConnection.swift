@@ -192,6 +192,8 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
         /// the connection is out of step and is closed, never reused (response desync).
         var requestEndWritten: Bool
         var headReceived = false
+        /// The response's framing was faulty though readable: its connection ends with it.
+        var closesAfterResponse = false
         /// When the response head is due, from the end of the request on.
         var headDeadline: NIODeadline?
     }
@@ -404,12 +406,16 @@ package final class UpstreamExchangeHandler: ChannelDuplexHandler {
             }
             exchange.headReceived = true
             exchange.headDeadline = nil
+            // RFC 9112 §6.1: an HTTP/1.0 message with Transfer-Encoding has faulty framing (a
+            // 1.0 recipient would not have read it so); the connection is closed after it,
+            // whatever it says about keep-alive.
+            exchange.closesAfterResponse = (head.version.major, head.version.minor) < (1, 1) && head.headers.contains(name: "transfer-encoding")
             self.exchange = exchange
         }
         let outOfStep = ends && !exchange.requestEndWritten
         if ends {
             self.exchange = nil
-            if outOfStep {
+            if outOfStep || exchange.closesAfterResponse {
                 // Closed before the consumer hears of the end, so it is never released reusable.
                 self.isClosed = true
                 context.close(promise: nil)

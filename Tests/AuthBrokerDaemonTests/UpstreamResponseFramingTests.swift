@@ -250,3 +250,16 @@ extension UpstreamResponseFramingTests {
         #expect(throws: UpstreamExchangeError.self) { try handler.beginRelay(to: UpstreamExchangeHandlerTests.RecordingSink()) }
     }
 }
+
+extension UpstreamResponseFramingTests {
+    @Test("an HTTP/1.0 response with Transfer-Encoding is read, then its connection closed whatever it says of keep-alive (RFC 9112 §6.1)")
+    func http10WithTransferEncodingCloses() throws {
+        let faulty = "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+        let outcome = try Self.exchange(.GET, reads: [Array(faulty.utf8)], closes: false)
+        #expect(outcome.ended && outcome.body == Array("abc".utf8) && !outcome.failed, "\(outcome)")
+        #expect(!outcome.open, "an HTTP/1.0 response framed by Transfer-Encoding left its connection for the pool")
+        // The control: HTTP/1.0 with a length and keep-alive stays usable.
+        let plain = "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 3\r\n\r\nabc"
+        #expect(try Self.exchange(.GET, reads: [Array(plain.utf8)], closes: false).open)
+    }
+}
