@@ -113,15 +113,24 @@ final class ResponseEncoder: ChannelOutboundHandler, RemovableChannelHandler {
         }
         self.writePending(context: context)  // a 1xx head before this one
         let isFinal = head.status.code >= 200 || head.status == .switchingProtocols
-        let method = isFinal ? self.methods.answered() : nil
+        let request = isFinal ? self.methods.answered() : nil
+        let method = request?.method
         let mayHaveBody = head.status.mayHaveResponseBody && method != .CONNECT
         var headers = head.headers
         let framing = Self.frame(&headers, mayHaveBody: mayHaveBody)
+        var chunks = framing == .chunked || framing == .chunkedAfterCodings
+        if chunks, request?.fromHTTP10 == true {
+            // RFC 9112 §6.1: no Transfer-Encoding to an HTTP/1.0 client, which would read the chunk
+            // framing as the body: the body goes as it is, ended by the connection's close (such a
+            // client's connection is never kept).
+            headers.remove(name: "transfer-encoding")
+            chunks = false
+        }
         if isFinal {
             if !mayHaveBody || method == .HEAD {
                 self.body = .none
             } else {
-                self.body = framing == .chunked || framing == .chunkedAfterCodings ? .chunked : .asIs
+                self.body = chunks ? .chunked : .asIs
             }
         }
         // Room for the usual head and a small body after it; a larger head grows it once.

@@ -22,7 +22,8 @@ final class RequestFramingCheck: ChannelInboundHandler, RemovableChannelHandler 
     /// The CONNECT's origin, inside an intercepted connection.
     private let interceptedOrigin: CanonicalOrigin?
     private var refused = false
-    private var methods: [HTTPMethod] = []
+    /// The requests not yet answered, oldest first.
+    private var pending: [PendingRequest] = []
     /// The request in hand asked to switch protocols: the connection's last.
     private var lastRequest = false
 
@@ -56,7 +57,7 @@ final class RequestFramingCheck: ChannelInboundHandler, RemovableChannelHandler 
                 context.fireErrorCaught(error)
                 return
             }
-            self.methods.append(head.method)
+            self.pending.append(PendingRequest(method: head.method, fromHTTP10: (head.version.major, head.version.minor) < (1, 1)))
             // `Upgrade` with `Connection: upgrade` makes SwiftNIO's decoder stop parsing after
             // this request, whatever follows: the broker switches no protocols (RFC 9110 §7.8
             // lets it ignore the offer), so the request is answered as any other and is the
@@ -78,7 +79,7 @@ final class RequestFramingCheck: ChannelInboundHandler, RemovableChannelHandler 
         case .end:
             // After CONNECT come the tunnel's bytes, never another head. (A pattern: HTTPMethod's
             // `==` compares names as strings, on every request's end here.)
-            if case .CONNECT? = self.methods.last {
+            if case .CONNECT? = self.pending.last?.method {
                 self.normalizer.tunnelFollows()
             } else if self.lastRequest {
                 self.normalizer.lastRequestEnded()
@@ -97,9 +98,16 @@ final class RequestFramingCheck: ChannelInboundHandler, RemovableChannelHandler 
         headers.contains(name: "upgrade") && headers[canonicalForm: "connection"].contains { $0.lowercased() == "upgrade" }
     }
 
-    /// The method of the oldest request not yet answered, now answered; nil when there is none
-    /// (the broker's answer to a head it could not read).
-    func answered() -> HTTPMethod? {
-        self.methods.isEmpty ? nil : self.methods.removeFirst()
+    /// A request as its response is framed for it.
+    struct PendingRequest {
+        var method: HTTPMethod
+        /// An HTTP/1.0 client, which reads no Transfer-Encoding (RFC 9112 §6.1).
+        var fromHTTP10: Bool
+    }
+
+    /// The oldest request not yet answered, now answered; nil when there is none (the broker's
+    /// answer to a head it could not read).
+    func answered() -> PendingRequest? {
+        self.pending.isEmpty ? nil : self.pending.removeFirst()
     }
 }

@@ -78,6 +78,23 @@ struct ResponseEncoderTests {
         )
     }
 
+    @Test("an HTTP/1.0 client never gets Transfer-Encoding: a response without a length goes as it is, ended by the close")
+    func http10ClientGetsNoChunks() throws {
+        let connection = try Self.connect()
+        try connection.request("GET http://a.test/ HTTP/1.0\r\nHost: a.test\r\n\r\n")
+        #expect(
+            try connection.respond([Self.head(.ok, ("X-A", "1"), ("Connection", "close")), Self.body("hello"), .end(nil)])
+                == ["HTTP/1.1 200 OK\r\nX-A: 1\r\nConnection: close\r\n\r\nhello"]
+        )
+        // A length is kept as it is.
+        let another = try Self.connect()
+        try another.request("GET http://a.test/ HTTP/1.0\r\nHost: a.test\r\n\r\n")
+        #expect(
+            try another.respond([Self.head(.ok, ("Content-Length", "5")), Self.body("hello"), .end(nil)])
+                == ["HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"]
+        )
+    }
+
     @Test("codings before chunked are kept, and the body is chunk-framed here")
     func codingsBeforeChunked() throws {
         let connection = try Self.connect()
