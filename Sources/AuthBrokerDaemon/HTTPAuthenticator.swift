@@ -71,6 +71,9 @@ package struct RequestAuthState: Sendable {
     /// The Digest answer the broker sent on the latest attempt, and with which credential, to
     /// check the server's `rspauth` (RFC 7616 §3.5).
     var digestSent: (authorization: DigestAuthorization, credential: PasswordCredential)?
+    /// The Basic challenge answered said `charset="UTF-8"`, so the credential went NFC-normalised
+    /// (RFC 7617 §2.1): preemptive answers in that space go the same way, byte for byte.
+    var basicCharsetUTF8 = false
     /// The Digest session started from this request's own fresh challenge, shared for preemptive
     /// answers only once the server accepted it.
     var freshDigestSession: DigestSession?
@@ -128,6 +131,8 @@ package final class HTTPAuthenticator: Sendable {
         /// Basic: the directory of the URI that was challenged; Digest: each path of
         /// `DigestChallenge.preemptionPaths`; a proxy's: "" (every request through the proxy).
         var pathPrefix: String
+        /// Basic: the challenge said `charset="UTF-8"` (`RequestAuthState.basicCharsetUTF8`).
+        var basicCharsetUTF8 = false
     }
 
     /// Whom the known spaces of one entry authenticate to: an origin, or the proxy at that address.
@@ -218,7 +223,8 @@ package final class HTTPAuthenticator: Sendable {
         guard self.isProven(PasswordTrialKey(space: space, user: answer.credential.user, storedRealm: answer.realm), answer.credential) else { return }
         do {
             if space.authScheme == "basic" {
-                state.authorization = try BasicAuthorization.headerValue(for: answer.credential)
+                state.authorization = try BasicAuthorization.headerValue(for: answer.credential, charsetUTF8: known.basicCharsetUTF8)
+                state.basicCharsetUTF8 = known.basicCharsetUTF8
                 state.lastAttempt = .storedCredential
             } else {
                 let authorization = try self.digestSessions.withLockedValue { sessions throws(HTTPAuthError) -> DigestAuthorization? in
@@ -534,6 +540,7 @@ package final class HTTPAuthenticator: Sendable {
                 switch choice {
                 case .basic(let challenge):
                     state.authorization = try BasicAuthorization.headerValue(for: answer.credential, challenge: challenge)
+                    state.basicCharsetUTF8 = BasicAuthorization.charsetIsUTF8(challenge)
                 case .digest(let digest, _):
                     let own = staleOwnSession ? state.freshDigestSession : nil
                     let authorization = try self.digestSessions.withLockedValue { sessions throws(HTTPAuthError) in
@@ -641,7 +648,7 @@ package final class HTTPAuthenticator: Sendable {
         self.knownSpaces.withLockedValue { known in
             var list = known[authority] ?? []
             list.removeAll { $0.space == space && prefixes.contains($0.pathPrefix) }
-            list += prefixes.map { KnownSpace(space: space, pathPrefix: $0) }
+            list += prefixes.map { KnownSpace(space: space, pathPrefix: $0, basicCharsetUTF8: state.basicCharsetUTF8) }
             if list.count > Self.maxKnownSpacesPerOrigin { list.removeFirst(list.count - Self.maxKnownSpacesPerOrigin) }
             known[authority] = list
         }

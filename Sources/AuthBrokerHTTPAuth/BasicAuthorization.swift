@@ -27,8 +27,12 @@ package enum BasicAuthorization {
 
     /// The value for the challenge the broker picked: `charset` is honoured when present.
     package static func headerValue(for credential: PasswordCredential, challenge: AuthChallenge) throws(HTTPAuthError) -> String {
-        let charset = challenge[parameter: "charset"].map(AuthListSyntax.lowercasedASCII)
-        return try headerValue(for: credential, charsetUTF8: charset == "utf-8")
+        try headerValue(for: credential, charsetUTF8: Self.charsetIsUTF8(challenge))
+    }
+
+    /// Whether a Basic challenge says `charset="UTF-8"` (the only charset RFC 7617 §2.1 allows).
+    package static func charsetIsUTF8(_ challenge: AuthChallenge) -> Bool {
+        challenge[parameter: "charset"].map(AuthListSyntax.lowercasedASCII) == "utf-8"
     }
 
     /// Largest `Authorization` value read back (a Basic credential of sane size fits easily).

@@ -55,6 +55,28 @@ struct RememberedSpacesTests {
         #expect(next.authorization?.contains("nonce=\"n2\"") == true && next.authorization?.contains("nc=00000002") == true, "\(next.authorization ?? "none")")
     }
 
+    @Test("a Basic password goes up front as the challenge had it answered: NFC only under charset=\"UTF-8\"", arguments: [false, true])
+    func preemptiveBasicMatchesTheAnswer(charsetUTF8: Bool) async throws {
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let (authenticator, vault) = try Self.authenticator(directory: directory)
+        let origin = try CanonicalOrigin(parsing: "http://nfc.test")
+        // "é" as e + combining acute (a password manager's export): NFC would change its bytes.
+        try await vault.add(origin: origin, realm: nil, credential: PasswordCredential(user: "alice", password: "caf\u{65}\u{301}"), persistence: .session)
+        let value = "Basic realm=\"r\"" + (charsetUTF8 ? ", charset=\"UTF-8\"" : "")
+        var state = RequestAuthState(headers: HTTPHeaders())
+        let answered = await authenticator.answerChallenge(
+            HTTPResponseHead(version: .http1_1, status: .unauthorized, headers: HTTPHeaders([("WWW-Authenticate", value)])),
+            origin: origin, method: .GET, uri: "/d/x", resendableBody: .bytes([]), state: &state
+        )
+        #expect(answered)
+        let sent = try #require(state.authorization)
+        authenticator.responseAccepted(HTTPResponseHead(version: .http1_1, status: .ok), origin: origin, uri: "/d/x", state: state)
+        var next = RequestAuthState(headers: HTTPHeaders())
+        authenticator.authorizePreemptively(origin: origin, method: .GET, uri: "/d/y", state: &next)
+        #expect(next.authorization == sent, "the password went up front in other bytes than the accepted answer")
+    }
+
     @Test("an origin that changes its Digest realm each time: the tables stay within max_auth_spaces, the newest is kept")
     func varyingRealmIsBounded() async throws {
         let directory = try DaemonProcess.makeTemporaryDirectory()
