@@ -588,7 +588,13 @@ package final class HTTPAuthenticator: Sendable {
 
     /// A response other than a 401 (for the proxy: other than a 407) ended a request the broker
     /// authorised: the space is known from now on, and Digest takes the server's `nextnonce`.
-    package func responseAccepted(_ head: HTTPResponseHead, origin: CanonicalOrigin, uri: String, state: RequestAuthState) {
+    ///
+    /// - Parameter fromBeyondProxy: the head came through the proxy from an origin (a plain-http
+    ///   request): its `Proxy-Authentication-Info` may be the origin's, not the proxy's (RFC 7615
+    ///   §4 makes it the next hop's only), so neither its `nextnonce` nor its `rspauth` is taken.
+    package func responseAccepted(
+        _ head: HTTPResponseHead, origin: CanonicalOrigin, uri: String, fromBeyondProxy: Bool = false, state: RequestAuthState
+    ) {
         if state.lastAttempt == .clientCredential, let credential = state.clientCredential, let persist = state.persist,
             (200..<400).contains(head.status.code)
         {
@@ -597,7 +603,7 @@ package final class HTTPAuthenticator: Sendable {
         guard let space = state.space, state.lastAttempt != .clientCredential,
             head.status != Self.challengeStatus(isProxy: space.isProxy)
         else { return }
-        let info = head.headers[space.authenticationInfoFieldName]
+        let info = fromBeyondProxy ? [] : head.headers[space.authenticationInfoFieldName]
         if space.authScheme == "digest", !info.isEmpty {
             let parsed = AuthenticationInfo(parsing: info)
             if let sent = state.digestSent {

@@ -968,7 +968,7 @@ package struct Interceptor: Sendable {
         if let failure = await self.authenticator.negotiateAccepted(head, challenger: proxy.origin, isProxy: true, uri: proxy.uri, state: proxyState) {
             return failure
         }
-        self.authenticator.responseAccepted(head, origin: proxy.origin, uri: proxy.uri, state: proxyState)
+        self.authenticator.responseAccepted(head, origin: proxy.origin, uri: proxy.uri, fromBeyondProxy: true, state: proxyState)
         proxy.state.withLockedValue { state in
             guard state.negotiate != nil else { return }
             state.negotiate = nil

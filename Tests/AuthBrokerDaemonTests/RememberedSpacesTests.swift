@@ -77,6 +77,30 @@ struct RememberedSpacesTests {
         #expect(next.authorization == sent, "the password went up front in other bytes than the accepted answer")
     }
 
+    @Test("a Proxy-Authentication-Info from beyond the proxy (a plain-http origin's) never sets the proxy's next nonce")
+    func proxyNextNonceOnlyFromTheProxy() async throws {
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let (authenticator, vault) = try Self.authenticator(directory: directory)
+        let proxy = try CanonicalOrigin(parsing: "http://proxy.test:3128")
+        try await vault.add(origin: proxy, realm: nil, credential: PasswordCredential(user: "alice", password: "pw"), persistence: .session)
+        let uri = "http://site.test/a"
+        var state = RequestAuthState(headers: HTTPHeaders())
+        let challenge = HTTPHeaders([("Proxy-Authenticate", "Digest realm=\"proxy\", nonce=\"n1\", qop=\"auth\", algorithm=SHA-256")])
+        let answered = await authenticator.answerChallenge(
+            HTTPResponseHead(version: .http1_1, status: .proxyAuthenticationRequired, headers: challenge),
+            origin: proxy, method: .GET, uri: uri, resendableBody: .bytes([]), isProxy: true, state: &state
+        )
+        #expect(answered)
+        // The origin's 200 carries a Proxy-Authentication-Info of its own making.
+        let forged = HTTPResponseHead(version: .http1_1, status: .ok, headers: HTTPHeaders([("Proxy-Authentication-Info", "nextnonce=\"evil\"")]))
+        authenticator.responseAccepted(forged, origin: proxy, uri: uri, fromBeyondProxy: true, state: state)
+        var next = RequestAuthState(headers: HTTPHeaders())
+        authenticator.authorizePreemptively(origin: proxy, method: .GET, uri: "http://site.test/b", isProxy: true, state: &next)
+        let sent = try #require(next.authorization)
+        #expect(sent.contains("nonce=\"n1\"") && !sent.contains("evil"), "\(sent)")
+    }
+
     @Test("an origin that changes its Digest realm each time: the tables stay within max_auth_spaces, the newest is kept")
     func varyingRealmIsBounded() async throws {
         let directory = try DaemonProcess.makeTemporaryDirectory()
