@@ -220,10 +220,19 @@ package enum HumanFormat {
         return "password for \(userName(password.user)) at \(sanitized(password.url))\(realm) (\(sanitized(password.persistence)))"
     }
 
-    /// What `anchors add` (and `trust-server`) print for each anchor the daemon stored.
-    package static func addedAnchor(_ anchor: AnchorRecord, now: Date) -> String {
-        [
-            "Added anchor \(shortID(anchor.id))",
+    /// What `anchors add` (and `trust-server`) print for each anchor the daemon stored;
+    /// `previousHosts`: it was an anchor already, for these hosts, which the new ones replaced.
+    package static func addedAnchor(_ anchor: AnchorRecord, now: Date, previousHosts: [String]? = nil) -> String {
+        let first =
+            if let previousHosts {
+                previousHosts == anchor.hosts
+                    ? "Anchor \(shortID(anchor.id)) was already there, unchanged"
+                    : "Updated anchor \(shortID(anchor.id)): it was an anchor already, with scope \(scope(previousHosts)), now replaced"
+            } else {
+                "Added anchor \(shortID(anchor.id))"
+            }
+        return [
+            first,
             "  subject:  \(sanitized(anchor.certificate.subject))",
             "  SHA-256:  \(sanitized(anchor.certificate.sha256))",
             "  expires:  \(timestamp(anchor.certificate.notAfter))\(validityNote(anchor.certificate, now: now))",

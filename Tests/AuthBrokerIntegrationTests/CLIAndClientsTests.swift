@@ -73,7 +73,14 @@ struct CLIAndClientsTests {
             #expect(try Self.ctl(daemon, ["fetch", scopedURL]).status == 4)
             let added = try Self.ctl(daemon, ["anchors", "add", caFile, "--hosts", "*.internal.test"])
             #expect(added.status == 0, "\(added.stderr)")
-            #expect(added.stdout.contains("*.internal.test"))
+            #expect(added.stdout.contains("*.internal.test") && added.stdout.hasPrefix("Added anchor"), "\(added.stdout)")
+            // The same certificate again: the same scope is said to be unchanged, another one to
+            // replace it (not "Added", which hid that the old hosts were no longer trusted).
+            let same = try Self.ctl(daemon, ["anchors", "add", caFile, "--hosts", "*.internal.test"])
+            #expect(same.status == 0 && same.stdout.contains("was already there, unchanged"), "\(same.stdout)")
+            let narrowed = try Self.ctl(daemon, ["anchors", "add", caFile, "--hosts", "localhost"])
+            #expect(narrowed.stdout.contains("Updated anchor") && narrowed.stdout.contains("*.internal.test"), "\(narrowed.stdout)")
+            #expect(try Self.ctl(daemon, ["anchors", "add", caFile, "--hosts", "*.internal.test"]).status == 0)
             let included = try Self.ctl(daemon, ["fetch", "-i", scopedURL])
             #expect(included.status == 0)
             #expect(included.stdout.hasPrefix("HTTP/1.1 200"))

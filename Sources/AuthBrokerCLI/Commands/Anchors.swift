@@ -20,6 +20,12 @@ struct Anchors: AsyncParsableCommand {
         subcommands: [List.self, Add.self, Remove.self, TrustServer.self]
     )
 
+    /// Each anchor's id and hosts, as they are now.
+    static func scopes(_ api: ControlAPI) async throws -> [String: [String]] {
+        let (list, _) = try await api.call("GET", "/v1/anchors", context: "cannot list anchors", as: AnchorList.self)
+        return Dictionary(list.anchors.map { ($0.id, $0.hosts) }, uniquingKeysWith: { first, _ in first })
+    }
+
     struct List: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "List your trust anchors.",
@@ -90,13 +96,17 @@ struct Anchors: AsyncParsableCommand {
                 }
                 let api = ControlAPI(client: try connection.client())
                 let request = try AddAnchorRequest(pem: pem, hosts: patterns).brokerJSON()
+                // Adding an anchor that exists replaces its hosts: said, not done silently.
+                let before = output.json ? [:] : try await Anchors.scopes(api)
                 let (list, raw) = try await api.call(
                     "POST", "/v1/anchors", json: request, context: "cannot add anchor", as: AnchorList.self
                 )
                 if output.json {
                     Console.out(raw)
                 } else {
-                    Console.out(list.anchors.map { HumanFormat.addedAnchor($0, now: Date()) }.joined(separator: "\n"))
+                    Console.out(
+                        list.anchors.map { HumanFormat.addedAnchor($0, now: Date(), previousHosts: before[$0.id]) }.joined(separator: "\n")
+                    )
                 }
             }
         }
