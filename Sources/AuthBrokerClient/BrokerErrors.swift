@@ -50,6 +50,11 @@ public struct BrokerError: Error, Sendable, Hashable, CustomStringConvertible {
     /// `proxyStatus`, then the HTTP `status`.
     public var kind: Kind {
         if code == BrokerErrorCode.untrustedServer.rawValue { return .untrustedServer }
+        // RFC 9209 files these under tls_certificate_error too, but the certificate in question
+        // is ours: the server refused the handshake, which no anchor changes.
+        if code == BrokerErrorCode.clientCertificateRequired.rawValue || code == BrokerErrorCode.clientCertificateRejected.rawValue {
+            return .upstreamProtocol
+        }
         if let proxyStatus {
             guard let type = ProxyErrorType(rawValue: proxyStatus) else { return .brokerFailure }
             switch type {

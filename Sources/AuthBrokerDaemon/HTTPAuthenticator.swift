@@ -11,8 +11,14 @@ import Synchronization
 struct PasswordTrialKey: Sendable, Hashable {
     var space: ProtectionSpace
     var user: String
-    /// The realm the password is stored for (nil: any realm).
+    /// The realm the password is stored for (nil: any realm; "" is read as nil, as the vault does).
     var storedRealm: String?
+
+    init(space: ProtectionSpace, user: String, storedRealm: String?) {
+        self.space = space
+        self.user = user
+        self.storedRealm = PasswordVault.realm(storedRealm)
+    }
 }
 
 /// A stored password's standing at one space. Until a server has accepted it there, one
@@ -23,11 +29,21 @@ struct PasswordTrial: Sendable {
     var credential: PasswordCredential
     /// The request trying it (`RequestAuthState.trial`); nil once it is proven.
     var owner: UInt64?
-    /// Requests waiting for the verdict: true accepted, false refused, nil none came (the trial
-    /// ended another way, or the wait ran out): the waiter tries it itself.
-    var waiters: [UInt64: CheckedContinuation<Bool?, Never>] = [:]
 
     var isProven: Bool { self.owner == nil }
+}
+
+/// The trials, and the requests waiting for their verdicts: true accepted, false refused, nil
+/// none came (the trial ended another way, or the wait ran out), and the waiter tries the
+/// password itself. The waiters are kept apart from the bounded table, so that an entry pushed
+/// out of it (an origin that varies its realm) never takes a waiting request with it.
+struct PasswordTrialBook: Sendable {
+    var trials: BoundedTable<PasswordTrialKey, PasswordTrial>
+    var waiters: [PasswordTrialKey: [UInt64: CheckedContinuation<Bool?, Never>]] = [:]
+
+    mutating func takeWaiters(of key: PasswordTrialKey) -> [CheckedContinuation<Bool?, Never>] {
+        self.waiters.removeValue(forKey: key).map { Array($0.values) } ?? []
+    }
 }
 
 /// A proxy password a 407 in the proxy's own space refused on plain-http requests, after the
@@ -35,11 +51,14 @@ struct PasswordTrial: Sendable {
 /// the password marked refused) or the proxy's own (the password changed at the directory, where
 /// a few failed logins lock the account). The password is held back for each origin that
 /// answered so, and for every origin once two did, until a response through the proxy shows it
-/// took the password (a CONNECT is surely the proxy's) or the password is replaced: a changed
-/// password costs at most two failed logins over plain http, and a hostile origin blocks only
-/// itself.
+/// took the password (a CONNECT is surely the proxy's) or the password is stored again: a
+/// changed password costs at most two failed logins over plain http, and one hostile origin
+/// blocks only itself (two hold the password back for plain http until one of those).
 struct ProxyPasswordDoubt: Sendable {
     var credential: PasswordCredential
+    /// `PasswordVault.changes` when it began: storing the password again (the same one too, after
+    /// a forged 407) ends it.
+    var vaultChanges: UInt64
     var origins: Set<CanonicalOrigin> = []
 
     /// Two origins refused it: the proxy's own refusal, most likely.
@@ -164,8 +183,9 @@ package final class HTTPAuthenticator: Sendable {
     /// before, on a plain-http request, where it may be an origin's (`ProxyPasswordDoubt`).
     private let proxyDoubts: NIOLockedValueBox<BoundedTable<ProtectionSpace, ProxyPasswordDoubt>>
     /// Stored passwords per space: proven (a server accepted them there) or on trial.
-    private let trials: NIOLockedValueBox<BoundedTable<PasswordTrialKey, PasswordTrial>>
+    private let trials: NIOLockedValueBox<PasswordTrialBook>
     private let trialIDs = Atomic<UInt64>(0)
+    private let trialWait: Duration
     /// Answers Negotiate where `[kerberos]` allows; nil: never (tests without Kerberos).
     package let kerberos: KerberosNegotiator?
     /// Challengers that accepted a Kerberos token, with the directories of the URIs they took it
@@ -184,15 +204,17 @@ package final class HTTPAuthenticator: Sendable {
 
     package init(
         vault: PasswordVault, challenges: AgentChallenges, audit: AuditLog? = nil, kerberos: KerberosNegotiator? = nil,
-        maxAuthSpaces: Int = HTTPAuthenticator.defaultMaxAuthSpaces, logger: Logger
+        maxAuthSpaces: Int = HTTPAuthenticator.defaultMaxAuthSpaces, trialWait: Duration = HTTPAuthenticator.defaultTrialWait,
+        logger: Logger
     ) {
         self.kerberos = kerberos
+        self.trialWait = trialWait
         self.negotiateKnown = NIOLockedValueBox(BoundedTable(capacity: maxAuthSpaces))
         self.digestSessions = NIOLockedValueBox(BoundedTable(capacity: maxAuthSpaces))
         self.acceptances = NIOLockedValueBox(BoundedTable(capacity: maxAuthSpaces))
         self.knownSpaces = NIOLockedValueBox(BoundedTable(capacity: maxAuthSpaces))
         self.proxyDoubts = NIOLockedValueBox(BoundedTable(capacity: maxAuthSpaces))
-        self.trials = NIOLockedValueBox(BoundedTable(capacity: maxAuthSpaces))
+        self.trials = NIOLockedValueBox(PasswordTrialBook(trials: BoundedTable(capacity: maxAuthSpaces)))
         self.offeredToClient = NIOLockedValueBox(BoundedTable(capacity: maxAuthSpaces))
         self.vault = vault
         self.challenges = challenges
@@ -499,7 +521,7 @@ package final class HTTPAuthenticator: Sendable {
                 // locked out after a handful).
                 let credential = answer?.credential ?? PasswordCredential(user: user, password: "")
                 let holds = self.doubt(space, credential, uri: uri)
-                if let trial = state.trial, trial.key.space == space { self.endTrial(trial, accepted: false) }
+                self.refused(PasswordTrialKey(space: space, user: user, storedRealm: storedRealm), state: &state)
                 self.logger.notice(
                     holds.everywhere
                         ? "a 407 in the proxy's realm refused its password for a second origin; it is sent for plain http again once the proxy accepts it for an https request (CONNECT) or it is replaced"
@@ -510,7 +532,7 @@ package final class HTTPAuthenticator: Sendable {
             }
             self.vault.markFailed(space: space, user: user, storedRealm: storedRealm)
             self.forget(space)
-            if let trial = state.trial, trial.key.space == space { self.endTrial(trial, accepted: false) }
+            self.refused(PasswordTrialKey(space: space, user: user, storedRealm: storedRealm), state: &state)
             self.logger.notice(
                 "the server refused the stored password; it is not sent again until it is changed",
                 metadata: ["space": "\(space)", "user": "\(user)"]
@@ -522,11 +544,6 @@ package final class HTTPAuthenticator: Sendable {
                 self.logger.debug("the proxy's password is in doubt for this origin; the client gets the 407", metadata: ["space": "\(space)"])
                 return false
             }
-            let trialKey = PasswordTrialKey(space: space, user: answer.credential.user, storedRealm: answer.realm)
-            guard await self.admitToTrial(trialKey, answer.credential, state: &state) else {
-                self.logger.debug("another request's try of this password was refused; the client gets the challenge", metadata: ["space": "\(space)"])
-                return false
-            }
             if case .basic = choice, self.vault.isDigestOnly(space: space, user: answer.credential.user, storedRealm: answer.realm) {
                 // A downgrade: the server (or someone on the path) now offers only Basic for a
                 // password it took as a Digest answer before. Basic would send it in the clear.
@@ -534,6 +551,11 @@ package final class HTTPAuthenticator: Sendable {
                     "not sending as Basic a password that was answered with Digest before; the client gets the 401",
                     metadata: ["space": "\(space)", "user": "\(answer.credential.user)"]
                 )
+                return false
+            }
+            let trialKey = PasswordTrialKey(space: space, user: answer.credential.user, storedRealm: answer.realm)
+            guard await self.admitToTrial(trialKey, answer.credential, state: &state) else {
+                self.logger.debug("another request's try of this password was refused; the client gets the challenge", metadata: ["space": "\(space)"])
                 return false
             }
             do {
@@ -565,6 +587,7 @@ package final class HTTPAuthenticator: Sendable {
                 }
             } catch {
                 self.logger.notice("cannot answer the challenge", metadata: ["space": "\(space)", "error": "\((error as? HTTPAuthError)?.code ?? "\(error)")"])
+                self.releaseTrial(of: &state)
                 return false
             }
             if stale {
@@ -633,7 +656,7 @@ package final class HTTPAuthenticator: Sendable {
             }
         }
         self.acceptances.withLockedValue { $0.update(space, default: 0) { $0 &+= 1 } }
-        if let trial = state.trial, trial.key.space == space { self.endTrial(trial, accepted: true) }
+        if let trial = state.trial, trial.key.space == space { self.provenByTrial(trial) }
         // A response other than its 407 came through the proxy for a request carrying the
         // password: the proxy took it.
         if space.isProxy, state.lastAttempt == .storedCredential || state.lastAttempt == .preemptiveDigest {
@@ -697,47 +720,53 @@ package final class HTTPAuthenticator: Sendable {
     // MARK: - Helpers
 
     /// How many entries each remembered table holds now (for `/v1/status`-style checks and tests).
-    package var rememberedCounts: (digestSessions: Int, acceptances: Int, authorities: Int, offeredToClient: Int) {
-        (
+    package var rememberedCounts: (
+        digestSessions: Int, acceptances: Int, authorities: Int, offeredToClient: Int, trials: Int, trialWaiters: Int, proxyDoubts: Int
+    ) {
+        let (trials, waiters) = self.trials.withLockedValue { ($0.trials.count, $0.waiters.values.reduce(0) { $0 + $1.count }) }
+        return (
             self.digestSessions.withLockedValue { $0.count }, self.acceptances.withLockedValue { $0.count },
-            self.knownSpaces.withLockedValue { $0.count }, self.offeredToClient.withLockedValue { $0.count }
+            self.knownSpaces.withLockedValue { $0.count }, self.offeredToClient.withLockedValue { $0.count }, trials, waiters,
+            self.proxyDoubts.withLockedValue { $0.count }
         )
     }
 
     /// How long a request waits for another's try of the same stored password before trying it
-    /// itself: that request's answer normally comes in well under this.
-    static let trialWait: Duration = .seconds(10)
+    /// itself, by default: that request's answer normally comes in well under this.
+    package static let defaultTrialWait: Duration = .seconds(10)
 
     /// Whether `credential` is the password a server accepted at `key`'s space.
     private func isProven(_ key: PasswordTrialKey, _ credential: PasswordCredential) -> Bool {
-        self.trials.withLockedValue { $0.peek(key).map { $0.isProven && $0.credential == credential } ?? false }
+        self.trials.withLockedValue { $0.trials.peek(key).map { $0.isProven && $0.credential == credential } ?? false }
     }
 
     /// Whether this request may send `credential` at `key`'s space now: it is proven there, this
     /// request is its trial (a stale nonce answered again), it becomes the trial, or the trial
-    /// under way was accepted. False: the trial under way was refused.
+    /// under way was accepted. False: the trial under way was refused, or the password has been
+    /// marked refused since this request looked it up.
     private func admitToTrial(_ key: PasswordTrialKey, _ credential: PasswordCredential, state: inout RequestAuthState) async -> Bool {
         while true {
+            if self.vault.isMarkedFailed(origin: key.space.origin, realm: key.storedRealm, user: key.user) { return false }
             let id = self.trialIDs.add(1, ordering: .relaxed).newValue
-            enum Standing { case proceed, trying(UInt64), wait(UInt64) }
+            enum Standing { case proceed, trying, wait(UInt64) }
             let ownTrial = state.trial?.id
-            let (standing, released) = self.trials.withLockedValue { table -> (Standing, [CheckedContinuation<Bool?, Never>]) in
-                if let trial = table[key], trial.credential == credential {
+            let (standing, released) = self.trials.withLockedValue { book -> (Standing, [CheckedContinuation<Bool?, Never>]) in
+                if let trial = book.trials[key], trial.credential == credential {
                     if trial.isProven { return (.proceed, []) }
                     if let owner = trial.owner, owner == ownTrial { return (.proceed, []) }
                     if let owner = trial.owner { return (.wait(owner), []) }
                 }
-                // No trial of this password yet (or one of a password since replaced, whose
-                // waiters now try the new one themselves).
-                let replaced = table[key]
-                table[key] = PasswordTrial(credential: credential, owner: id)
-                return (.trying(id), replaced.map { Array($0.waiters.values) } ?? [])
+                // No trial of this password yet, or one of a password since replaced, whose
+                // waiters now try the new one themselves.
+                let released = book.trials.peek(key) == nil ? [] : book.takeWaiters(of: key)
+                book.trials[key] = PasswordTrial(credential: credential, owner: id)
+                return (.trying, released)
             }
             for waiter in released { waiter.resume(returning: nil) }
             switch standing {
             case .proceed:
                 return true
-            case .trying(let id):
+            case .trying:
                 state.trial = (key, id)
                 return true
             case .wait(let owner):
@@ -747,10 +776,10 @@ package final class HTTPAuthenticator: Sendable {
                 case nil:
                     if Task.isCancelled { return false }
                     // No verdict: this request tries it itself, unless another took over.
-                    let tookOver = self.trials.withLockedValue { table -> Bool in
-                        guard var trial = table.peek(key), trial.owner == owner else { return false }
+                    let tookOver = self.trials.withLockedValue { book -> Bool in
+                        guard var trial = book.trials.peek(key), trial.owner == owner else { return false }
                         trial.owner = id
-                        table[key] = trial
+                        book.trials[key] = trial
                         return true
                     }
                     if tookOver {
@@ -765,16 +794,15 @@ package final class HTTPAuthenticator: Sendable {
     /// Waits for the verdict of trial `owner` at `key`, at most `trialWait`.
     private func verdict(of owner: UInt64, at key: PasswordTrialKey, waiter: UInt64) async -> Bool? {
         let timeout = Task {
-            try? await Task.sleep(for: Self.trialWait)
+            try? await Task.sleep(for: self.trialWait)
             self.dropWaiter(waiter, at: key)
         }
         defer { timeout.cancel() }
         return await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
-                let registered = self.trials.withLockedValue { table -> Bool in
-                    guard !Task.isCancelled, var trial = table.peek(key), trial.owner == owner else { return false }
-                    trial.waiters[waiter] = continuation
-                    table[key] = trial
+                let registered = self.trials.withLockedValue { book -> Bool in
+                    guard !Task.isCancelled, book.trials.peek(key)?.owner == owner else { return false }
+                    book.waiters[key, default: [:]][waiter] = continuation
                     return true
                 }
                 if !registered { continuation.resume(returning: nil) }
@@ -785,38 +813,70 @@ package final class HTTPAuthenticator: Sendable {
     }
 
     private func dropWaiter(_ waiter: UInt64, at key: PasswordTrialKey) {
-        let continuation = self.trials.withLockedValue { table -> CheckedContinuation<Bool?, Never>? in
-            guard var trial = table.peek(key), let continuation = trial.waiters.removeValue(forKey: waiter) else { return nil }
-            table[key] = trial
+        let continuation = self.trials.withLockedValue { book -> CheckedContinuation<Bool?, Never>? in
+            guard let continuation = book.waiters[key]?.removeValue(forKey: waiter) else { return nil }
+            if book.waiters[key]?.isEmpty == true { book.waiters[key] = nil }
             return continuation
         }
         continuation?.resume(returning: nil)
     }
 
-    /// The server answered this request's trial: accepted, the password is proven at the space;
-    /// refused, it is forgotten there (and marked refused in the vault). Either way the waiters learn it.
-    private func endTrial(_ trial: (key: PasswordTrialKey, id: UInt64), accepted: Bool) {
-        let waiters = self.trials.withLockedValue { table -> [CheckedContinuation<Bool?, Never>] in
-            guard var entry = table.peek(trial.key), entry.owner == trial.id else { return [] }
-            let waiters = Array(entry.waiters.values)
-            entry.waiters = [:]
-            if accepted {
-                entry.owner = nil
-                table[trial.key] = entry
-            } else {
-                table[trial.key] = nil
-            }
-            return waiters
+    /// A server accepted what this request's trial sent: the password is proven at its space,
+    /// and the requests waiting send it too.
+    private func provenByTrial(_ trial: (key: PasswordTrialKey, id: UInt64)) {
+        let waiters = self.trials.withLockedValue { book -> [CheckedContinuation<Bool?, Never>] in
+            guard var entry = book.trials.peek(trial.key), entry.owner == trial.id else { return [] }
+            entry.owner = nil
+            book.trials[trial.key] = entry
+            return book.takeWaiters(of: trial.key)
         }
-        for waiter in waiters { waiter.resume(returning: accepted) }
+        for waiter in waiters { waiter.resume(returning: true) }
+    }
+
+    /// A server refused the password stored at `key`: it is neither proven nor on trial there
+    /// any more (whoever sent it), and the requests waiting give the client the challenge.
+    private func refused(_ key: PasswordTrialKey, state: inout RequestAuthState) {
+        state.trial = nil
+        let waiters = self.trials.withLockedValue { book -> [CheckedContinuation<Bool?, Never>] in
+            book.trials[key] = nil
+            return book.takeWaiters(of: key)
+        }
+        for waiter in waiters { waiter.resume(returning: false) }
+    }
+
+    /// This request's trial ends without a verdict (it cannot answer after all): the next
+    /// request tries the password at once instead of waiting out `trialWait`.
+    private func releaseTrial(of state: inout RequestAuthState) {
+        guard let trial = state.trial else { return }
+        state.trial = nil
+        self.abandon(trial)
+    }
+
+    /// The request is over; a trial it still holds ended without a verdict (its client left,
+    /// its connection failed, its next answer went to the client): released as by
+    /// `releaseTrial`. Every shell calls it once per request and per state (origin and proxy).
+    package func requestEnded(_ state: RequestAuthState) {
+        if let trial = state.trial { self.abandon(trial) }
+    }
+
+    private func abandon(_ trial: (key: PasswordTrialKey, id: UInt64)) {
+        let waiters = self.trials.withLockedValue { book -> [CheckedContinuation<Bool?, Never>] in
+            guard let entry = book.trials.peek(trial.key), entry.owner == trial.id else { return [] }
+            book.trials[trial.key] = nil
+            return book.takeWaiters(of: trial.key)
+        }
+        for waiter in waiters { waiter.resume(returning: nil) }
     }
 
     /// Records that a 407 in the proxy's `space` refused `credential` for the origin `uri` names;
     /// returns that origin and whether the password is now held back for every origin.
     private func doubt(_ space: ProtectionSpace, _ credential: PasswordCredential, uri: String) -> (origin: CanonicalOrigin?, everywhere: Bool) {
         let origin = Self.originBeyondProxy(uri)
+        let changes = self.vault.changes
         return self.proxyDoubts.withLockedValue { doubts in
-            var doubt = doubts[space].flatMap { $0.credential == credential ? $0 : nil } ?? ProxyPasswordDoubt(credential: credential)
+            var doubt =
+                doubts[space].flatMap { $0.credential == credential && $0.vaultChanges == changes ? $0 : nil }
+                ?? ProxyPasswordDoubt(credential: credential, vaultChanges: changes)
             if let origin { doubt.origins.insert(origin) }
             doubts[space] = doubt
             return (origin, doubt.everywhere)
@@ -827,7 +887,7 @@ package final class HTTPAuthenticator: Sendable {
     /// names (`ProxyPasswordDoubt`).
     private func isDoubted(_ space: ProtectionSpace, _ credential: PasswordCredential, uri: String) -> Bool {
         self.proxyDoubts.withLockedValue { doubts in
-            guard let doubt = doubts.peek(space), doubt.credential == credential else { return false }
+            guard let doubt = doubts.peek(space), doubt.credential == credential, doubt.vaultChanges == self.vault.changes else { return false }
             return doubt.everywhere || Self.originBeyondProxy(uri).map { doubt.origins.contains($0) } ?? true
         }
     }

@@ -204,6 +204,11 @@ package struct Interceptor: Sendable {
         let mayUseStoredCredentials = !Self.echoesRequest(head.method)
         if adopted == nil, mayUseStoredCredentials { await authorizeUpFront() }
         let proxyAuth = NIOLockedValueBox(RequestAuthState(proxyAuthorization: forwardProxy == nil ? nil : clientProxyAuthorization))
+        // However the request ends, a password trial it still holds ends with it (`requestEnded`).
+        defer {
+            self.authenticator.requestEnded(auth.withLockedValue { $0 })
+            self.authenticator.requestEnded(proxyAuth.withLockedValue { $0 })
+        }
         if let forwardProxy, mayUseStoredCredentials {
             proxyAuth.withLockedValue { state in
                 self.authenticator.authorizePreemptively(
@@ -949,10 +954,12 @@ package struct Interceptor: Sendable {
                 head, origin: challenger, method: auth.head.method, uri: uri, resendableBody: body, isProxy: isProxy,
                 agentWait: auth.agentWait, requester: auth.peer?.requester, state: &state
             )
+            // Kept even when the client has left meanwhile: a password trial it holds is released
+            // when the request ends (`requestEnded`).
+            stateBox.withLockedValue { $0 = state }
             return (retry, state)
         }
         guard let decided else { return false }
-        stateBox.withLockedValue { $0 = decided.state }
         return decided.retry
     }
 

@@ -6,6 +6,7 @@ import NIOPosix
 import Foundation
 import Logging
 import NIOHTTP1
+import Synchronization
 
 /// How long a credential is kept, as URLCredential's persistence: for this request only (`none`,
 /// never stored), until the daemon stops (`session`), or in the secret store (`permanent`).
@@ -48,6 +49,7 @@ package final class PasswordVault: Sendable {
     /// Permanent credentials read from the store so far.
     private let permanentCache = NIOLockedValueBox<[Key: PasswordCredential]>([:])
     /// Refused passwords: not sent again until replaced.
+    private let changeCount = Atomic<UInt64>(0)
     private let failed: MarkFile
     /// Passwords a server accepted as a Digest answer: never sent as Basic until replaced.
     private let digestOnly: MarkFile
@@ -104,6 +106,7 @@ package final class PasswordVault: Sendable {
         // A new password starts afresh: not refused, and no scheme seen for it yet.
         self.failed.update { _ = $0.remove(key) }
         self.digestOnly.update { _ = $0.remove(key) }
+        self.changeCount.add(1, ordering: .releasing)
     }
 
     /// Removes the password for `origin`, `realm` and `user` (session and permanent); returns what was removed.
@@ -124,26 +127,16 @@ package final class PasswordVault: Sendable {
         }
         self.failed.update { _ = $0.remove(key) }
         self.digestOnly.update { _ = $0.remove(key) }
+        self.changeCount.add(1, ordering: .releasing)
         guard let removed else {
             throw Self.notFound(origin: origin, realm: realm, user: user)
         }
         return removed
     }
 
-    /// Session passwords, then permanent ones (metadata only). Refused marks of passwords no
-    /// longer stored (removed, or session ones of an earlier run) are dropped here: `status`
-    /// counts the marks, and points to this list.
+    /// Session passwords, then permanent ones (metadata only).
     package func list() async throws(BrokerError) -> [StoredPasswordInfo] {
-        let marked = self.failed.all
-        let infos = try await self.listMarking(failed: marked)
-        // Only marks there were before the listing: one made meanwhile may be a password's added
-        // meanwhile, which the listing may have missed.
-        let stale = marked.subtracting(infos.map { Key(origin: $0.origin, realm: $0.realm, user: $0.user) })
-        if !stale.isEmpty { self.failed.update { $0.subtract(stale) } }
-        return infos
-    }
-
-    private func listMarking(failed: Set<Key>) async throws(BrokerError) -> [StoredPasswordInfo] {
+        let failed = self.failed.all
         var infos = self.session.withLockedValue { $0.map(\.info) }.map { info in
             var info = info
             info.failed = failed.contains(Key(origin: info.origin, realm: info.realm, user: info.user))
@@ -251,6 +244,15 @@ package final class PasswordVault: Sendable {
     package func isDigestOnly(space: ProtectionSpace, user: String, storedRealm: String?) -> Bool {
         self.digestOnly.contains(Key(origin: space.origin, realm: Self.realm(storedRealm), user: user))
     }
+
+    /// Whether the password stored for `origin`, `realm` and `user` is marked refused.
+    package func isMarkedFailed(origin: CanonicalOrigin, realm: String?, user: String) -> Bool {
+        self.failed.contains(Key(origin: origin, realm: Self.realm(realm), user: user))
+    }
+
+    /// Counts adds and removals: what was concluded about a stored password (a proxy's held
+    /// back, `ProxyPasswordDoubt`) holds only while this stays.
+    package var changes: UInt64 { self.changeCount.load(ordering: .acquiring) }
 
     package var failedCount: Int {
         self.failed.all.count

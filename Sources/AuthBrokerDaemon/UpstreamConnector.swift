@@ -328,6 +328,8 @@ package final class UpstreamConnector: Sendable {
         let context = UpstreamConnectContext.current
         let target = origin.authorityForm
         var auth = RequestAuthState(proxyAuthorization: context?.clientProxyAuthorization)
+        // A trial of the proxy's password this tunnel still holds when it opens or fails ends here.
+        defer { self.proxyAuthenticator?.requestEnded(auth) }
         self.proxyAuthenticator?.authorizePreemptively(
             origin: proxy, method: .CONNECT, uri: target, isProxy: true, requester: { context?.requester }, state: &auth
         )

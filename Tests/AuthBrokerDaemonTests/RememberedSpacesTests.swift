@@ -13,7 +13,9 @@ import TestSupport
 @Suite("Remembered protection spaces")
 struct RememberedSpacesTests {
     /// An authenticator over an empty session vault, in `directory`.
-    static func authenticator(directory: String, maxAuthSpaces: Int = 16) throws -> (HTTPAuthenticator, PasswordVault) {
+    static func authenticator(
+        directory: String, maxAuthSpaces: Int = 16, trialWait: Duration = HTTPAuthenticator.defaultTrialWait
+    ) throws -> (HTTPAuthenticator, PasswordVault) {
         let logger = Logger(label: "remembered-spaces-tests", factory: { _ in SwiftLogNoOpLogHandler() })
         let store = try TrustStore(path: directory + "/trust.json")
         let evaluator = TrustEvaluator(
@@ -21,7 +23,7 @@ struct RememberedSpacesTests {
         )
         let vault = PasswordVault()
         let challenges = AgentChallenges(vault: vault, store: store, evaluator: evaluator, logger: logger)
-        return (HTTPAuthenticator(vault: vault, challenges: challenges, maxAuthSpaces: maxAuthSpaces, logger: logger), vault)
+        return (HTTPAuthenticator(vault: vault, challenges: challenges, maxAuthSpaces: maxAuthSpaces, trialWait: trialWait, logger: logger), vault)
     }
 
     @Test("stale=true to a fresh Digest answer (its nonce outlived by a slow agent) is answered with the new nonce, the password not marked")
@@ -99,6 +101,110 @@ struct RememberedSpacesTests {
         authenticator.authorizePreemptively(origin: proxy, method: .GET, uri: "http://site.test/b", isProxy: true, state: &next)
         let sent = try #require(next.authorization)
         #expect(sent.contains("nonce=\"n1\"") && !sent.contains("evil"), "\(sent)")
+    }
+
+    static func basic401(realm: String = "r") -> HTTPResponseHead {
+        HTTPResponseHead(version: .http1_1, status: .unauthorized, headers: HTTPHeaders([("WWW-Authenticate", "Basic realm=\"\(realm)\"")]))
+    }
+
+    /// Answers a Basic 401 at `origin` for a request whose state is `state`; false if the
+    /// answer did not come within `within` (the request would have hung).
+    static func answer(
+        _ authenticator: HTTPAuthenticator, origin: CanonicalOrigin, realm: String = "r", state: RequestAuthState, within: Duration
+    ) async -> (answered: Bool, state: RequestAuthState)? {
+        await withTaskGroup(of: (Bool, RequestAuthState)?.self) { group in
+            group.addTask {
+                var state = state
+                let answered = await authenticator.answerChallenge(
+                    Self.basic401(realm: realm), origin: origin, method: .GET, uri: "/x", resendableBody: .bytes([]), state: &state
+                )
+                return (answered, state)
+            }
+            group.addTask {
+                try? await Task.sleep(for: within)
+                return nil
+            }
+            let first = await group.next() ?? nil
+            group.cancelAll()
+            return first
+        }
+    }
+
+    @Test("a request waiting for another's try of a password resumes when that request ends without a verdict, at once")
+    func releasedTrialLetsTheWaiterTry() async throws {
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let (authenticator, vault) = try Self.authenticator(directory: directory, trialWait: .seconds(60))
+        let origin = try CanonicalOrigin(parsing: "http://trial.test")
+        try await vault.add(origin: origin, realm: nil, credential: PasswordCredential(user: "alice", password: "pw"), persistence: .session)
+        guard let trial = await Self.answer(authenticator, origin: origin, state: RequestAuthState(headers: HTTPHeaders()), within: .seconds(5)) else {
+            Issue.record("the first request did not become the trial")
+            return
+        }
+        #expect(trial.answered)
+        async let waiter = Self.answer(authenticator, origin: origin, state: RequestAuthState(headers: HTTPHeaders()), within: .seconds(10))
+        try await Task.sleep(for: .milliseconds(200))
+        #expect(authenticator.rememberedCounts.trialWaiters == 1)
+        // The trial's client leaves before its answer comes back.
+        authenticator.requestEnded(trial.state)
+        let waited = await waiter
+        #expect(waited?.answered == true, "the waiter sat out the whole wait for a trial nobody held")
+        #expect(authenticator.rememberedCounts.trialWaiters == 0)
+    }
+
+    @Test("a waiting request whose trial entry is pushed out of the bounded table still resumes (no hang)")
+    func evictedTrialDoesNotStrandItsWaiter() async throws {
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let (authenticator, vault) = try Self.authenticator(directory: directory, maxAuthSpaces: 2, trialWait: .milliseconds(300))
+        let origins = try (0..<4).map { try CanonicalOrigin(parsing: "http://evict\($0).test") }
+        for origin in origins {
+            try await vault.add(origin: origin, realm: nil, credential: PasswordCredential(user: "alice", password: "pw"), persistence: .session)
+        }
+        _ = await Self.answer(authenticator, origin: origins[0], state: RequestAuthState(headers: HTTPHeaders()), within: .seconds(5))
+        async let waiter = Self.answer(authenticator, origin: origins[0], state: RequestAuthState(headers: HTTPHeaders()), within: .seconds(5))
+        try await Task.sleep(for: .milliseconds(100))
+        // Trials at other origins push the first one's entry out.
+        for origin in origins.dropFirst() {
+            _ = await Self.answer(authenticator, origin: origin, state: RequestAuthState(headers: HTTPHeaders()), within: .seconds(5))
+        }
+        let waited = await waiter
+        #expect(waited != nil, "the waiter never resumed")
+        #expect(waited?.answered == true)
+    }
+
+    @Test("a Basic 401 a Digest-only password cannot answer leaves no trial behind; a refusal ends the password's proven standing")
+    func trialsEndWhenNothingIsSent() async throws {
+        let directory = try DaemonProcess.makeTemporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let (authenticator, vault) = try Self.authenticator(directory: directory)
+        let origin = try CanonicalOrigin(parsing: "http://digest-only.test")
+        try await vault.add(origin: origin, realm: nil, credential: PasswordCredential(user: "alice", password: "pw"), persistence: .session)
+        var state = RequestAuthState(headers: HTTPHeaders())
+        let digest = HTTPHeaders([("WWW-Authenticate", "Digest realm=\"d\", nonce=\"n\", qop=\"auth\", algorithm=SHA-256")])
+        #expect(
+            await authenticator.answerChallenge(
+                HTTPResponseHead(version: .http1_1, status: .unauthorized, headers: digest), origin: origin, method: .GET, uri: "/d/x",
+                resendableBody: .bytes([]), state: &state
+            )
+        )
+        authenticator.responseAccepted(HTTPResponseHead(version: .http1_1, status: .ok), origin: origin, uri: "/d/x", state: state)
+        #expect(authenticator.rememberedCounts.trials == 1)
+        for _ in 0..<2 {
+            let basic = await Self.answer(authenticator, origin: origin, realm: "b", state: RequestAuthState(headers: HTTPHeaders()), within: .seconds(5))
+            #expect(basic?.answered == false, "sent as Basic after Digest, or waited for a trial nobody holds")
+        }
+        #expect(authenticator.rememberedCounts.trials == 1, "a request that sent nothing left a trial behind")
+
+        // The proven Digest password is refused later (changed at the server): not proven any more.
+        var refused = RequestAuthState(headers: HTTPHeaders())
+        authenticator.authorizePreemptively(origin: origin, method: .GET, uri: "/d/y", state: &refused)
+        #expect(refused.authorization != nil)
+        _ = await authenticator.answerChallenge(
+            HTTPResponseHead(version: .http1_1, status: .unauthorized, headers: digest), origin: origin, method: .GET, uri: "/d/y",
+            resendableBody: .bytes([]), state: &refused
+        )
+        #expect(authenticator.rememberedCounts.trials == 0, "a refused password kept its proven standing")
     }
 
     @Test("an origin that changes its Digest realm each time: the tables stay within max_auth_spaces, the newest is kept")

@@ -295,7 +295,7 @@ struct StoredCredentialTests {
         }
     }
 
-    @Test("a right password replaced by a wrong one is sent once (preemptively, with the known nonce), not again after the 401")
+    @Test("a right password replaced by a wrong one is sent once (not up front: it is not proven; on trial after the 401), not again")
     func wrongReplacementSentOnce() async throws {
         let origin = try await TestAuthOrigin.start(name: "replaced", user: Self.user, password: Self.password)
         defer { Task { await origin.stop() } }
