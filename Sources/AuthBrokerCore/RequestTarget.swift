@@ -121,10 +121,10 @@ package enum RequestTarget: Sendable, Equatable {
 
     private static func parseAbsoluteForm(_ bytes: ArraySlice<UInt8>) -> Result<RequestTarget, RequestTargetError> {
         // A host or `host:port` typed without a scheme (a person's slip, not a client's): no
-        // `://` anywhere, and no http or https before a colon (`http:host` misses its slashes).
-        if !bytes.indices.contains(where: { bytes[$0...].starts(with: Array("://".utf8)) }) {
-            let before = bytes.firstIndex(of: UInt8(ascii: ":")).map { String(decoding: bytes[..<$0], as: UTF8.self).lowercased() }
-            if before.flatMap(UpstreamScheme.init(rawValue:)) == nil { return .failure(.noScheme(HostSyntax.text(bytes))) }
+        // colon at all, or a port's digits after the first one (`ftp:x` names a scheme).
+        let colon = bytes.firstIndex(of: UInt8(ascii: ":"))
+        if colon.map({ bytes.index(after: $0) < bytes.endIndex && HostSyntax.isDigit(bytes[bytes.index(after: $0)]) }) ?? true {
+            return .failure(.noScheme(HostSyntax.text(bytes)))
         }
         // scheme = ALPHA *( ALPHA / DIGIT / "+" / "-" / "." ) (RFC 3986 §3.1)
         guard let colon = bytes.firstIndex(of: UInt8(ascii: ":")),

@@ -155,7 +155,7 @@ package struct AcceptedClientConnection: Sendable {
         // in, `ResponseEncoder` for what goes out. The decoder keeps the bytes after a CONNECT
         // for the tunnel (`ClientTunnel`).
         try channel.pipeline.syncOperations.addHandler(
-            ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .forwardBytes, limitConfiguration: .heads(upTo: terms.maxHeadBytes)))
+            ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .forwardBytes, limitConfiguration: .requestHeads(upTo: terms.maxHeadBytes)))
         )
         // Heads normalised before the decoder, which refuses a tab after `Content-Length: 5`.
         let normalizer = HeadNormalizer(.requests, maxHeadBytes: terms.maxHeadBytes)

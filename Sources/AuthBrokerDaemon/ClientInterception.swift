@@ -66,7 +66,7 @@ enum ClientInterception {
         let normalizer = HeadNormalizer(.requests, maxHeadBytes: maxHeadBytes)
         let framing = RequestFramingCheck(normalizer: normalizer, interceptedOrigin: origin)
         let handlers: [any ChannelHandler] = [
-            NIOSSLServerHandler(context: tls), normalizer, ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .dropBytes, limitConfiguration: .heads(upTo: maxHeadBytes))),
+            NIOSSLServerHandler(context: tls), normalizer, ByteToMessageHandler(HTTPRequestDecoder(leftOverBytesStrategy: .dropBytes, limitConfiguration: .requestHeads(upTo: maxHeadBytes))),
             framing, ResponseEncoder(methods: framing, timeouts: timeouts),
         ]
         var previous: any ChannelHandler = observer.handler

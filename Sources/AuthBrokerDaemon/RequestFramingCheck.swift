@@ -63,7 +63,9 @@ final class RequestFramingCheck: ChannelInboundHandler, RemovableChannelHandler 
             // lets it ignore the offer), so the request is answered as any other and is the
             // connection's last, instead of leaving the connection open and deaf.
             if head.method != .CONNECT, Self.asksToUpgrade(head.headers) {
-                head.headers.replaceOrAdd(name: "Connection", value: "close")
+                // Added, not replacing: the fields the client's `Connection` names stay named, so
+                // they are still removed before the request goes upstream (RFC 9110 §7.6.1).
+                head.headers.add(name: "Connection", value: "close")
                 self.lastRequest = true
                 changed = true
             }
@@ -93,9 +95,10 @@ final class RequestFramingCheck: ChannelInboundHandler, RemovableChannelHandler 
     }
 
     /// Whether a head offers to switch protocols the way llhttp acts on: an `Upgrade` field and
-    /// `upgrade` among the `Connection` options.
+    /// `upgrade` among the `Connection` options (llhttp reads `Proxy-Connection` as `Connection`).
     static func asksToUpgrade(_ headers: HTTPHeaders) -> Bool {
-        headers.contains(name: "upgrade") && headers[canonicalForm: "connection"].contains { $0.lowercased() == "upgrade" }
+        headers.contains(name: "upgrade")
+            && (headers[canonicalForm: "connection"] + headers[canonicalForm: "proxy-connection"]).contains { $0.lowercased() == "upgrade" }
     }
 
     /// A request as its response is framed for it.

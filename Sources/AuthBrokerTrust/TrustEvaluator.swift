@@ -336,7 +336,8 @@ package final class TrustEvaluator: Sendable {
         // A self-signed server certificate is judged as it would be once anchored, as itself:
         // `openssl req -x509` marks it CA:TRUE by default, which does not matter then, and
         // calling it unfit would say that no anchor could help.
-        let selfSignedLeaf = failures.contains { if case .selfSigned = $0 { true } else { false } }
+        // (So is one anchored for other hosts: the path found is the leaf as its own root.)
+        let selfSignedLeaf = failures.contains { if case .selfSigned = $0 { true } else { false } } || timeChain.last == leaf
         failures += ServerUsagePolicy.failures(chain: timeChain, leafIsAnchor: selfSignedLeaf)
         if let inconsistent = ServerNamePolicy.consistencyFailure(leaf, publicSuffixes: self.publicSuffixes) {
             failures.append(inconsistent)

@@ -86,6 +86,8 @@ struct RequestTargetTests {
         .init(uri: "ws://host/", code: "unsupported_scheme"),
         .init(uri: "httpx://host/", code: "unsupported_scheme"),
         .init(uri: "localhost:8080/x", code: "not_absolute"),  // a host and port without a scheme
+        .init(uri: "ftp:x", code: "unsupported_scheme"),
+        .init(uri: "ws:host", code: "unsupported_scheme"),
         .init(uri: "http:/x", code: "missing_host"),
         .init(uri: "http:host", code: "missing_host"),
         .init(uri: "http:///x", code: "missing_host"),

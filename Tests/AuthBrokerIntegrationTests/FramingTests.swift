@@ -59,14 +59,19 @@ struct FramingTests {
             RawOrigin.headEnd(in: received) == nil ? nil : .init("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
         }
         try await withDaemon(config: Self.config) { daemon in
-            let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
-            let upgrade = Self.head(origin.port, method: "GET", "Upgrade: websocket\r\nConnection: Upgrade\r\n")
-            try client.send(upgrade + Self.head(origin.port, method: "GET", ""))
-            let response = try client.readResponse(method: "GET")
-            #expect(response.status == 200 && response.text == "ok")
-            #expect(response.header("Connection")?.lowercased() == "close", "\(response.headers)")
-            #expect(client.peerClosedWithin(milliseconds: 5000), "the connection stayed open after a request its decoder stopped at")
-            #expect(!origin.receivedText.lowercased().contains("upgrade: websocket"), "Upgrade went upstream")
+            // `Proxy-Connection`, which llhttp reads as `Connection`, too.
+            for options in ["Connection: Upgrade, X-Hop", "Proxy-Connection: upgrade\r\nConnection: X-Hop"] {
+                let client = try UnixSocketConnection(path: daemon.socketPath, timeoutSeconds: 20)
+                let upgrade = Self.head(origin.port, method: "GET", "Upgrade: websocket\r\n\(options)\r\nX-Hop: secret-hop\r\n")
+                try client.send(upgrade + Self.head(origin.port, method: "GET", ""))
+                let response = try client.readResponse(method: "GET")
+                #expect(response.status == 200 && response.text == "ok", "\(options)")
+                #expect(response.header("Connection")?.lowercased() == "close", "\(options): \(response.headers)")
+                #expect(client.peerClosedWithin(milliseconds: 5000), "\(options): the connection stayed open after a request its decoder stopped at")
+            }
+            let received = origin.receivedText.lowercased()
+            #expect(!received.contains("upgrade: websocket"), "Upgrade went upstream")
+            #expect(!received.contains("secret-hop"), "a field the client's Connection named went upstream")
         }
         await origin.stop()
     }

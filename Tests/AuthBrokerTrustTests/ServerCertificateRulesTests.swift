@@ -227,6 +227,18 @@ struct ServerCertificateRulesTests {
         let refused = await fixture.evaluator.evaluate(chainDER: [server.der], host: host)
         #expect(refused.failures.map(\.code) == ["self_signed"], "\(refused.reasons)")
         #expect(refused.failures.allSatisfy { $0.isAboutTheIssuer })
+        // Anchored for another of its names first: out of scope, and the fix is the anchor's hosts.
+        let other = "nas.other.test"
+        let twoNames = try Self.make(
+            commonName: host, issuer: nil,
+            extensions: try Certificate.Extensions {
+                Critical(BasicConstraints.isCertificateAuthority(maxPathLength: nil))
+                Self.sans([host, other])
+            }
+        )
+        try fixture.store.addAnchors(pem: try twoNames.certificate.serializeAsPEM().pemString, hosts: [try HostPattern(parsing: other)])
+        let outOfScope = await fixture.evaluator.evaluate(chainDER: [twoNames.der], host: host)
+        #expect(outOfScope.failures.map(\.code) == ["anchor_out_of_scope"], "\(outOfScope.reasons)")
         try fixture.store.addAnchors(pem: try server.certificate.serializeAsPEM().pemString, hosts: [try HostPattern(parsing: host)])
         let anchored = await fixture.evaluator.evaluate(chainDER: [server.der], host: host)
         #expect(anchored.isTrusted, "\(anchored.reasons)")
