@@ -227,7 +227,7 @@ package enum HumanFormat {
             if let previousHosts {
                 previousHosts == anchor.hosts
                     ? "Anchor \(shortID(anchor.id)) was already there, unchanged"
-                    : "Updated anchor \(shortID(anchor.id)): it was an anchor already, with scope \(scope(previousHosts)), now replaced"
+                    : "Updated anchor \(shortID(anchor.id)): it was an anchor already, with scope \(scope(previousHosts))"
             } else {
                 "Added anchor \(shortID(anchor.id))"
             }

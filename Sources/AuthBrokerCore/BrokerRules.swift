@@ -21,6 +21,22 @@ package struct BrokerRules: Sendable, Equatable {
         self.routes.first { $0.host.matches(host) }
     }
 
+    /// What chooses the address a connection goes to: the `[[route]]` rules and the `connect_to`
+    /// ones, in their order, without their lines. A reload that changes it ends the reuse of
+    /// pooled connections; one that changes only responses, headers or comments does not.
+    package var addressing: [AddressRule] {
+        self.routes.map { AddressRule(host: $0.host, destination: "unix:" + $0.socketPath) }
+            + self.rewrites.compactMap { rule in
+                guard case .connectTo(let host, let port)? = rule.target else { return nil }
+                return AddressRule(host: rule.match.host, destination: "\(host):\(port)")
+            }
+    }
+
+    package struct AddressRule: Sendable, Equatable {
+        package var host: HostPattern
+        package var destination: String
+    }
+
     /// Whether `old` and `new` differ in anything a reload does not apply.
     package static func differBesideRules(_ old: BrokerSettings, _ new: BrokerSettings) -> Bool {
         var old = old

@@ -12,8 +12,9 @@ package final class LiveRules: Sendable {
     private let hasRequestRules: Synchronization.Atomic<Bool>
     /// `[upstream] proxy` and `no_proxy`, which a reload does not change.
     private let upstream: BrokerSettings.Upstream
-    /// Counts reloads that changed the rules: a pooled connection made before one is not reused
-    /// (`ConnectionGeneration`), so a moved `[[route]]` or `connect_to` applies at once.
+    /// Counts reloads that changed where connections go (`BrokerRules.addressing`): a pooled
+    /// connection made before one is not reused (`ConnectionGeneration`), so a moved `[[route]]`
+    /// or `connect_to` applies at once.
     private let changes = Synchronization.Atomic<UInt64>(0)
 
     package init(_ settings: BrokerSettings) {
@@ -31,7 +32,7 @@ package final class LiveRules: Sendable {
     func replace(_ rules: BrokerRules) {
         let changed = self.box.withLockedValue { current in
             defer { current = rules }
-            return current != rules
+            return current.addressing != rules.addressing
         }
         if changed { self.changes.add(1, ordering: .releasing) }
         self.hasRequestRules.store(!rules.responses.isEmpty || !rules.rewrites.isEmpty, ordering: .relaxed)

@@ -80,6 +80,12 @@ struct CLIAndClientsTests {
             #expect(same.status == 0 && same.stdout.contains("was already there, unchanged"), "\(same.stdout)")
             let narrowed = try Self.ctl(daemon, ["anchors", "add", caFile, "--hosts", "localhost"])
             #expect(narrowed.stdout.contains("Updated anchor") && narrowed.stdout.contains("*.internal.test"), "\(narrowed.stdout)")
+            // trust-server on a host the anchor does not cover adds the host to it, as the
+            // out-of-scope error advises, never replacing the hosts it had.
+            let widened = try Self.ctl(daemon, ["anchors", "trust-server", scopedURL, "--fingerprint", ca.sha256Fingerprint])
+            #expect(widened.status == 0 && widened.stdout.contains("Updated anchor"), "\(widened.status) \(widened.stdout) \(widened.stderr)")
+            let scopes = try Self.ctl(daemon, ["anchors", "list"]).stdout
+            #expect(scopes.contains("localhost") && scopes.contains("app.internal.test"), "\(scopes)")
             #expect(try Self.ctl(daemon, ["anchors", "add", caFile, "--hosts", "*.internal.test"]).status == 0)
             let included = try Self.ctl(daemon, ["fetch", "-i", scopedURL])
             #expect(included.status == 0)

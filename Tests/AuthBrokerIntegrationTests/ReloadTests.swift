@@ -75,9 +75,14 @@ struct ReloadTests {
             let reloaded = try UnixSocketConnection(path: daemon.socketPath).request("POST", "/v1/reload")
             #expect(reloaded.status == 200, "\(reloaded.text)")
             #expect(try connection.request("GET", "http://moved.test/hello").text == "hello from second", "the pooled connection to the old address was reused")
-            // A reload that changes nothing keeps the pool.
+            // A reload that changes nothing of where connections go (a comment, a response rule)
+            // keeps the pool: the next request goes on the connection already open.
+            let opened = second.acceptedConnections
+            try ("# a comment moves every line\n" + rules(second) + "[[respond]]\nhost = \"stub.test\"\nbody = \"x\"\n")
+                .write(toFile: daemon.configPath, atomically: true, encoding: .utf8)
             #expect(try UnixSocketConnection(path: daemon.socketPath).request("POST", "/v1/reload").status == 200)
             #expect(try connection.request("GET", "http://moved.test/hello").text == "hello from second")
+            #expect(second.acceptedConnections == opened, "a reload that moved nothing dropped the pooled connection")
         }
     }
 }

@@ -25,12 +25,17 @@ package final class TestOrigin: Sendable {
     package let port: Int
     package let name: String
     private let channel: any Channel
+    private let accepted: NIOLockedValueBox<Int>
 
-    private init(port: Int, name: String, channel: any Channel) {
+    private init(port: Int, name: String, channel: any Channel, accepted: NIOLockedValueBox<Int>) {
         self.port = port
         self.name = name
         self.channel = channel
+        self.accepted = accepted
     }
+
+    /// Connections accepted so far (a client that reuses its connection makes one).
+    package var acceptedConnections: Int { self.accepted.withLockedValue { $0 } }
 
     /// Starts a server; with `identity`, it speaks TLS with that certificate (and `chain` after it).
     /// With `clientCA`, it requires a client certificate issued by that CA (mTLS), or with
@@ -52,10 +57,12 @@ package final class TestOrigin: Sendable {
             sslContext = try NIOSSLContext(configuration: configuration)
         }
         let context = sslContext
+        let accepted = NIOLockedValueBox(0)
         let bootstrap = ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
+                accepted.withLockedValue { $0 += 1 }
+                return channel.eventLoop.makeCompletedFuture {
                     if let context {
                         try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: context))
                     }
@@ -68,7 +75,7 @@ package final class TestOrigin: Sendable {
         guard let port = unixSocketPath == nil ? channel.localAddress?.port : 0 else {
             throw TestSupportError("origin server has no port")
         }
-        return TestOrigin(port: port, name: name, channel: channel)
+        return TestOrigin(port: port, name: name, channel: channel, accepted: accepted)
     }
 
     package func stop() async {

@@ -222,40 +222,62 @@ struct Anchors: AsyncParsableCommand {
                     Console.out("\(server) is already trusted; nothing to do.")
                     return
                 }
-                let index = try chooseCertificate(report, server: server)
-                let chosen = report.chain[index]
-                Console.out("")
-                Console.out("Certificate to trust: [\(index)] \(HumanFormat.sanitized(chosen.subject))")
-                Console.out("  SHA-256:  \(HumanFormat.sanitized(chosen.sha256))")
-                Console.out(
-                    explicitHosts.isEmpty
-                        ? "  scope:    \(target.origin.host) only (pass --hosts to choose other hosts)"
-                        : "  scope:    \(HumanFormat.scope(scope))"
-                )
-                if fingerprint == nil, !yes {
-                    switch Terminal.confirm("Trust this certificate for \(HumanFormat.scope(scope))?") {
-                    case nil:
+                let (anchors, _) = try await api.call("GET", "/v1/anchors", context: "cannot list anchors", as: AnchorList.self)
+                let chosen: (pem: String, existing: AnchorRecord?)
+                if let fingerprint, !report.chain.contains(where: { Fingerprint.matches($0.sha256, fingerprint) }),
+                    let anchor = anchors.anchors.first(where: { Fingerprint.matches($0.certificate.sha256, fingerprint) }),
+                    let pem = anchor.pem
+                {
+                    // The out-of-scope advice names an anchor the server need not present (its
+                    // CA): that anchor is what gets this host.
+                    Console.out("")
+                    Console.out("Anchor to widen: \(HumanFormat.sanitized(anchor.certificate.subject)), scope \(HumanFormat.scope(anchor.hosts))")
+                    chosen = (pem, anchor)
+                } else {
+                    let index = try chooseCertificate(report, server: server)
+                    let certificate = report.chain[index]
+                    Console.out("")
+                    Console.out("Certificate to trust: [\(index)] \(HumanFormat.sanitized(certificate.subject))")
+                    Console.out("  SHA-256:  \(HumanFormat.sanitized(certificate.sha256))")
+                    Console.out(
+                        explicitHosts.isEmpty
+                            ? "  scope:    \(target.origin.host) only (pass --hosts to choose other hosts)"
+                            : "  scope:    \(HumanFormat.scope(scope))"
+                    )
+                    if fingerprint == nil, !yes {
+                        switch Terminal.confirm("Trust this certificate for \(HumanFormat.scope(scope))?") {
+                        case nil:
+                            throw CLIError.plain(
+                                .failure,
+                                "no terminal to ask on; check the SHA-256 above against one you got another way, then pass --fingerprint SHA256"
+                            )
+                        case false?:
+                            throw CLIError.plain(.failure, "not trusted; nothing changed")
+                        case true?:
+                            break
+                        }
+                    }
+                    guard let pems = report.chainPEM, pems.count == report.chain.count else {
                         throw CLIError.plain(
                             .failure,
-                            "no terminal to ask on; check the SHA-256 above against one you got another way, then pass --fingerprint SHA256"
+                            "the daemon did not return the certificates' PEM (chain_pem); update authbrokerd to \(AuthBrokerCtl.version)"
                         )
-                    case false?:
-                        throw CLIError.plain(.failure, "not trusted; nothing changed")
-                    case true?:
-                        break
                     }
+                    chosen = (pems[index], anchors.anchors.first { $0.certificate.sha256 == certificate.sha256 })
                 }
-                guard let pems = report.chainPEM, pems.count == report.chain.count else {
-                    throw CLIError.plain(
-                        .failure,
-                        "the daemon did not return the certificates' PEM (chain_pem); update authbrokerd to \(AuthBrokerCtl.version)"
-                    )
+                // A certificate that is an anchor already (for other hosts: `anchor_out_of_scope`)
+                // gets this host added to its hosts, never its hosts replaced by this one.
+                var hosts = scope
+                if let existing = chosen.existing {
+                    hosts = existing.hosts.isEmpty ? [] : existing.hosts + scope.filter { !existing.hosts.contains($0) }
                 }
-                let request = try AddAnchorRequest(pem: pems[index], hosts: scope).brokerJSON()
+                let request = try AddAnchorRequest(pem: chosen.pem, hosts: hosts).brokerJSON()
                 let (added, _) = try await api.call(
                     "POST", "/v1/anchors", json: request, context: "cannot add anchor", as: AnchorList.self
                 )
-                for anchor in added.anchors { Console.out(HumanFormat.addedAnchor(anchor, now: Date())) }
+                for anchor in added.anchors {
+                    Console.out(HumanFormat.addedAnchor(anchor, now: Date(), previousHosts: chosen.existing?.hosts))
+                }
 
                 // An anchor fixes the issuer; it cannot fix a wrong name or an expired certificate.
                 let after = try await inspect(api, target)
