@@ -505,10 +505,6 @@ extension Interceptor {
         return headers
     }
 
-    /// When the origin cannot be reached (no DNS answer, no connection, no TLS session, no
-    /// answer in time) and the request has been read to its end: the stored response, if one
-    /// may be served stale, marked with `Age`, `Cache-Status` and a `Proxy-Status` that says
-    /// why the origin was not asked. Nil when there is none (the broker's error goes out).
     /// Whether a stored response may stand in for `error`: the origin could not be reached. Not
     /// when it was, and one side refused the other's certificate: a stale copy would hide the
     /// refusal (the user just removed an anchor, or a pin now fails), and not for the broker's own
@@ -520,6 +516,10 @@ extension Interceptor {
         }
     }
 
+    /// When the origin cannot be reached (no DNS answer, no connection, no TLS session, no
+    /// answer in time) and the request has been read to its end: the stored response, if one
+    /// may be served stale, marked with `Age`, `Cache-Status` and a `Proxy-Status` that says
+    /// why the origin was not asked. Nil when there is none (the broker's error goes out).
     func serveFallback(_ exchange: CacheExchange, error: BrokerError, head: HTTPRequestHead, client: ClientSide) async -> RequestOutcome? {
         guard let stored = exchange.fallback, let errorType = error.proxyErrorType, Self.fallbackAnswers(error),
             CachePolicy.mayServeStale(

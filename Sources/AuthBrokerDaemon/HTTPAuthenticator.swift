@@ -613,8 +613,10 @@ package final class HTTPAuthenticator: Sendable {
     /// authorised: the space is known from now on, and Digest takes the server's `nextnonce`.
     ///
     /// - Parameter fromBeyondProxy: the head came through the proxy from an origin (a plain-http
-    ///   request): its `Proxy-Authentication-Info` may be the origin's, not the proxy's (RFC 7615
-    ///   §4 makes it the next hop's only), so neither its `nextnonce` nor its `rspauth` is taken.
+    ///   request): its `Proxy-Authentication-Info` may be the origin's as well as the proxy's, so
+    ///   it is taken only when its `rspauth` proves it the proxy's (only a party that knows the
+    ///   password can make one); otherwise it is ignored, neither followed nor held against the
+    ///   proxy.
     package func responseAccepted(
         _ head: HTTPResponseHead, origin: CanonicalOrigin, uri: String, fromBeyondProxy: Bool = false, state: RequestAuthState
     ) {
@@ -626,7 +628,18 @@ package final class HTTPAuthenticator: Sendable {
         guard let space = state.space, state.lastAttempt != .clientCredential,
             head.status != Self.challengeStatus(isProxy: space.isProxy)
         else { return }
-        let info = fromBeyondProxy ? [] : head.headers[space.authenticationInfoFieldName]
+        var info = head.headers[space.authenticationInfoFieldName]
+        if fromBeyondProxy, !info.isEmpty {
+            let proven =
+                state.digestSent.map { sent in
+                    self.digestSessions.withLockedValue { sessions in
+                        (state.freshDigestSession ?? sessions[space])?.challenge.verifyResponseAuth(
+                            AuthenticationInfo(parsing: info), credential: sent.credential, authorization: sent.authorization
+                        )
+                    }
+                } == .verified
+            if !proven { info = [] }
+        }
         if space.authScheme == "digest", !info.isEmpty {
             let parsed = AuthenticationInfo(parsing: info)
             if let sent = state.digestSent {

@@ -101,6 +101,15 @@ struct RememberedSpacesTests {
         authenticator.authorizePreemptively(origin: proxy, method: .GET, uri: "http://site.test/b", isProxy: true, state: &next)
         let sent = try #require(next.authorization)
         #expect(sent.contains("nonce=\"n1\"") && !sent.contains("evil"), "\(sent)")
+        // A wrong rspauth from beyond the proxy is not held against the proxy either: its space
+        // stays known, so the next request still answers it up front.
+        let wrong = HTTPResponseHead(
+            version: .http1_1, status: .ok, headers: HTTPHeaders([("Proxy-Authentication-Info", "rspauth=\"00\", nextnonce=\"evil2\"")])
+        )
+        authenticator.responseAccepted(wrong, origin: proxy, uri: "http://site.test/b", fromBeyondProxy: true, state: next)
+        var after = RequestAuthState(headers: HTTPHeaders())
+        authenticator.authorizePreemptively(origin: proxy, method: .GET, uri: "http://site.test/c", isProxy: true, state: &after)
+        #expect(after.authorization?.contains("nonce=\"n1\"") == true, "\(after.authorization ?? "none: the proxy's space was forgotten")")
     }
 
     static func basic401(realm: String = "r") -> HTTPResponseHead {

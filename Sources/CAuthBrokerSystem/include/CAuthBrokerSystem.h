@@ -22,8 +22,8 @@ int cab_peer_credentials(int fd, pid_t *pid, uid_t *uid, gid_t *gid);
 /// keys and passwords. Returns 0 on success, or an errno value.
 int cab_disable_core_dumps(void);
 
-/// Sets RLIMIT_CORE to 0 (hard and soft): no core file, nor a systemd-coredump entry, of a
-/// process whose memory holds passwords. It stays dumpable, so the daemon can still read who it
+/// Sets RLIMIT_CORE to 0 (hard and soft): no core file of a process whose memory holds
+/// passwords (systemd-coredump still logs the crash, without the core). It stays dumpable, so the daemon can still read who it
 /// is (/proc/PID/exe). Returns 0 on success, or an errno value.
 int cab_disable_core_files(void);
 
