@@ -49,6 +49,9 @@ package struct ClientWaitState: Sendable, Equatable {
 
     package var isWaiting: Bool { requestEnds >= heads && responseEnds >= heads }
 
+    /// Request heads whose responses have not ended yet.
+    package var unansweredHeads: Int { heads - responseEnds }
+
     /// Which timer must run now.
     package var deadline: Deadline {
         guard isWaiting else { return .none }
@@ -143,6 +146,9 @@ final class ClientTimeoutHandler: ChannelInboundHandler, RemovableChannelHandler
     private var context: ChannelHandlerContext?
     /// On a control-only slot, a data request was refused: its remaining parts are dropped.
     private var refusing = false
+    /// That refusal waits for the responses to the requests before it (RFC 9112 §9.3.2: in
+    /// order), written when the last of them ends.
+    private var refusalDue = false
 
     init(terms: ClientConnectionTerms, state: ClientTimeoutState, onTimeout: @escaping @Sendable (ClientWaitState.Deadline) -> Void) {
         self.terms = terms
@@ -178,7 +184,12 @@ final class ClientTimeoutHandler: ChannelInboundHandler, RemovableChannelHandler
             self.state.wait.headArrived()
             self.rearm()
             if self.terms.controlOnly && !head.uri.hasPrefix("/v1/") {
-                self.refuseDataRequest(context: context)
+                self.refusing = true
+                if self.state.wait.unansweredHeads > 1 {
+                    self.refusalDue = true
+                } else {
+                    self.refuseDataRequest(context: context)
+                }
                 return
             }
         case .end:
@@ -193,6 +204,16 @@ final class ClientTimeoutHandler: ChannelInboundHandler, RemovableChannelHandler
     /// A response's end is on its way to the client.
     func responseEnded() {
         self.state.wait.responseEnded()
+        if self.refusalDue, self.state.wait.unansweredHeads == 1, let context = self.context {
+            self.refusalDue = false
+            // After the end being written now: the refusal's head must follow it.
+            let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+            context.eventLoop.execute {
+                let (handler, context) = bound.value
+                handler.refuseDataRequest(context: context)
+            }
+            return
+        }
         self.rearm()
     }
 

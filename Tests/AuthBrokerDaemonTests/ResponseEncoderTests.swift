@@ -41,8 +41,8 @@ struct ResponseEncoderTests {
         }
     }
 
-    static func connect() throws -> Connection {
-        let terms = ClientConnectionTerms(limits: BrokerSettings.Limits(), controlOnly: false)
+    static func connect(controlOnly: Bool = false) throws -> Connection {
+        let terms = ClientConnectionTerms(limits: BrokerSettings.Limits(), controlOnly: controlOnly)
         let state = ClientTimeoutState()
         let timeouts = ClientTimeoutHandler(terms: terms, state: state) { _ in }
         let normalizer = HeadNormalizer(.requests, maxHeadBytes: 65536)
@@ -61,6 +61,25 @@ struct ResponseEncoderTests {
     }
 
     static func body(_ text: String) -> HTTPServerResponsePart { .body(.byteBuffer(ByteBuffer(string: text))) }
+
+    @Test("on a control-only slot, the refusal of a pipelined data request waits for the control response before it (in order)")
+    func refusalAfterEarlierResponses() throws {
+        let connection = try Self.connect(controlOnly: true)
+        try connection.channel.writeInbound(ByteBuffer(string: "GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\nGET http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n"))
+        guard case .head(let control)? = try connection.channel.readInbound(as: HTTPServerRequestPart.self) else {
+            Issue.record("the control request did not go on")
+            return
+        }
+        #expect(control.uri == "/v1/status")
+        while try connection.channel.readInbound(as: HTTPServerRequestPart.self) != nil {}
+        connection.channel.embeddedEventLoop.run()
+        #expect(try connection.written().isEmpty, "the refusal went out before the control response")
+        let written = try connection.respond([Self.head(.ok, ("Content-Length", "2")), Self.body("ok"), .end(nil)])
+        connection.channel.embeddedEventLoop.run()
+        let all = (written + (try connection.written())).joined()
+        #expect(all.hasPrefix("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"), "\(all)")
+        #expect(all.contains("HTTP/1.1 503"), "no refusal after the control response: \(all)")
+    }
 
     @Test("a small response goes out as one buffer: head, body and all")
     func smallResponseIsOneBuffer() throws {
