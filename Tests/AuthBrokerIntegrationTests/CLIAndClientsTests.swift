@@ -117,6 +117,10 @@ struct CLIAndClientsTests {
         #expect(missing.status == 3)
         #expect(missing.stderr.contains("not running"))
         #expect(missing.stderr.contains("/tmp/no-such-dir/none.sock"))
+        // A config file named on the command line must exist (as for authbrokerd): a typo is
+        // said, not read as "no config" and the default socket tried.
+        let typo = try Self.run(DaemonProcess.binDirectory + "/authbrokerctl", ["status", "--config", "/tmp/no-such-dir/config.toml"])
+        #expect(typo.status == 1 && typo.stderr.contains("/tmp/no-such-dir/config.toml does not exist"), "\(typo.stderr)")
     }
 
     @Test("fetch sends a body from stdin and writes the response to a file")

@@ -48,7 +48,15 @@ package struct ConnectionOptions: ParsableArguments {
     private func configuredSocketPath(environment: [String: String]) throws -> String? {
         let path = BrokerPaths.configFile(explicit: config, environment: environment)
         do {
-            return try BrokerSettings.load(path: path)?.daemon.socketPath
+            guard let settings = try BrokerSettings.load(path: path) else {
+                // A file named on the command line must exist, as for authbrokerd: a typo would
+                // otherwise reach another daemon's socket without a word.
+                if config != nil { throw CLIError.plain(.failure, "the config file \(path) does not exist (check --config)") }
+                return nil
+            }
+            return settings.daemon.socketPath
+        } catch let error as CLIError {
+            throw error
         } catch {
             throw CLIError.plain(.failure, "\(error) (to reach the daemon without reading the config file, name its socket after the command: authbrokerctl COMMAND --socket PATH)")
         }
