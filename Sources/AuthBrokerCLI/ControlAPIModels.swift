@@ -105,6 +105,8 @@ package struct RemovedAnchor: Codable, Sendable, Equatable {
 package struct AddAnchorRequest: Codable, Sendable, Equatable {
     package var pem: String
     package var hosts: [String]
+    /// Add `hosts` to an anchor that exists instead of replacing its hosts; nil is false.
+    package var widen: Bool? = nil
 }
 
 /// One SPKI pin: the host pattern and the base64 SHA-256 of the public key it requires.

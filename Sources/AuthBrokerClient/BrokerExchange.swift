@@ -142,10 +142,9 @@ final class BrokerExchange: Sendable {
                     channel.eventLoop.makeCompletedFuture {
                         // A head as large as the daemon may pass on (`max_response_head_bytes` up
                         // to 1 MiB, plus the fields it adds), not SwiftNIO's own 80 KiB.
-                        var limits = NIOHTTPDecoderLimitConfiguration()
-                        limits.maxHeaderFieldSize = 1_048_576 + 65_536
-                        limits.maxHeaderListSize = 1_048_576 + 65_536
-                        try channel.pipeline.syncOperations.addHTTPClientHandlers(decoderLimitConfiguration: limits)
+                        try channel.pipeline.syncOperations.addHTTPClientHandlers(
+                            decoderLimitConfiguration: .heads(upTo: 1_048_576 + 65_536)
+                        )
                         return try NIOAsyncChannel<HTTPClientResponsePart, HTTPClientRequestPart>(
                             wrappingChannelSynchronously: channel
                         )

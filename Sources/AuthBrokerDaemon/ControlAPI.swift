@@ -244,7 +244,7 @@ package struct ControlAPI: Sendable {
         case (.POST, ["v1", "anchors"]):
             let request = try Self.decode(AddAnchorRequest.self, from: body)
             let hosts = try self.trustScope(request.hosts ?? [])
-            let added = try Self.mapStoreError { () throws(TrustStoreError) in try self.store.addAnchors(pem: request.pem, hosts: hosts) }
+            let added = try Self.mapStoreError { () throws(TrustStoreError) in try self.store.addAnchors(pem: request.pem, hosts: hosts, widening: request.widen == true) }
             return try Self.json(.created, ["anchors": added.map(AnchorJSON.init)])
         case (.DELETE, let s) where s.count == 3 && s[0] == "v1" && s[1] == "anchors":
             let removed = try Self.mapStoreError { () throws(TrustStoreError) in try self.store.removeAnchor(idPrefix: s[2]) }
@@ -1029,6 +1029,8 @@ struct PasswordJSON: Encodable {
 struct AddAnchorRequest: Decodable {
     var pem: String
     var hosts: [String]?
+    /// Add `hosts` to an existing anchor's instead of replacing them (`TrustStore.addAnchors`).
+    var widen: Bool?
 }
 
 struct PinRequest: Decodable {

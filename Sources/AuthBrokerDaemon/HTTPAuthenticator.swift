@@ -6,7 +6,6 @@ import NIOConcurrencyHelpers
 import NIOHTTP1
 import Synchronization
 
-/// One request's history with HTTP authentication, carried across its attempts.
 /// Which stored password is tried where: a space and the key of the password stored for it.
 struct PasswordTrialKey: Sendable, Hashable {
     var space: ProtectionSpace
@@ -65,6 +64,7 @@ struct ProxyPasswordDoubt: Sendable {
     var everywhere: Bool { self.origins.count >= 2 }
 }
 
+/// One request's history with HTTP authentication, carried across its attempts.
 package struct RequestAuthState: Sendable {
     /// 401s this request has had so far.
     var previousFailures = 0
@@ -238,7 +238,7 @@ package final class HTTPAuthenticator: Sendable {
             let answer = self.vault.cachedCredential(for: known.space), AuthAttemptPolicy.mayPreempt(stored: answer.state)
         else { return }
         let space = known.space
-        if space.authScheme == "basic", self.vault.isDigestOnly(space: space, user: answer.credential.user, storedRealm: answer.realm) { return }
+        if space.authScheme == "basic", self.vault.isDigestOnly(origin: space.origin, user: answer.credential.user, storedRealm: answer.realm) { return }
         if isProxy, method != .CONNECT, self.isDoubted(space, answer.credential, uri: uri) { return }
         // Up front only what a server accepted here: a password stored since (a replacement)
         // goes on trial after a challenge, one request at a time.
@@ -530,7 +530,7 @@ package final class HTTPAuthenticator: Sendable {
                 )
                 return false
             }
-            self.vault.markFailed(space: space, user: user, storedRealm: storedRealm)
+            self.vault.markFailed(origin: space.origin, user: user, storedRealm: storedRealm)
             self.forget(space)
             self.refused(PasswordTrialKey(space: space, user: user, storedRealm: storedRealm), state: &state)
             self.logger.notice(
@@ -544,7 +544,7 @@ package final class HTTPAuthenticator: Sendable {
                 self.logger.debug("the proxy's password is in doubt for this origin; the client gets the 407", metadata: ["space": "\(space)"])
                 return false
             }
-            if case .basic = choice, self.vault.isDigestOnly(space: space, user: answer.credential.user, storedRealm: answer.realm) {
+            if case .basic = choice, self.vault.isDigestOnly(origin: space.origin, user: answer.credential.user, storedRealm: answer.realm) {
                 // A downgrade: the server (or someone on the path) now offers only Basic for a
                 // password it took as a Digest answer before. Basic would send it in the clear.
                 self.logger.warning(
@@ -629,39 +629,29 @@ package final class HTTPAuthenticator: Sendable {
             head.status != Self.challengeStatus(isProxy: space.isProxy)
         else { return }
         var info = head.headers[space.authenticationInfoFieldName]
-        if fromBeyondProxy, !info.isEmpty {
-            let proven =
-                state.digestSent.map { sent in
-                    self.digestSessions.withLockedValue { sessions in
-                        (state.freshDigestSession ?? sessions[space])?.challenge.verifyResponseAuth(
-                            AuthenticationInfo(parsing: info), credential: sent.credential, authorization: sent.authorization
-                        )
-                    }
-                } == .verified
-            if !proven { info = [] }
-        }
-        if space.authScheme == "digest", !info.isEmpty {
-            let parsed = AuthenticationInfo(parsing: info)
-            if let sent = state.digestSent {
-                let verdict = self.digestSessions.withLockedValue { sessions in
-                    (state.freshDigestSession ?? sessions[space])?.challenge.verifyResponseAuth(
-                        parsed, credential: sent.credential, authorization: sent.authorization
-                    )
-                }
-                if verdict == .mismatch {
-                    // The server did not prove it knows the password: stop trusting this space.
-                    self.forget(space)
-                    self.logger.warning(
-                        "the server's rspauth does not match the request; its space is no longer answered preemptively",
-                        metadata: ["space": "\(space)"]
-                    )
-                    return
-                }
+        if space.authScheme == "digest", !info.isEmpty, let sent = state.digestSent {
+            let verdict = self.digestSessions.withLockedValue { sessions in
+                (state.freshDigestSession ?? sessions[space])?.challenge.verifyResponseAuth(
+                    AuthenticationInfo(parsing: info), credential: sent.credential, authorization: sent.authorization
+                )
             }
+            if fromBeyondProxy {
+                if verdict != .verified { info = [] }
+            } else if verdict == .mismatch {
+                // The server did not prove it knows the password: stop trusting this space.
+                self.forget(space)
+                self.logger.warning(
+                    "the server's rspauth does not match the request; its space is no longer answered preemptively",
+                    metadata: ["space": "\(space)"]
+                )
+                return
+            }
+        } else if fromBeyondProxy {
+            info = []
         }
         if space.authScheme == "digest" {
             if let user = state.user, state.lastAttempt == .storedCredential || state.lastAttempt == .preemptiveDigest {
-                self.vault.noteAnsweredWithDigest(space: space, user: user, storedRealm: state.storedRealm)
+                self.vault.noteAnsweredWithDigest(origin: space.origin, user: user, storedRealm: state.storedRealm)
             }
             self.digestSessions.withLockedValue { sessions in
                 if let fresh = state.freshDigestSession { sessions[space] = fresh }

@@ -48,8 +48,9 @@ package final class PasswordVault: Sendable {
     private let session = NIOLockedValueBox<[Entry]>([])
     /// Permanent credentials read from the store so far.
     private let permanentCache = NIOLockedValueBox<[Key: PasswordCredential]>([:])
-    /// Refused passwords: not sent again until replaced.
+    /// Adds and removals so far (`changes`).
     private let changeCount = Atomic<UInt64>(0)
+    /// Refused passwords: not sent again until replaced.
     private let failed: MarkFile
     /// Passwords a server accepted as a Digest answer: never sent as Basic until replaced.
     private let digestOnly: MarkFile
@@ -225,24 +226,24 @@ package final class PasswordVault: Sendable {
         return StoredAnswer(credential: credential, realm: key.realm, state: failed.contains(key) ? .markedFailed : .usable)
     }
 
-    /// The server refused `user`'s password stored for `storedRealm` (nil: any realm) when it
-    /// answered `space`: do not send it again until it changes. Only that password is marked;
-    /// another stored for the same user at the origin was never sent.
-    package func markFailed(space: ProtectionSpace, user: String, storedRealm: String?) {
-        self.failed.update { _ = $0.insert(Key(origin: space.origin, realm: Self.realm(storedRealm), user: user)) }
+    /// A server refused `user`'s password stored at `origin` for `storedRealm` (nil: any realm):
+    /// do not send it again until it changes. Only that password is marked; another stored for
+    /// the same user at the origin was never sent.
+    package func markFailed(origin: CanonicalOrigin, user: String, storedRealm: String?) {
+        self.failed.update { _ = $0.insert(Key(origin: origin, realm: Self.realm(storedRealm), user: user)) }
     }
 
-    /// A server accepted `user`'s password stored for `storedRealm` as a Digest answer for
-    /// `space`: from now on that password is never sent as Basic (for any realm it may answer)
+    /// A server accepted `user`'s password stored at `origin` for `storedRealm` as a Digest
+    /// answer: from now on that password is never sent as Basic (for any realm it may answer)
     /// until it is replaced.
-    package func noteAnsweredWithDigest(space: ProtectionSpace, user: String, storedRealm: String?) {
-        self.digestOnly.update { _ = $0.insert(Key(origin: space.origin, realm: Self.realm(storedRealm), user: user)) }
+    package func noteAnsweredWithDigest(origin: CanonicalOrigin, user: String, storedRealm: String?) {
+        self.digestOnly.update { _ = $0.insert(Key(origin: origin, realm: Self.realm(storedRealm), user: user)) }
     }
 
     /// Whether `user`'s password stored for `storedRealm` must not be sent as Basic (it was
     /// answered with Digest before).
-    package func isDigestOnly(space: ProtectionSpace, user: String, storedRealm: String?) -> Bool {
-        self.digestOnly.contains(Key(origin: space.origin, realm: Self.realm(storedRealm), user: user))
+    package func isDigestOnly(origin: CanonicalOrigin, user: String, storedRealm: String?) -> Bool {
+        self.digestOnly.contains(Key(origin: origin, realm: Self.realm(storedRealm), user: user))
     }
 
     /// Whether the password stored for `origin`, `realm` and `user` is marked refused.

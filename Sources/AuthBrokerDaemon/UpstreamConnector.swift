@@ -548,22 +548,3 @@ private final class HandshakeObserver: ChannelInboundHandler, RemovableChannelHa
         context.fireChannelInactive()
     }
 }
-
-extension NIOHTTPDecoderLimitConfiguration {
-    /// A decoder's limits for heads of up to `maxHeadBytes` (`max_response_head_bytes`), enforced
-    /// while the head still arrives (an endless header line is never buffered until a timeout),
-    /// interim heads included; SwiftNIO's default (80 KiB) would cut a raised setting short.
-    static func heads(upTo maxHeadBytes: Int) -> Self {
-        var limits = Self()
-        limits.maxHeaderFieldSize = maxHeadBytes
-        limits.maxHeaderListSize = maxHeadBytes
-        return limits
-    }
-
-    /// For a client's requests (`max_request_head_bytes`): as `heads(upTo:)`, but never below
-    /// SwiftNIO's own 80 KiB, so that a head a little over the setting is decoded and refused by
-    /// the broker's check after the decoder, with its own 431 on a connection still in step.
-    static func requestHeads(upTo maxHeadBytes: Int) -> Self {
-        .heads(upTo: max(maxHeadBytes, Self().maxHeaderListSize))
-    }
-}

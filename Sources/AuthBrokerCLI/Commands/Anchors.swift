@@ -20,10 +20,9 @@ struct Anchors: AsyncParsableCommand {
         subcommands: [List.self, Add.self, Remove.self, TrustServer.self]
     )
 
-    /// Each anchor's id and hosts, as they are now.
-    static func scopes(_ api: ControlAPI) async throws -> [String: [String]] {
-        let (list, _) = try await api.call("GET", "/v1/anchors", context: "cannot list anchors", as: AnchorList.self)
-        return Dictionary(list.anchors.map { ($0.id, $0.hosts) }, uniquingKeysWith: { first, _ in first })
+    /// The anchors as they are now.
+    static func current(_ api: ControlAPI) async throws -> [AnchorRecord] {
+        try await api.call("GET", "/v1/anchors", context: "cannot list anchors", as: AnchorList.self).answer.anchors
     }
 
     struct List: AsyncParsableCommand {
@@ -97,7 +96,7 @@ struct Anchors: AsyncParsableCommand {
                 let api = ControlAPI(client: try connection.client())
                 let request = try AddAnchorRequest(pem: pem, hosts: patterns).brokerJSON()
                 // Adding an anchor that exists replaces its hosts: said, not done silently.
-                let before = output.json ? [:] : try await Anchors.scopes(api)
+                let before = output.json ? [] : try await Anchors.current(api)
                 let (list, raw) = try await api.call(
                     "POST", "/v1/anchors", json: request, context: "cannot add anchor", as: AnchorList.self
                 )
@@ -105,7 +104,9 @@ struct Anchors: AsyncParsableCommand {
                     Console.out(raw)
                 } else {
                     Console.out(
-                        list.anchors.map { HumanFormat.addedAnchor($0, now: Date(), previousHosts: before[$0.id]) }.joined(separator: "\n")
+                        list.anchors.map { anchor in
+                            HumanFormat.addedAnchor(anchor, now: Date(), previousHosts: before.first { $0.id == anchor.id }?.hosts)
+                        }.joined(separator: "\n")
                     )
                 }
             }
@@ -222,10 +223,10 @@ struct Anchors: AsyncParsableCommand {
                     Console.out("\(server) is already trusted; nothing to do.")
                     return
                 }
-                let (anchors, _) = try await api.call("GET", "/v1/anchors", context: "cannot list anchors", as: AnchorList.self)
+                let anchors = try await Anchors.current(api)
                 let chosen: (pem: String, existing: AnchorRecord?)
                 if let fingerprint, !report.chain.contains(where: { Fingerprint.matches($0.sha256, fingerprint) }),
-                    let anchor = anchors.anchors.first(where: { Fingerprint.matches($0.certificate.sha256, fingerprint) }),
+                    let anchor = anchors.first(where: { Fingerprint.matches($0.certificate.sha256, fingerprint) }),
                     let pem = anchor.pem
                 {
                     // The out-of-scope advice names an anchor the server need not present (its
@@ -263,15 +264,11 @@ struct Anchors: AsyncParsableCommand {
                             "the daemon did not return the certificates' PEM (chain_pem); update authbrokerd to \(AuthBrokerCtl.version)"
                         )
                     }
-                    chosen = (pems[index], anchors.anchors.first { $0.certificate.sha256 == certificate.sha256 })
+                    chosen = (pems[index], anchors.first { $0.certificate.sha256 == certificate.sha256 })
                 }
                 // A certificate that is an anchor already (for other hosts: `anchor_out_of_scope`)
                 // gets this host added to its hosts, never its hosts replaced by this one.
-                var hosts = scope
-                if let existing = chosen.existing {
-                    hosts = existing.hosts.isEmpty ? [] : existing.hosts + scope.filter { !existing.hosts.contains($0) }
-                }
-                let request = try AddAnchorRequest(pem: chosen.pem, hosts: hosts).brokerJSON()
+                let request = try AddAnchorRequest(pem: chosen.pem, hosts: scope, widen: true).brokerJSON()
                 let (added, _) = try await api.call(
                     "POST", "/v1/anchors", json: request, context: "cannot add anchor", as: AnchorList.self
                 )
